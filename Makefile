@@ -1,0 +1,37 @@
+# Two set-up commands, each complete on a fresh machine:
+#   make demo   create .venv, install gpufleet, run the simulated fleet demo
+#   make test   create .venv, install gpufleet with test deps, run lint, types and the whole suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_ARGS ?= --seconds 60
+
+.PHONY: demo test lint protos clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps: reinstall only when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/gpufleet demo $(DEMO_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -W error $(PYTEST_ARGS)
+
+protos: $(VENV)/.installed-test
+	$(BIN)/python -m protos.generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

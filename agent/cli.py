@@ -1,0 +1,171 @@
+"""`gpufleet agent`: run the per-node agent, or take one snapshot with --once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+from agent import version
+from agent.config import AgentConfig, ConfigError, load
+from agent.probes.base import NoProbes, ProbeRunner
+from agent.sources.errors import SourceError
+from agent.sources.gpu import GpuSource
+from agent.sources.host import HostSource
+from agent.sources.sim.faults import FAULTS, FaultSpec
+
+log = logging.getLogger("gpufleet.agent")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet agent",
+        description="Collect GPU and host telemetry on this node and stream it to the controller.",
+    )
+    parser.add_argument("--sim", action="store_true", help="use the simulated 8-GPU H100 node instead of NVML")
+    parser.add_argument("--node", help="node name (default: config, else the host name)")
+    parser.add_argument("--controller", metavar="HOST:PORT", help="controller to stream to (default: none)")
+    parser.add_argument("--config", metavar="FILE", help="YAML config file")
+    parser.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 10)")
+    parser.add_argument("--spool-dir", metavar="DIR", help="keep unacked frames here across restarts")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME[:GPU]",
+        help=f"with --sim: inject a fault ({', '.join(FAULTS)}); repeatable",
+    )
+    parser.add_argument("--gpus", type=int, metavar="N", help="with --sim: GPUs in the node (default 8)")
+    parser.add_argument("--seed", type=int, help="with --sim: random seed (default 0)")
+    parser.add_argument("--once", action="store_true", help="take one snapshot, print it and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"gpufleet agent {version()}")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.sim:
+        out["source"] = "sim"
+    if args.node:
+        out["node"] = args.node
+    if args.interval is not None:
+        out["interval_seconds"] = args.interval
+    if args.log_level:
+        out["log_level"] = args.log_level
+    stream: dict[str, Any] = {}
+    if args.controller:
+        stream["controller"] = args.controller
+    if args.spool_dir:
+        stream["spool_dir"] = args.spool_dir
+    if stream:
+        out["stream"] = stream
+    sim: dict[str, Any] = {}
+    if args.gpus is not None:
+        sim["gpus"] = args.gpus
+    if args.seed is not None:
+        sim["seed"] = args.seed
+    if sim:
+        out["sim"] = sim
+    return out
+
+
+def build_sources(config: AgentConfig) -> tuple[GpuSource, ProbeRunner]:
+    """The GPU source and probe runner the config asks for; SourceError if NVML cannot start."""
+    if config.source == "sim":
+        from agent.probes.modelled import ModelledProbes
+        from agent.sources.sim import SimNode
+
+        sim = config.sim
+        node = SimNode(
+            config.node,
+            gpus=sim.gpus,
+            seed=sim.seed,
+            load=sim.load,
+            faults=[FaultSpec(f.fault, f.gpu) for f in sim.faults],
+        )
+        return node, ModelledProbes(node)
+    from agent.sources.nvml import NvmlSource
+
+    return NvmlSource(), NoProbes("real probes need the probes extra (torch); see the probe issue")
+
+
+def _snapshot_json(agent_inventory: Any, snapshot: Any, node: str) -> str:
+    body = {
+        "node": node,
+        "inventory": dataclasses.asdict(agent_inventory),
+        "snapshot": dataclasses.asdict(snapshot),
+    }
+    return json.dumps(body, indent=2, sort_keys=True, allow_nan=False, default=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.fault and not args.sim:
+            raise ConfigError("--fault needs --sim: faults are injected into the simulator only")
+        overrides = _overrides(args)
+        config = load(args.config, overrides)
+        if args.fault:
+            config.sim.faults.extend(_parse_faults(args.fault, config.sim.gpus))
+    except ConfigError as exc:
+        print(f"gpufleet agent: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        gpu, probes = build_sources(config)
+    except (SourceError, ValueError) as exc:
+        print(f"gpufleet agent: {exc}", file=sys.stderr)
+        return 1
+    from agent.daemon import Agent
+
+    host = HostSource(config.host_root)
+    agent = Agent(config, gpu, host, probes)
+    if args.once:
+        snapshot = agent.sample()
+        agent.close()
+        if args.json:
+            print(_snapshot_json(agent.inventory, snapshot, config.node))
+        else:
+            for reading in snapshot.gpus:
+                print(
+                    f"gpu {reading.index} {reading.uuid}: {(reading.sm_clock_hz or 0) / 1e6:.0f} MHz "
+                    f"{reading.power_watts or 0:.0f} W {reading.temperature_celsius or 0:.0f} C"
+                )
+        return 0 if all(s.success for s in snapshot.collectors.values()) else 1
+    return asyncio.run(_serve(agent))
+
+
+def _parse_faults(specs: list[str], gpus: int) -> list[Any]:
+    from agent.config import FaultConfig
+
+    out = []
+    for text in specs:
+        try:
+            spec = FaultSpec.parse(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if spec.gpu is not None and spec.gpu >= gpus:
+            raise ConfigError(f"--fault {text}: gpu out of range (node has {gpus})")
+        out.append(FaultConfig(fault=spec.fault, gpu=spec.gpu))
+    return out
+
+
+async def _serve(agent: Any) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.run(stop)
+    log.info("agent stopped")
+    return 0

@@ -1,0 +1,1 @@
+"""Collectors: one file each, registered by name; the name is also the config key."""

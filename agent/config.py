@@ -1,0 +1,130 @@
+"""Agent configuration: typed, validated at start-up, loaded from YAML and overridden by flags.
+
+Keys are the registered names (collectors by name), so a config key, a Helm value and a metric
+label are the same word.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from agent.sources.sim.faults import FAULTS
+
+
+class ConfigError(Exception):
+    """The configuration file or flags are not usable; the message says where and why."""
+
+
+class _Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class FaultConfig(_Config):
+    fault: str
+    gpu: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; the simulator knows {', '.join(FAULTS)}")
+        if self.gpu is not None and self.gpu < 0:
+            raise ValueError("gpu must be >= 0")
+
+
+class SimConfig(_Config):
+    gpus: int = 8
+    seed: int = 0
+    load: float = 0.95
+    faults: list[FaultConfig] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gpus <= 64:
+            raise ValueError("sim.gpus must be within 1..64")
+        if not 0.0 <= self.load <= 1.0:
+            raise ValueError("sim.load must be within 0..1")
+        for fault in self.faults:
+            if fault.gpu is not None and fault.gpu >= self.gpus:
+                raise ValueError(f"fault {fault.fault}: gpu {fault.gpu} out of range (sim.gpus is {self.gpus})")
+
+
+class StreamConfig(_Config):
+    controller: str | None = None            # HOST:PORT; None: no streaming (local use)
+    spool_dir: str | None = None             # None: frames wait in memory only
+    spool_max_frames: int = 8640             # a day of frames at the default 10 s interval
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.controller is not None:
+            check_address(self.controller, "stream.controller")
+        if self.spool_max_frames < 1:
+            raise ValueError("stream.spool_max_frames must be >= 1")
+        if not 0 < self.backoff_initial_seconds <= self.backoff_max_seconds:
+            raise ValueError("need 0 < stream.backoff_initial_seconds <= stream.backoff_max_seconds")
+
+
+class CollectorConfig(_Config):
+    enabled: bool = True
+
+
+class AgentConfig(_Config):
+    node: str = ""                           # empty: the host name
+    source: Literal["nvml", "sim"] = "nvml"
+    interval_seconds: float = 10.0
+    host_root: str = "/"                     # /host in the DaemonSet, where the host's / is mounted
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    collectors: dict[str, CollectorConfig] = msgspec.field(default_factory=dict)
+    sim: SimConfig = msgspec.field(default_factory=SimConfig)
+    stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval_seconds <= 3600:
+            raise ValueError("interval_seconds must be within 0.05..3600")
+        if not self.node:
+            self.node = socket.gethostname()
+
+    def enabled_collectors(self, registered: list[str]) -> list[str]:
+        unknown = sorted(set(self.collectors) - set(registered))
+        if unknown:
+            raise ConfigError(f"unknown collector(s) {', '.join(unknown)}; registered: {', '.join(registered)}")
+        return [name for name in registered if self.collectors.get(name, CollectorConfig()).enabled]
+
+
+def check_address(text: str, what: str) -> str:
+    """HOST:PORT with a numeric port; raises ValueError naming `what`."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} must be HOST:PORT, not {text!r}")
+    return text
+
+
+def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Read YAML at `path` (None: defaults), apply `overrides` (nested dicts), validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping at the top level")
+        data = loaded or {}
+    _merge(data, overrides or {})
+    try:
+        return msgspec.convert(data, AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid agent config{f' {path}' if path else ''}: {exc}") from exc
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value

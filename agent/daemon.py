@@ -1,0 +1,171 @@
+"""The agent daemon: a sampling loop over registered collectors, and the stream to the controller.
+
+Sampling runs on its own schedule in a worker thread, whatever the controller does; each cycle
+makes one Snapshot, which becomes one spooled frame. Probe runs (commands) happen off the loop and
+their results ride in the next frame, which is taken at once rather than at the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from agent import version
+from agent.collectors.base import Collector, CollectorContext, discover
+from agent.config import AgentConfig
+from agent.probes.base import ProbeOutcome, ProbeRunner
+from agent.snapshot import CollectorStatus, Snapshot
+from agent.sources.gpu import GpuSource, Inventory
+from agent.sources.host import HostFacts, HostSource
+from agent.stream import frames
+from agent.stream.backoff import Backoff
+from agent.stream.client import StreamClient
+from agent.stream.spool import Spool
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.agent")
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        gpu: GpuSource,
+        host: HostSource | None,
+        probes: ProbeRunner,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.gpu = gpu
+        self.host = host
+        self.probes = probes
+        self.clock = clock
+        self.boot_id = uuid.uuid4().hex
+        self.started_at = clock()
+        self.inventory: Inventory = gpu.inventory()
+        self.host_facts: HostFacts | None = host.facts() if host else None
+        registry = discover()
+        ctx = CollectorContext(gpu=gpu, host=host)
+        self.collectors: list[Collector] = [
+            registry[name](ctx) for name in config.enabled_collectors(sorted(registry))
+        ]
+        self.latest: Snapshot | None = None
+        self.seq = 0
+        self._pending_probes: list[ProbeOutcome] = []
+        self._pending_lock = threading.Lock()  # sample() runs in a worker thread
+        self._probing = False
+        self._wake_sampler = asyncio.Event()
+        self.spool: Spool | None = None
+        self.client: StreamClient | None = None
+
+    def sample(self) -> Snapshot:
+        """Run every collector once, each in a guard; attach probe results waiting to be sent."""
+        snapshot = Snapshot(node=self.config.node, time=self.clock())
+        for collector in self.collectors:
+            start = time.perf_counter()
+            try:
+                collector.collect(snapshot)
+                status = CollectorStatus(collector.name, True, time.perf_counter() - start)
+            except Exception as exc:  # one bad collector never breaks the cycle; it is reported
+                status = CollectorStatus(collector.name, False, time.perf_counter() - start, str(exc))
+                log.warning("collector %s failed: %s", collector.name, exc)
+            snapshot.collectors[collector.name] = status
+        with self._pending_lock:
+            snapshot.probes, self._pending_probes = self._pending_probes, []
+        self.latest = snapshot
+        return snapshot
+
+    def hello(self) -> pb.Hello:
+        return frames.hello(
+            self.config.node,
+            self.boot_id,
+            version(),
+            self.inventory,
+            self.host_facts,
+            self.probes.available(),
+            self.started_at,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample every interval until `stop`; stream to the controller when one is configured."""
+        stream_cfg = self.config.stream
+        tasks = []
+        wake = self._wake_sampler
+        if stream_cfg.controller:
+            self.spool = Spool(stream_cfg.spool_dir, max_frames=stream_cfg.spool_max_frames)
+            self.client = StreamClient(
+                stream_cfg.controller,
+                self.spool,
+                self.hello,
+                self.handle_command,
+                backoff=Backoff(stream_cfg.backoff_initial_seconds, stream_cfg.backoff_max_seconds),
+            )
+            tasks.append(asyncio.create_task(self.client.run(stop), name="stream"))
+        log.info(
+            "agent %s on node %s: %d GPUs (%s), every %.1fs, %s",
+            version(),
+            self.config.node,
+            len(self.inventory.gpus),
+            self.inventory.source,
+            self.config.interval_seconds,
+            f"streaming to {stream_cfg.controller}" if stream_cfg.controller else "not streaming",
+        )
+        try:
+            await self._sample_loop(stop, wake)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.close()
+
+    async def _sample_loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        interval = self.config.interval_seconds
+        next_at = time.monotonic()
+        while not stop.is_set():
+            snapshot = await asyncio.to_thread(self.sample)
+            self._emit(snapshot)
+            next_at += interval
+            now = time.monotonic()
+            if next_at < now:  # a cycle overran: skip the missed ticks rather than bunch them up
+                log.warning("sampling cycle took longer than the %.1fs interval", interval)
+                next_at = now + interval
+            wake.clear()
+            waiters = {asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())}
+            _, pending = await asyncio.wait(waiters, timeout=next_at - now, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending | waiters:
+                task.cancel()
+
+    def _emit(self, snapshot: Snapshot) -> None:
+        if self.spool is None or self.client is None:
+            return
+        self.seq += 1
+        self.spool.append(frames.frame(snapshot, self.boot_id, self.seq))
+        self.client.notify()
+
+    async def handle_command(self, command: pb.Command) -> pb.CommandResult:
+        kind = command.WhichOneof("action")
+        if kind != "run_probes":
+            return pb.CommandResult(command_id=command.id, ok=False, error=f"unsupported command {kind!r}")
+        if self._probing:
+            return pb.CommandResult(command_id=command.id, ok=False, error="a probe run is already in progress")
+        self._probing = True
+        try:
+            names = list(command.run_probes.probes)
+            log.info("running probes %s (command %s)", ", ".join(names) or "default suite", command.id)
+            outcomes = await asyncio.to_thread(self.probes.run, names, force=command.run_probes.force)
+        finally:
+            self._probing = False
+        with self._pending_lock:
+            self._pending_probes.extend(outcomes)
+        self._wake_sampler.set()  # send the results now rather than at the next tick
+        failed = [f"{o.probe}/{o.variant}: {o.error}" for o in outcomes if o.error]
+        return pb.CommandResult(command_id=command.id, ok=not failed, error="; ".join(failed))
+
+    def close(self) -> None:
+        for collector in self.collectors:
+            collector.close()
+        self.gpu.close()

@@ -1,0 +1,1 @@
+"""Probes: short active measurements (GEMM, memory bandwidth, PCIe, NCCL)."""

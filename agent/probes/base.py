@@ -1,0 +1,52 @@
+"""The probe contract: what a probe run returns and what runs probes for the agent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.sources.gpu import GpuReading
+
+
+@dataclass(slots=True)
+class ProbeOutcome:
+    """One probe result on one GPU (gpu=None: node-level). Field names match the wire's ProbeResult."""
+
+    probe: str
+    variant: str
+    gpu: int | None
+    value: float
+    unit: str
+    duration_seconds: float
+    time: float
+    error: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    peak_ratio: float | None = None
+    during: GpuReading | None = None
+    simulated: bool = False
+
+
+class ProbeRunner(Protocol):
+    """Runs the agent's probes on request (a RunProbes command); blocking, called off the event loop."""
+
+    def available(self) -> list[str]:
+        """Registered names of the probes this node can run (empty: none, e.g. torch missing)."""
+        ...
+
+    def run(self, probes: Sequence[str], *, force: bool = False) -> list[ProbeOutcome]:
+        """Run the named probes (empty: the default suite). Failures come back as outcomes with `error`."""
+        ...
+
+
+class NoProbes:
+    """The runner for an agent that cannot probe: it says so instead of pretending."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def available(self) -> list[str]:
+        return []
+
+    def run(self, probes: Sequence[str], *, force: bool = False) -> list[ProbeOutcome]:
+        raise RuntimeError(f"probes unavailable: {self.reason}")

@@ -1,0 +1,1 @@
+"""Hardware sources. Only modules here import pynvml, redfish or psutil; each has a real and a fake/sim form."""

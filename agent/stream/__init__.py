@@ -1,0 +1,1 @@
+"""Streaming telemetry to the controller: frames, spool, client."""

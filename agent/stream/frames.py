@@ -1,0 +1,89 @@
+"""Snapshot and inventory -> wire messages.
+
+Dataclass field names equal proto field names (see agent/sources/gpu.py), so conversion is one
+generic copy: None stays unset, lists of dataclasses become repeated messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agent.probes.base import ProbeOutcome
+from agent.snapshot import Snapshot
+from agent.sources.gpu import Inventory
+from agent.sources.host import HostFacts
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+
+def timestamp(unix_seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(unix_seconds * 1e9))
+    return ts
+
+
+def fill(msg: Message, obj: Any) -> Message:
+    """Copy every non-None field of dataclass `obj` into the same-named field of `msg`."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            target = getattr(msg, f.name)
+            for item in value:
+                if dataclasses.is_dataclass(item):
+                    fill(target.add(), item)
+                else:
+                    target.append(item)
+        elif isinstance(value, dict):
+            getattr(msg, f.name).update(value)
+        elif dataclasses.is_dataclass(value):
+            fill(getattr(msg, f.name), value)
+        else:
+            setattr(msg, f.name, value)
+    return msg
+
+
+def probe_result(outcome: ProbeOutcome) -> pb.ProbeResult:
+    msg = pb.ProbeResult()
+    fill(msg, dataclasses.replace(outcome, time=None))  # type: ignore[arg-type]
+    msg.time.CopyFrom(timestamp(outcome.time))
+    return msg
+
+
+def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
+    msg = pb.TelemetryFrame(node=snapshot.node, boot_id=boot_id, seq=seq, time=timestamp(snapshot.time))
+    for reading in snapshot.gpus:
+        fill(msg.gpus.add(), reading)
+    if snapshot.host is not None:
+        fill(msg.host, snapshot.host)
+    msg.probes.extend(probe_result(o) for o in snapshot.probes)
+    for status in snapshot.collectors.values():
+        fill(msg.collectors.add(), status)
+    return msg
+
+
+def hello(
+    node: str,
+    boot_id: str,
+    agent_version: str,
+    inventory: Inventory,
+    host: HostFacts | None,
+    probes: list[str],
+    started_at: float,
+) -> pb.Hello:
+    msg = pb.Hello(
+        node=node,
+        boot_id=boot_id,
+        agent_version=agent_version,
+        probes=probes,
+        capabilities=["run_probes"] if probes else [],
+        started_at=timestamp(started_at),
+    )
+    fill(msg.inventory, inventory)
+    if host is not None:
+        fill(msg.host, host)
+    return msg

@@ -1,0 +1,1 @@
+"""gpufleet controller: fleet state, peer comparison, findings, and the operator API."""

@@ -1,0 +1,104 @@
+"""The controller's core, without gRPC: store, fleet state, ingest, connections and detection passes.
+
+Servicers translate the wire to calls on this object; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from controller.config import ControllerConfig
+from controller.detect.base import DetectContext, discover
+from controller.detect.finding import FindingKey
+from controller.detect.runner import PassReport, run_detectors
+from controller.fleet.findings import StoredFinding, reconcile
+from controller.fleet.ingest import Ingest
+from controller.fleet.model import Fleet
+from controller.store.sqlite import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller")
+PROBE_HISTORY_DAYS = 30
+
+
+class ControllerApp:
+    def __init__(self, config: ControllerConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.store = Store(config.db, synchronous=config.db_synchronous)
+        self.fleet = Fleet()
+        self.ingest = Ingest(self.fleet, self.store, clock)
+        self.active: dict[FindingKey, StoredFinding] = {}
+        self.connections: dict[str, int] = {}
+        self.detectors = config.detect.enabled(sorted(discover()))
+        self.last_pass: PassReport | None = None
+        self._probe_asked: set[tuple[str, str]] = set()
+
+    async def start(self) -> None:
+        await self.store.open()
+        self.fleet, findings = await self.store.load()
+        self.ingest.fleet = self.fleet
+        self.active = {f.finding.key: f for f in findings}
+        log.info(
+            "store %s: %d nodes, %d active findings", self.config.db, len(self.fleet.nodes), len(self.active)
+        )
+
+    def close(self) -> None:
+        self.store.close()
+
+    # Connections
+
+    def connected(self, node: str) -> None:
+        self.connections[node] = self.connections.get(node, 0) + 1
+        self.fleet.nodes[node].connected = True
+
+    def disconnected(self, node: str) -> None:
+        left = self.connections.get(node, 1) - 1
+        self.connections[node] = left
+        if node in self.fleet.nodes:
+            self.fleet.nodes[node].connected = left > 0
+
+    def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
+        """Ask a newly booted agent for a probe run, once per boot, when it can run probes."""
+        key = (hello.node, hello.boot_id)
+        if not self.config.probes.on_connect or "run_probes" not in hello.capabilities or key in self._probe_asked:
+            return None
+        self._probe_asked.add(key)
+        return pb.Command(id=uuid.uuid4().hex, run_probes=pb.RunProbes())
+
+    # Detection
+
+    async def detection_pass(self) -> PassReport:
+        now = self.clock()
+        report = run_detectors(DetectContext(self.fleet, self.config.detect, now), self.detectors)
+        upserts, resolved = reconcile(self.active, report.findings, now)
+        await self.store.save_findings(upserts, resolved)
+        for stored in upserts:
+            if stored.finding.key not in self.active:
+                f = stored.finding
+                log.info("finding: %s gpu %s %s (%s): %s", f.node, f.gpu, f.cause, f.severity, f.summary)
+            self.active[stored.finding.key] = stored
+        for stored in resolved:
+            log.info("resolved: %s gpu %s %s", stored.finding.node, stored.finding.gpu, stored.finding.cause)
+            del self.active[stored.finding.key]
+        self.last_pass = report
+        return report
+
+    async def detect_forever(self, stop: asyncio.Event) -> None:
+        last_prune = 0.0
+        while not stop.is_set():
+            try:
+                await self.detection_pass()
+                if self.clock() - last_prune > 3600:
+                    last_prune = self.clock()
+                    await self.store.prune_history(last_prune - PROBE_HISTORY_DAYS * 86400)
+            except Exception:  # a failed pass (store down) is logged and retried next interval
+                log.exception("detection pass failed")
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.config.detect.interval_seconds)
+            except TimeoutError:
+                pass

@@ -1,0 +1,79 @@
+"""The `gpufleet` command: a thin dispatcher.
+
+`gpufleet agent` hands over to the agent's own command line in a fresh interpreter (the controller
+never imports the agent); every other command lives in the controller package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_CONTROLLER = "127.0.0.1:50051"
+AGENT_COMMANDS = ("agent",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="GPU fleet telemetry: find the slow node, say why.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser("demo", help="run a simulated fleet and a controller on this machine")
+    demo.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
+    demo.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    demo.add_argument("--faults", type=int, default=2, help="faults to inject, of distinct kinds (default 2)")
+    demo.add_argument("--seconds", type=float, help="run this long, then summarise (default: until Ctrl-C)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed for faults and the fleet (default 0)")
+    demo.add_argument("--json", action="store_true", help="print one JSON summary on stdout; logs on stderr")
+
+    ctl = sub.add_parser("controller", help="run the controller")
+    ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
+    ctl.add_argument("--db", metavar="PATH", help="SQLite file (default gpufleet.db)")
+    ctl.add_argument("--config", metavar="FILE", help="YAML config file")
+    ctl.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    ctl.add_argument("--ready-file", help=argparse.SUPPRESS)
+
+    sub.add_parser("agent", help="run the per-node agent (see gpufleet agent --help)", add_help=False)
+
+    for name, text in (
+        ("nodes", "list nodes and their health"),
+        ("node", "show one node: inventory, readings, probes, findings"),
+        ("findings", "list findings"),
+    ):
+        p = sub.add_parser(name, help=text)
+        if name == "node":
+            p.add_argument("name", help="node name")
+        if name == "findings":
+            p.add_argument("--node", default="", help="only this node")
+            p.add_argument("--all", action="store_true", help="include resolved findings")
+        p.add_argument(
+            "--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT", help=f"default {DEFAULT_CONTROLLER}"
+        )
+        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in AGENT_COMMANDS:
+        # A fresh interpreter keeps the agent's import graph its own.
+        os.execv(sys.executable, [sys.executable, "-m", "agent", *argv[1:]])
+    args = build_parser().parse_args(argv)
+    if args.command == "controller":
+        from controller.cli.run_controller import run_controller
+
+        return run_controller(args)
+    if args.command == "demo":
+        from controller.demo.runner import run_demo
+
+        return run_demo(args)
+    from controller.cli import operator
+
+    if args.command == "nodes":
+        return operator.nodes(args.controller, args.output)
+    if args.command == "node":
+        return operator.node(args.controller, args.name, args.output)
+    return operator.findings(args.controller, args.output, node=args.node, include_resolved=args.all)

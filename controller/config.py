@@ -1,0 +1,86 @@
+"""Controller configuration: typed, validated at start-up, from YAML overridden by flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+
+class ConfigError(Exception):
+    """The configuration is not usable; the message says where and why."""
+
+
+class _Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class DetectorConfig(_Config):
+    enabled: bool = True
+
+
+class DetectConfig(_Config):
+    interval_seconds: float = 10.0           # how often the detectors run over the fleet
+    margin: float = 0.05                     # a probe this far below its peer-group median is slow
+    min_robust_z: float = 3.0                # ...and this many robust sigmas below (guards noisy groups)
+    min_peers: int = 4                       # no baseline from fewer results than this
+    throttle_window_seconds: float = 60.0    # a condition must hold this long to be a finding
+    detectors: dict[str, DetectorConfig] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.margin < 1.0:
+            raise ValueError("detect.margin must be within 0..1 (a fraction, 0.05 = 5%)")
+        if self.interval_seconds <= 0 or self.throttle_window_seconds < 0:
+            raise ValueError("detect.interval_seconds must be > 0 and throttle_window_seconds >= 0")
+        if self.min_peers < 2:
+            raise ValueError("detect.min_peers must be >= 2")
+
+    def enabled(self, registered: list[str]) -> list[str]:
+        unknown = sorted(set(self.detectors) - set(registered))
+        if unknown:
+            raise ConfigError(f"unknown detector(s) {', '.join(unknown)}; registered: {', '.join(registered)}")
+        return [n for n in registered if self.detectors.get(n, DetectorConfig()).enabled]
+
+
+class ProbeConfig(_Config):
+    on_connect: bool = True                  # ask each new agent boot for a probe run right away
+
+
+class ControllerConfig(_Config):
+    listen: str = "127.0.0.1:50051"
+    db: str = "gpufleet.db"                  # SQLite file; ":memory:" for tests
+    db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
+    max_message_bytes: int = 4 * 1024 * 1024
+    stale_after_seconds: float = 60.0        # a node silent this long is shown stale
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
+    probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"listen must be HOST:PORT, not {self.listen!r}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+
+
+def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> ControllerConfig:
+    """Read YAML at `path` (None: defaults), apply flat top-level `overrides`, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping at the top level")
+        data = loaded or {}
+    data.update(overrides or {})
+    try:
+        return msgspec.convert(data, ControllerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid controller config{f' {path}' if path else ''}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""`gpufleet demo`: a simulated fleet, a controller, faults injected, found and scored."""

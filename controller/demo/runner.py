@@ -1,0 +1,231 @@
+"""`gpufleet demo`: a controller and N agent processes on loopback, faults injected, found and scored.
+
+The demo is the one place that wires agent and controller together, and it does so only through
+processes and the wire: it starts `python -m controller` and `python -m agent`, and reads results
+through the Operator API like any client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from controller.cli.jsonify import message_to_dict
+from controller.demo.plan import Injected, node_names, plan_faults
+from controller.demo.processes import Child, spawn, stop_all
+from controller.demo.score import score
+from controller.demo.view import findings_table, injected_table, live_panel
+from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.names import cause_name, severity_name
+
+log = logging.getLogger("gpufleet.demo")
+
+# Faster than production so a short demo sees everything: 1 s samples, 1 s detection passes, and
+# 5 s to call throttling "held" (production: 10 s, 10 s, 60 s).
+AGENT_INTERVAL_SECONDS = 1.0
+DETECT_INTERVAL_SECONDS = 1.0
+THROTTLE_WINDOW_SECONDS = 5.0
+START_TIMEOUT_SECONDS = 60.0
+
+
+class DemoError(Exception):
+    pass
+
+
+def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _start_controller(tmp: Path) -> tuple[Child, str]:
+    config = _write_yaml(
+        tmp / "controller.yaml",
+        {
+            "listen": "127.0.0.1:0",
+            "db": str(tmp / "gpufleet.db"),
+            "stale_after_seconds": 10,
+            "detect": {
+                "interval_seconds": DETECT_INTERVAL_SECONDS,
+                "throttle_window_seconds": THROTTLE_WINDOW_SECONDS,
+            },
+        },
+    )
+    ready = tmp / "controller.ready"
+    child = spawn("controller", ["controller", "controller", "--config", str(config), "--ready-file", str(ready)], tmp)
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not ready.exists():
+        if child.process.poll() is not None or time.monotonic() > deadline:
+            raise DemoError(f"the controller did not start:\n{child.log_tail()}")
+        time.sleep(0.05)
+    return child, str(json.loads(ready.read_text())["address"])
+
+
+def _start_agents(
+    tmp: Path, address: str, names: list[str], gpus: int, injected: list[Injected], seed: int
+) -> list[Child]:
+    children = []
+    for name in names:
+        faults = [{"fault": i.fault, "gpu": i.gpu} for i in injected if i.node == name]
+        config = _write_yaml(
+            tmp / f"{name}.yaml",
+            {
+                "node": name,
+                "source": "sim",
+                "interval_seconds": AGENT_INTERVAL_SECONDS,
+                "sim": {"gpus": gpus, "seed": seed, "faults": faults},
+                "stream": {"controller": address, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 2.0},
+            },
+        )
+        children.append(spawn(name, ["agent", "--config", str(config)], tmp))
+    return children
+
+
+def _poll(
+    stub: operator_pb2_grpc.OperatorStub,
+) -> tuple[list[operator_pb2.NodeSummary], list[findings_pb2.Finding]]:
+    nodes = stub.ListNodes(operator_pb2.ListNodesRequest(), timeout=5).nodes
+    findings = stub.ListFindings(operator_pb2.ListFindingsRequest(), timeout=5).findings
+    return list(nodes), list(findings)
+
+
+def _finding_json(f: findings_pb2.Finding) -> dict[str, Any]:
+    evidence = message_to_dict(f.evidence)
+    evidence["supporting"] = [message_to_dict(e) for e in f.supporting]
+    return {
+        "node": f.node,
+        "gpu": f.gpu if f.HasField("gpu") else None,
+        "cause": cause_name(f.cause),
+        "severity": severity_name(f.severity),
+        "evidence": evidence,
+    }
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.nodes < 1:
+        raise DemoError("--nodes must be >= 1")
+    if not 1 <= args.gpus_per_node <= 64:
+        raise DemoError("--gpus-per-node must be within 1..64")
+    if args.seconds is not None and args.seconds <= 0:
+        raise DemoError("--seconds must be > 0")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    started = time.monotonic()
+    try:
+        _validate(args)
+        names = node_names(args.nodes)
+        injected = plan_faults(names, args.gpus_per_node, args.faults, args.seed)
+    except (DemoError, ValueError) as exc:
+        print(f"gpufleet demo: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    children: list[Child] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpufleet-demo-") as tmpdir:
+            tmp = Path(tmpdir)
+            try:
+                log.info("starting a controller and %d simulated nodes x %d GPUs", args.nodes, args.gpus_per_node)
+                for inj in injected:
+                    log.info("injecting %s on %s gpu %s", inj.fault, inj.node, inj.gpu)
+                controller, address = _start_controller(tmp)
+                children.append(controller)
+                agents = _start_agents(tmp, address, names, args.gpus_per_node, injected, args.seed)
+                children.extend(agents)
+                findings = _watch(args, address, injected, started, stop, agents)
+            except DemoError as exc:
+                print(f"gpufleet demo: {exc}", file=sys.stderr)
+                return 1
+            finally:
+                stop_all([c for c in children if c.name != "controller"])
+                stop_all([c for c in children if c.name == "controller"])
+            failed = [c for c in children if c.process.returncode not in (0, -signal.SIGTERM)]
+            for child in failed:
+                log.error("%s exited with %s:\n%s", child.name, child.process.returncode, child.log_tail())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return _report(args, injected, findings, time.monotonic() - started)
+
+
+def _watch(
+    args: argparse.Namespace,
+    address: str,
+    injected: list[Injected],
+    started: float,
+    stop: threading.Event,
+    agents: list[Child],
+) -> list[findings_pb2.Finding]:
+    interactive = not args.json and sys.stdout.isatty()
+    nodes: list[operator_pb2.NodeSummary] = []
+    findings: list[findings_pb2.Finding] = []
+    with grpc.insecure_channel(address) as channel:
+        stub = operator_pb2_grpc.OperatorStub(channel)
+        live = None
+        if interactive:
+            from rich.live import Live
+
+            live = Live(refresh_per_second=2, transient=True)
+            live.start()
+        try:
+            last_line = 0.0
+            while not stop.is_set():
+                elapsed = time.monotonic() - started
+                if args.seconds is not None and elapsed >= args.seconds:
+                    break
+                try:
+                    nodes, findings = _poll(stub)
+                except grpc.RpcError as exc:
+                    raise DemoError(f"the controller stopped answering: {exc.code().name}") from exc
+                if all(a.process.poll() is not None for a in agents):
+                    raise DemoError("every agent process has exited:\n" + agents[0].log_tail())
+                if live is not None:
+                    live.update(live_panel(nodes, findings, injected, elapsed, args.seconds, args.nodes))
+                elif elapsed - last_line >= 5.0:
+                    last_line = elapsed
+                    connected = sum(1 for n in nodes if n.connected)
+                    log.info("%.0fs: %d/%d agents connected, %d findings", elapsed, connected, args.nodes, len(findings))
+                stop.wait(1.0)
+            return _poll(stub)[1]
+        finally:
+            if live is not None:
+                live.stop()
+
+
+def _report(args: argparse.Namespace, injected: list[Injected], findings: list[findings_pb2.Finding], elapsed: float) -> int:
+    found = [(f.node, f.gpu if f.HasField("gpu") else None) for f in findings]
+    precision, recall = score(found, [(i.node, i.gpu) for i in injected])
+    if args.json:
+        body = {
+            "nodes": args.nodes,
+            "gpus": args.nodes * args.gpus_per_node,
+            "injected": [{"node": i.node, "gpu": i.gpu, "fault": i.fault} for i in injected],
+            "findings": [_finding_json(f) for f in findings],
+            "precision": round(precision, 4),
+            "recall": round(recall, 4),
+            "elapsed_s": round(elapsed, 2),
+        }
+        print(json.dumps(body, sort_keys=False))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(injected_table(injected, findings))
+    console.print(findings_table(findings))
+    console.print(
+        f"{args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(injected)} faults injected: "
+        f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s"
+    )
+    return 0

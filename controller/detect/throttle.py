@@ -1,0 +1,48 @@
+"""Throttling held over the window: thermal slowdown, external power brake, a lowered power cap.
+
+A software power cap at the default limit is how a GPU at full load normally behaves, so it is a
+finding only when the enforced limit is below the default.
+"""
+
+from __future__ import annotations
+
+from controller.detect.base import DetectContext, register
+from controller.detect.explain import THERMAL, clock_cause
+from controller.detect.finding import Evidence, Finding
+
+NAME = "throttle"
+
+
+def _held(ctx: DetectContext, held: dict[str, float], names: tuple[str, ...]) -> float:
+    return max((ctx.now - held[n] for n in names if n in held), default=0.0)
+
+
+@register(NAME)
+def detect(ctx: DetectContext) -> list[Finding]:
+    window = ctx.config.throttle_window_seconds
+    findings = []
+    for node in ctx.fleet.nodes.values():
+        for index, gpu in sorted(node.gpus.items()):
+            s = gpu.sample
+            checks = (
+                ("thermal_throttle", THERMAL),
+                ("power_brake", ("hw_power_brake_slowdown",)),
+                ("power_cap", ("sw_power_cap",)),
+            )
+            for cause, names in checks:
+                held = _held(ctx, gpu.held, names)
+                if held < window or held == 0.0:
+                    continue
+                explained, support = clock_cause(s)
+                if explained != cause:
+                    continue  # e.g. sw_power_cap at the default limit: normal under load
+                primary = Evidence(
+                    metric="clock_event_reasons",
+                    value=float(s.clock_event_reasons),
+                    reasons=tuple(n for n in names if n in gpu.held),
+                    held_seconds=round(held, 1),
+                    detail=f"{' + '.join(n for n in names if n in gpu.held)} held for {held:.0f}s",
+                )
+                summary = f"GPU {index} {cause.replace('_', ' ')} for {held:.0f}s"
+                findings.append(Finding(node.name, index, cause, "warning", summary, primary, support, [NAME]))
+    return findings

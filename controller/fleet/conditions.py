@@ -1,0 +1,38 @@
+"""Named conditions of a GPU reading, and how long each has held.
+
+Detectors ask "has X held for the window?" rather than "is X set now?", so a brief power-cap blip
+under load, or a link retraining for a moment, is not a finding.
+"""
+
+from __future__ import annotations
+
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from protos.names import clock_event_reason_names
+
+
+def is_busy(sample: pb.GpuSample) -> bool:
+    idle = "gpu_idle" in clock_event_reason_names(sample.clock_event_reasons)
+    util = sample.gpu_utilization_ratio if sample.HasField("gpu_utilization_ratio") else 0.0
+    return not idle and util >= 0.1
+
+
+def conditions(sample: pb.GpuSample) -> set[str]:
+    """Reason bits that are set, plus derived states: pcie_below_max (only while busy: idle links
+    train down to save power), nvlink_inactive, row_remap_pending."""
+    found = set(clock_event_reason_names(sample.clock_event_reasons))
+    found.discard("gpu_idle")
+    if is_busy(sample) and (
+        (sample.HasField("pcie_link_gen_max") and sample.pcie_link_gen < sample.pcie_link_gen_max)
+        or (sample.HasField("pcie_link_width_max") and sample.pcie_link_width < sample.pcie_link_width_max)
+    ):
+        found.add("pcie_below_max")
+    if any(not link.active for link in sample.nvlinks):
+        found.add("nvlink_inactive")
+    if sample.row_remap_pending or sample.row_remap_failure:
+        found.add("row_remap_pending")
+    return found
+
+
+def update_held(previous: dict[str, float], sample: pb.GpuSample, at: float) -> dict[str, float]:
+    """Since-times for the conditions of `sample` taken at `at`, continuing those already held."""
+    return {name: min(previous.get(name, at), at) for name in conditions(sample)}

@@ -1,0 +1,79 @@
+"""Ingest: validate, dedupe by (node, boot, seq), persist, then update memory; ack only what is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.errors import InvalidMessage, SequenceGap
+from controller.fleet.model import Fleet
+from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from controller.store.sqlite import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller.ingest")
+MAX_NAME = 253  # a DNS name, as Kubernetes node names are
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    frames: int = 0
+    duplicates: int = 0
+    non_finite: int = 0
+
+
+class Ingest:
+    def __init__(self, fleet: Fleet, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.clock = clock
+        self.counters = IngestCounters()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, node: str) -> asyncio.Lock:
+        return self._locks.setdefault(node, asyncio.Lock())
+
+    async def hello(self, hello: pb.Hello) -> int:
+        """Register the agent; return the highest seq already stored for its boot (0 if none)."""
+        if not hello.node or len(hello.node) > MAX_NAME:
+            raise InvalidMessage("hello: node name must be 1..253 characters")
+        if not hello.boot_id:
+            raise InvalidMessage("hello: boot_id is required")
+        async with self._lock(hello.node):
+            now = self.clock()
+            acked = await self.store.save_hello(hello, now)
+            apply_hello(self.fleet, hello, acked, now)
+            return self.fleet.acked[(hello.node, hello.boot_id)]
+
+    async def frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
+        """Store one frame; return the seq to ack (the frame's, or the current position for a duplicate)."""
+        if frame.node != stream_node:
+            raise InvalidMessage(f"frame for node {frame.node!r} on the stream of node {stream_node!r}")
+        if not frame.boot_id or frame.seq == 0:
+            raise InvalidMessage("frame: boot_id and a seq >= 1 are required")
+        if len({g.index for g in frame.gpus}) != len(frame.gpus):
+            raise InvalidMessage(f"frame {frame.seq}: a GPU index appears twice")
+        async with self._lock(stream_node):
+            key = (stream_node, frame.boot_id)
+            acked = self.fleet.acked.get(key, 0)
+            if frame.seq <= acked:
+                self.counters.duplicates += 1
+                return acked
+            expected = max(acked + 1, frame.spool_floor_seq)
+            if frame.seq < expected:
+                raise InvalidMessage(
+                    f"frame {frame.seq} is below the agent's own spool floor {frame.spool_floor_seq}"
+                )
+            if frame.seq > expected:
+                raise SequenceGap(f"boot {frame.boot_id}: expected frame {expected}, got {frame.seq}")
+            write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, self.clock())
+            await self.store.save_frame(write)
+            apply_frame(self.fleet, write)
+            self.counters.frames += 1
+            if non_finite:
+                self.counters.non_finite += non_finite
+                log.warning("node %s frame %d: %d NaN/Inf readings stored as missing", stream_node, frame.seq, non_finite)
+            return frame.seq

@@ -1,0 +1,76 @@
+"""The controller's view of the fleet: plain data, updated only by ingest on the event loop.
+
+Latest readings stay as the wire's (sanitized) messages: detectors read them directly, and the
+operator API returns them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+ProbeKey = tuple[str, int | None, str, str]  # node, gpu (None: node-level), probe, variant
+
+
+@dataclass(slots=True)
+class GpuState:
+    index: int
+    sample: pb.GpuSample
+    time: float
+    held: dict[str, float] = field(default_factory=dict)  # condition -> since (unix seconds)
+
+    def held_for(self, condition: str, now: float) -> float:
+        """Seconds `condition` has held up to `now`; 0 when it does not hold."""
+        since = self.held.get(condition)
+        return 0.0 if since is None else max(0.0, now - since)
+
+
+@dataclass(slots=True)
+class ProbeRecord:
+    node: str
+    gpu: int | None
+    probe: str
+    variant: str
+    value: float
+    unit: str
+    time: float
+    result: pb.ProbeResult
+
+    @property
+    def key(self) -> ProbeKey:
+        return (self.node, self.gpu, self.probe, self.variant)
+
+
+@dataclass(slots=True)
+class NodeState:
+    name: str
+    hello: pb.Hello
+    first_seen: float
+    last_seen: float
+    gpus: dict[int, GpuState] = field(default_factory=dict)
+    host: pb.HostSample | None = None
+    host_time: float = 0.0
+    connected: bool = False
+
+    @property
+    def boot_id(self) -> str:
+        return self.hello.boot_id
+
+    @property
+    def gpu_model(self) -> str:
+        names = {g.name for g in self.hello.inventory.gpus}
+        return names.pop() if len(names) == 1 else ("mixed" if names else "")
+
+    def gpu_name(self, index: int) -> str:
+        for info in self.hello.inventory.gpus:
+            if info.index == index:
+                return info.name
+        return ""
+
+
+@dataclass(slots=True)
+class Fleet:
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    probes: dict[ProbeKey, ProbeRecord] = field(default_factory=dict)
+    acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, boot) -> highest contiguous seq

@@ -1,0 +1,77 @@
+"""Pure updates of fleet state: what a frame changes (plan) and applying that change (apply).
+
+Ingest persists the plan first and applies it to memory only after the commit, so memory never
+shows what the store does not hold.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller.fleet.conditions import update_held
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.sanitize import clear_non_finite
+from controller.store.sqlite import FrameWrite
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+
+def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[FrameWrite, int]:
+    """The state changes of one accepted frame, and how many non-finite readings it carried.
+
+    Latest-state rows change only when the frame is newer than what is held (a replay of an older
+    boot's spool must not overwrite fresher readings); probe results always count, by their time.
+    """
+    at = min(frame.time.ToNanoseconds() / 1e9 if frame.HasField("time") else now, now)
+    probes: list[ProbeRecord] = []
+    dropped = 0
+    for result in frame.probes:
+        if result.error or not math.isfinite(result.value) or result.value <= 0:
+            dropped += 0 if result.error else 1
+            continue
+        when = min(result.time.ToNanoseconds() / 1e9 if result.HasField("time") else at, now)
+        clear_non_finite(result)
+        gpu = result.gpu if result.HasField("gpu") else None
+        probes.append(ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result))
+    dropped += sum(clear_non_finite(sample) for sample in frame.gpus)
+    if frame.HasField("host"):
+        dropped += clear_non_finite(frame.host)
+    write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes)
+    for sample in frame.gpus:
+        previous = node.gpus.get(sample.index)
+        if previous is not None and previous.time > at:
+            continue
+        held = update_held(previous.held if previous else {}, sample, at)
+        write.gpus.append(GpuState(sample.index, sample, at, held))
+    if frame.HasField("host") and node.host_time <= at:
+        write.host = frame.host
+    return write, dropped
+
+
+def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
+    node = fleet.nodes[write.node]
+    node.last_seen = max(node.last_seen, write.time)
+    for gpu in write.gpus:
+        node.gpus[gpu.index] = gpu
+    if write.host is not None:
+        node.host, node.host_time = write.host, write.time
+    for record in write.probes:
+        current = fleet.probes.get(record.key)
+        if current is None or current.time <= record.time:
+            fleet.probes[record.key] = record
+    fleet.acked[(write.node, write.boot_id)] = write.seq
+
+
+def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeState:
+    node = fleet.nodes.get(hello.node)
+    if node is None:
+        node = NodeState(hello.node, hello, now, now)
+        fleet.nodes[hello.node] = node
+    else:
+        node.hello, node.last_seen = hello, now
+    present = {g.index for g in hello.inventory.gpus}
+    for index in list(node.gpus):
+        if index not in present:  # a GPU gone from the inventory has no current state
+            del node.gpus[index]
+    key = (hello.node, hello.boot_id)
+    fleet.acked[key] = max(fleet.acked.get(key, 0), acked)
+    return node

@@ -1,0 +1,79 @@
+"""Exception -> gRPC status, in one place. Handlers raise domain errors; clients get a clear status;
+anything unexpected is logged with its traceback and answered INTERNAL, never a crash."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from controller.errors import ControllerError, InvalidMessage, NotFound, SequenceGap, StoreUnavailable
+
+log = logging.getLogger("gpufleet.controller.rpc")
+
+STATUS: dict[type[ControllerError], grpc.StatusCode] = {
+    InvalidMessage: grpc.StatusCode.INVALID_ARGUMENT,
+    SequenceGap: grpc.StatusCode.OUT_OF_RANGE,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    for kind, code in STATUS.items():
+        if isinstance(exc, kind):
+            return code, str(exc)
+    return grpc.StatusCode.INTERNAL, "internal error (see the controller log)"
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str, exc: Exception) -> None:
+    code, details = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method)
+    else:
+        log.warning("%s: %s: %s", method, code.name, details)
+    await context.abort(code, details)
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None:
+            return handler
+        if handler.unary_unary:
+            inner_unary = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                try:
+                    return await inner_unary(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort(context, method, exc)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_stream:
+            inner_stream = handler.stream_stream
+
+            async def stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+                try:
+                    async for response in inner_stream(requests, context):
+                        yield response
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort(context, method, exc)
+
+            return grpc.stream_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler

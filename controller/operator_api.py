@@ -1,0 +1,142 @@
+"""Operator service: the fleet as operators see it. Thin: reads app state, converts to the wire."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from controller.app import ControllerApp
+from controller.detect.finding import Evidence
+from controller.errors import NotFound
+from controller.fleet.findings import StoredFinding
+from controller.fleet.model import NodeState
+from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.names import cause_value, severity_name, severity_value
+
+
+def _ts(unix_seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(unix_seconds * 1e9))
+    return ts
+
+
+def evidence_to_proto(ev: Evidence) -> findings_pb2.Evidence:
+    msg = findings_pb2.Evidence(
+        metric=ev.metric, unit=ev.unit, reasons=list(ev.reasons), peers=ev.peers, detail=ev.detail
+    )
+    for name in ("value", "baseline", "deviation", "held_seconds"):
+        value = getattr(ev, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def finding_to_proto(stored: StoredFinding) -> findings_pb2.Finding:
+    f = stored.finding
+    msg = findings_pb2.Finding(
+        id=stored.id,
+        node=f.node,
+        cause=cause_value(f.cause),  # type: ignore[arg-type]
+        severity=severity_value(f.severity),  # type: ignore[arg-type]
+        summary=f.summary,
+        evidence=evidence_to_proto(f.evidence),
+        supporting=[evidence_to_proto(e) for e in f.supporting],
+        first_seen=_ts(stored.first_seen),
+        last_seen=_ts(stored.last_seen),
+        active=stored.active,
+        detectors=f.detectors,
+    )
+    if f.gpu is not None:
+        msg.gpu = f.gpu
+    return msg
+
+
+class OperatorServicer(operator_pb2_grpc.OperatorServicer):
+    def __init__(self, app: ControllerApp) -> None:
+        self.app = app
+
+    def _health(self, node: NodeState, findings: list[StoredFinding]) -> operator_pb2.NodeHealth.ValueType:
+        now = self.app.clock()
+        if not node.connected and now - node.last_seen > self.app.config.stale_after_seconds:
+            return operator_pb2.NODE_HEALTH_STALE
+        severities = {s.finding.severity for s in findings}
+        if "critical" in severities:
+            return operator_pb2.NODE_HEALTH_CRITICAL
+        return operator_pb2.NODE_HEALTH_DEGRADED if findings else operator_pb2.NODE_HEALTH_HEALTHY
+
+    def _findings_of(self, node: str) -> list[StoredFinding]:
+        return [s for key, s in self.app.active.items() if key[0] == node]
+
+    def _summary(self, node: NodeState) -> operator_pb2.NodeSummary:
+        findings = self._findings_of(node.name)
+        return operator_pb2.NodeSummary(
+            name=node.name,
+            boot_id=node.boot_id,
+            agent_version=node.hello.agent_version,
+            gpu_count=len(node.hello.inventory.gpus),
+            gpu_model=node.gpu_model,
+            connected=node.connected,
+            last_seen=_ts(node.last_seen),
+            acked_seq=self.app.fleet.acked.get((node.name, node.boot_id), 0),
+            health=self._health(node, findings),
+            active_findings=len(findings),
+            source=node.hello.inventory.source,
+        )
+
+    async def ListNodes(  # noqa: N802 - generated name
+        self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ListNodesResponse:
+        nodes = sorted(self.app.fleet.nodes.values(), key=lambda n: n.name)
+        return operator_pb2.ListNodesResponse(nodes=[self._summary(n) for n in nodes])
+
+    async def GetNode(  # noqa: N802 - generated name
+        self, request: operator_pb2.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.NodeDetail:
+        node = self.app.fleet.nodes.get(request.name)
+        if node is None:
+            raise NotFound(f"node {request.name!r} is not known to this controller")
+        probes = sorted(
+            (r for key, r in self.app.fleet.probes.items() if key[0] == node.name),
+            key=lambda r: (r.probe, r.variant, -1 if r.gpu is None else r.gpu),
+        )
+        detail = operator_pb2.NodeDetail(
+            summary=self._summary(node),
+            hello=node.hello,
+            gpus=[node.gpus[i].sample for i in sorted(node.gpus)],
+            probes=[r.result for r in probes],
+            findings=[finding_to_proto(s) for s in _ordered(self._findings_of(node.name))],
+        )
+        if node.host is not None:
+            detail.host.CopyFrom(node.host)
+        return detail
+
+    async def ListFindings(  # noqa: N802 - generated name
+        self, request: operator_pb2.ListFindingsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ListFindingsResponse:
+        if request.include_resolved:
+            found = await self.app.store.list_findings(request.node, include_resolved=True)
+        else:
+            found = [s for key, s in self.app.active.items() if not request.node or key[0] == request.node]
+        floor = request.min_severity
+        if floor:
+            found = [s for s in found if severity_value(s.finding.severity) >= floor]
+        return operator_pb2.ListFindingsResponse(findings=[finding_to_proto(s) for s in _ordered(found)])
+
+
+def _ordered(found: list[StoredFinding]) -> list[StoredFinding]:
+    """Worst first, then by node and GPU, so a table reads top-down by urgency."""
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    return sorted(
+        found,
+        key=lambda s: (
+            rank.get(s.finding.severity, 3),
+            s.finding.node,
+            -1 if s.finding.gpu is None else s.finding.gpu,
+            s.finding.cause,
+        ),
+    )
+
+
+__all__ = ["OperatorServicer", "finding_to_proto", "severity_name"]

@@ -1,0 +1,81 @@
+"""Telemetry service: one bidirectional stream per agent, translated to ingest calls.
+
+The response side is a queue, so acks and commands (from this stream or, later, from operators)
+interleave freely with reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from controller.app import ControllerApp
+from controller.errors import InvalidMessage
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from protos.gpufleet.v1 import telemetry_pb2_grpc
+
+log = logging.getLogger("gpufleet.controller.stream")
+
+
+class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
+    def __init__(self, app: ControllerApp) -> None:
+        self.app = app
+
+    async def Stream(  # noqa: N802 - the generated servicer's method name
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.ControllerMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        if first.WhichOneof("msg") != "hello":
+            raise InvalidMessage("the first message on a stream must be a Hello")
+        hello = first.hello
+        acked = await self.app.ingest.hello(hello)
+        log.info("agent connected: node %s boot %s (%s), acked %d", hello.node, hello.boot_id, context.peer(), acked)
+        outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
+        if acked:
+            outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
+        command = self.app.probe_on_connect(hello)
+        if command is not None:
+            outbox.put_nowait(pb.ControllerMessage(command=command))
+        self.app.connected(hello.node)
+        reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
+        try:
+            while True:
+                getter = asyncio.create_task(outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                while not outbox.empty():
+                    yield outbox.get_nowait()
+                reader.result()  # raises the error that ended the stream, if any
+                return
+        finally:
+            reader.cancel()
+            self.app.disconnected(hello.node)
+            log.info("agent disconnected: node %s", hello.node)
+
+    async def _read(
+        self, requests: AsyncIterator[pb.AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
+    ) -> None:
+        async for msg in requests:
+            kind = msg.WhichOneof("msg")
+            if kind == "frame":
+                seq = await self.app.ingest.frame(node, msg.frame)
+                outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=seq)))
+            elif kind == "command_result":
+                result = msg.command_result
+                if result.ok:
+                    log.info("node %s: command %s done", node, result.command_id)
+                else:
+                    log.warning("node %s: command %s failed: %s", node, result.command_id, result.error)
+            elif kind == "hello":
+                raise InvalidMessage("Hello is allowed only as the first message of a stream")
+            else:
+                raise InvalidMessage("empty or unknown agent message")

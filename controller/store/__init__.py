@@ -1,0 +1,1 @@
+"""Persistence: SQLite, the embedded default (a file path; nothing to install)."""

@@ -1,0 +1,59 @@
+-- gpufleet controller store, schema version 1 (PRAGMA user_version).
+CREATE TABLE IF NOT EXISTS nodes (
+    name        TEXT PRIMARY KEY,
+    hello       BLOB NOT NULL,          -- gpufleet.v1.Hello: inventory and host facts
+    first_seen  REAL NOT NULL,
+    last_seen   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS boots (
+    node        TEXT NOT NULL,
+    boot_id     TEXT NOT NULL,
+    acked_seq   INTEGER NOT NULL,       -- highest contiguous frame stored
+    updated     REAL NOT NULL,
+    PRIMARY KEY (node, boot_id)
+);
+CREATE TABLE IF NOT EXISTS gpu_state (
+    node        TEXT NOT NULL,
+    gpu         INTEGER NOT NULL,
+    time        REAL NOT NULL,
+    sample      BLOB NOT NULL,          -- gpufleet.v1.GpuSample, sanitized
+    held        TEXT NOT NULL,          -- JSON: condition -> since
+    PRIMARY KEY (node, gpu)
+);
+CREATE TABLE IF NOT EXISTS host_state (
+    node        TEXT PRIMARY KEY,
+    time        REAL NOT NULL,
+    sample      BLOB NOT NULL           -- gpufleet.v1.HostSample
+);
+CREATE TABLE IF NOT EXISTS probe_results (
+    node        TEXT NOT NULL,
+    gpu         INTEGER NOT NULL,       -- -1: node-level
+    probe       TEXT NOT NULL,
+    variant     TEXT NOT NULL,
+    time        REAL NOT NULL,
+    value       REAL NOT NULL,
+    unit        TEXT NOT NULL,
+    result      BLOB NOT NULL,          -- gpufleet.v1.ProbeResult
+    PRIMARY KEY (node, gpu, probe, variant)
+);
+CREATE TABLE IF NOT EXISTS probe_history (
+    node        TEXT NOT NULL,
+    gpu         INTEGER NOT NULL,
+    probe       TEXT NOT NULL,
+    variant     TEXT NOT NULL,
+    time        REAL NOT NULL,
+    value       REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS probe_history_by_key ON probe_history (node, gpu, probe, variant, time);
+CREATE TABLE IF NOT EXISTS findings (
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    gpu         INTEGER,                -- NULL: node-level
+    cause       TEXT NOT NULL,
+    severity    TEXT NOT NULL,
+    first_seen  REAL NOT NULL,
+    last_seen   REAL NOT NULL,
+    active      INTEGER NOT NULL,
+    body        BLOB NOT NULL           -- JSON of the finding with its evidence
+);
+CREATE INDEX IF NOT EXISTS findings_active ON findings (active, node);

@@ -1,0 +1,191 @@
+"""The SQLite store: nodes, boots (ack positions), latest GPU/host state, probe results, findings.
+
+All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
+the controller uses.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import msgspec
+
+from controller.detect.finding import Finding
+from controller.fleet.findings import StoredFinding
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.store.writer import StoreThread
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class FrameWrite:
+    """Everything one accepted frame changes, written in one transaction with its ack position."""
+
+    node: str
+    boot_id: str
+    seq: int
+    time: float
+    gpus: list[GpuState] = field(default_factory=list)
+    host: pb.HostSample | None = None
+    probes: list[ProbeRecord] = field(default_factory=list)
+
+
+class Store:
+    def __init__(self, path: str, *, synchronous: str = "full") -> None:
+        self.path = path
+        self.synchronous = synchronous.upper()
+        self._thread = StoreThread(self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        if self.path != ":memory:":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    async def open(self) -> None:
+        self._thread.start()
+        await self._thread.call(_init)
+
+    def close(self) -> None:
+        self._thread.stop()
+
+    async def load(self) -> tuple[Fleet, list[StoredFinding]]:
+        return await self._thread.call(_load)
+
+    async def save_hello(self, hello: pb.Hello, now: float) -> int:
+        """Record the node's Hello; return the acked seq of its boot (0 if new)."""
+        return await self._thread.call(lambda c: _save_hello(c, hello, now))
+
+    async def save_frame(self, write: FrameWrite) -> None:
+        await self._thread.call(lambda c: _save_frame(c, write))
+
+    async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:
+        await self._thread.call(lambda c: _save_findings(c, upserts + resolved))
+
+    async def list_findings(self, node: str = "", include_resolved: bool = False, limit: int = 1000) -> list[
+        StoredFinding
+    ]:
+        return await self._thread.call(lambda c: _list_findings(c, node, include_resolved, limit))
+
+    async def prune_history(self, before: float) -> int:
+        return await self._thread.call(
+            lambda c: c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
+        )
+
+
+def _init(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"store schema version {version} is newer than this controller ({SCHEMA_VERSION})")
+    schema = resources.files("controller.store").joinpath("schema.sql").read_text()
+    for statement in schema.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _save_hello(conn: sqlite3.Connection, hello: pb.Hello, now: float) -> int:
+    conn.execute(
+        "INSERT INTO nodes (name, hello, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET hello = excluded.hello, last_seen = excluded.last_seen",
+        (hello.node, hello.SerializeToString(), now, now),
+    )
+    row = conn.execute(
+        "SELECT acked_seq FROM boots WHERE node = ? AND boot_id = ?", (hello.node, hello.boot_id)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _save_frame(conn: sqlite3.Connection, w: FrameWrite) -> None:
+    conn.execute(
+        "INSERT INTO boots (node, boot_id, acked_seq, updated) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, updated = excluded.updated",
+        (w.node, w.boot_id, w.seq, w.time),
+    )
+    conn.execute("UPDATE nodes SET last_seen = max(last_seen, ?) WHERE name = ?", (w.time, w.node))
+    conn.executemany(
+        "INSERT OR REPLACE INTO gpu_state (node, gpu, time, sample, held) VALUES (?, ?, ?, ?, ?)",
+        [(w.node, g.index, g.time, g.sample.SerializeToString(), json.dumps(g.held)) for g in w.gpus],
+    )
+    if w.host is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO host_state (node, time, sample) VALUES (?, ?, ?)",
+            (w.node, w.time, w.host.SerializeToString()),
+        )
+    rows = [(p.node, -1 if p.gpu is None else p.gpu, p.probe, p.variant, p.time, p.value) for p in w.probes]
+    conn.executemany(
+        "INSERT OR REPLACE INTO probe_results (node, gpu, probe, variant, time, value, unit, result) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(*row, p.unit, p.result.SerializeToString()) for row, p in zip(rows, w.probes, strict=True)],
+    )
+    conn.executemany(
+        "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", rows
+    )
+
+
+def _finding_row(s: StoredFinding) -> tuple[object, ...]:
+    f = s.finding
+    return (s.id, f.node, f.gpu, f.cause, f.severity, s.first_seen, s.last_seen, int(s.active), msgspec.json.encode(f))
+
+
+def _save_findings(conn: sqlite3.Connection, findings: list[StoredFinding]) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO findings (id, node, gpu, cause, severity, first_seen, last_seen, active, body) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [_finding_row(s) for s in findings],
+    )
+
+
+def _stored(row: sqlite3.Row | tuple[object, ...]) -> StoredFinding:
+    fid, first_seen, last_seen, active, body = row
+    finding = msgspec.json.decode(body, type=Finding)  # type: ignore[arg-type]
+    return StoredFinding(str(fid), finding, float(first_seen), float(last_seen), bool(active))  # type: ignore[arg-type]
+
+
+def _list_findings(conn: sqlite3.Connection, node: str, include_resolved: bool, limit: int) -> list[StoredFinding]:
+    sql = "SELECT id, first_seen, last_seen, active, body FROM findings WHERE 1 = 1"
+    args: list[object] = []
+    if node:
+        sql += " AND node = ?"
+        args.append(node)
+    if not include_resolved:
+        sql += " AND active = 1"
+    sql += " ORDER BY last_seen DESC, id LIMIT ?"
+    args.append(limit)
+    return [_stored(r) for r in conn.execute(sql, args)]
+
+
+def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
+    fleet = Fleet()
+    for name, hello_bytes, first_seen, last_seen in conn.execute(
+        "SELECT name, hello, first_seen, last_seen FROM nodes"
+    ):
+        fleet.nodes[name] = NodeState(name, pb.Hello.FromString(hello_bytes), first_seen, last_seen)
+    for node, boot_id, acked in conn.execute("SELECT node, boot_id, acked_seq FROM boots"):
+        fleet.acked[(node, boot_id)] = int(acked)
+    for node, gpu, time, sample, held in conn.execute("SELECT node, gpu, time, sample, held FROM gpu_state"):
+        if node in fleet.nodes:
+            fleet.nodes[node].gpus[gpu] = GpuState(gpu, pb.GpuSample.FromString(sample), time, json.loads(held))
+    for node, time, sample in conn.execute("SELECT node, time, sample FROM host_state"):
+        if node in fleet.nodes:
+            fleet.nodes[node].host = pb.HostSample.FromString(sample)
+            fleet.nodes[node].host_time = time
+    for node, gpu, probe, variant, time, value, unit, result in conn.execute(
+        "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results"
+    ):
+        record = ProbeRecord(
+            node, None if gpu < 0 else gpu, probe, variant, value, unit, time, pb.ProbeResult.FromString(result)
+        )
+        fleet.probes[record.key] = record
+    active = _list_findings(conn, "", False, 1_000_000)
+    return fleet, active

@@ -1,0 +1,1 @@
+"""The wire contract between agent and controller (package gpufleet.v1)."""

@@ -1,0 +1,1 @@
+"""Generated modules for gpufleet.v1; regenerate with `make protos`."""
