@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpufleet agent",
         description="Collect GPU and host telemetry on this node and stream it to the controller.",
     )
-    parser.add_argument("--sim", action="store_true", help="use the simulated 8-GPU H100 node instead of NVML")
+    parser.add_argument(
+        "--sim", action="store_true", help="use the simulated 8-GPU H100 node instead of NVML"
+    )
     parser.add_argument("--node", help="node name (default: config, else the host name)")
     parser.add_argument("--controller", metavar="HOST:PORT", help="controller to stream to (default: none)")
     parser.add_argument("--config", metavar="FILE", help="YAML config file")

@@ -48,13 +48,15 @@ class SimConfig(_Config):
             raise ValueError("sim.load must be within 0..1")
         for fault in self.faults:
             if fault.gpu is not None and fault.gpu >= self.gpus:
-                raise ValueError(f"fault {fault.fault}: gpu {fault.gpu} out of range (sim.gpus is {self.gpus})")
+                raise ValueError(
+                    f"fault {fault.fault}: gpu {fault.gpu} out of range (sim.gpus is {self.gpus})"
+                )
 
 
 class StreamConfig(_Config):
-    controller: str | None = None            # HOST:PORT; None: no streaming (local use)
-    spool_dir: str | None = None             # None: frames wait in memory only
-    spool_max_frames: int = 8640             # a day of frames at the default 10 s interval
+    controller: str | None = None  # HOST:PORT; None: no streaming (local use)
+    spool_dir: str | None = None  # None: frames wait in memory only
+    spool_max_frames: int = 8640  # a day of frames at the default 10 s interval
     backoff_initial_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
 
@@ -72,10 +74,10 @@ class CollectorConfig(_Config):
 
 
 class AgentConfig(_Config):
-    node: str = ""                           # empty: the host name
+    node: str = ""  # empty: the host name
     source: Literal["nvml", "sim"] = "nvml"
     interval_seconds: float = 10.0
-    host_root: str = "/"                     # /host in the DaemonSet, where the host's / is mounted
+    host_root: str = "/"  # /host in the DaemonSet, where the host's / is mounted
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     collectors: dict[str, CollectorConfig] = msgspec.field(default_factory=dict)
     sim: SimConfig = msgspec.field(default_factory=SimConfig)
@@ -90,7 +92,9 @@ class AgentConfig(_Config):
     def enabled_collectors(self, registered: list[str]) -> list[str]:
         unknown = sorted(set(self.collectors) - set(registered))
         if unknown:
-            raise ConfigError(f"unknown collector(s) {', '.join(unknown)}; registered: {', '.join(registered)}")
+            raise ConfigError(
+                f"unknown collector(s) {', '.join(unknown)}; registered: {', '.join(registered)}"
+            )
         return [name for name in registered if self.collectors.get(name, CollectorConfig()).enabled]
 
 

@@ -71,7 +71,7 @@ class Agent:
             try:
                 collector.collect(snapshot)
                 status = CollectorStatus(collector.name, True, time.perf_counter() - start)
-            except Exception as exc:  # one bad collector never breaks the cycle; it is reported
+            except Exception as exc:  # noqa: BLE001 - one bad collector never breaks the cycle; it is reported
                 status = CollectorStatus(collector.name, False, time.perf_counter() - start, str(exc))
                 log.warning("collector %s failed: %s", collector.name, exc)
             snapshot.collectors[collector.name] = status
@@ -86,9 +86,9 @@ class Agent:
             self.boot_id,
             version(),
             self.inventory,
-            self.host_facts,
-            self.probes.available(),
-            self.started_at,
+            host=self.host_facts,
+            probes=self.probes.available(),
+            started_at=self.started_at,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -135,7 +135,9 @@ class Agent:
                 next_at = now + interval
             wake.clear()
             waiters = {asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())}
-            _, pending = await asyncio.wait(waiters, timeout=next_at - now, return_when=asyncio.FIRST_COMPLETED)
+            _, pending = await asyncio.wait(
+                waiters, timeout=next_at - now, return_when=asyncio.FIRST_COMPLETED
+            )
             for task in pending | waiters:
                 task.cancel()
 
@@ -151,7 +153,9 @@ class Agent:
         if kind != "run_probes":
             return pb.CommandResult(command_id=command.id, ok=False, error=f"unsupported command {kind!r}")
         if self._probing:
-            return pb.CommandResult(command_id=command.id, ok=False, error="a probe run is already in progress")
+            return pb.CommandResult(
+                command_id=command.id, ok=False, error="a probe run is already in progress"
+            )
         self._probing = True
         try:
             names = list(command.run_probes.probes)

@@ -6,6 +6,7 @@ Servicers translate the wire to calls on this object; tests drive it directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -65,7 +66,11 @@ class ControllerApp:
     def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
         """Ask a newly booted agent for a probe run, once per boot, when it can run probes."""
         key = (hello.node, hello.boot_id)
-        if not self.config.probes.on_connect or "run_probes" not in hello.capabilities or key in self._probe_asked:
+        if (
+            not self.config.probes.on_connect
+            or "run_probes" not in hello.capabilities
+            or key in self._probe_asked
+        ):
             return None
         self._probe_asked.add(key)
         return pb.Command(id=uuid.uuid4().hex, run_probes=pb.RunProbes())
@@ -98,7 +103,5 @@ class ControllerApp:
                     await self.store.prune_history(last_prune - PROBE_HISTORY_DAYS * 86400)
             except Exception:  # a failed pass (store down) is logged and retried next interval
                 log.exception("detection pass failed")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.detect.interval_seconds)
-            except TimeoutError:
-                pass

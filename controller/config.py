@@ -22,11 +22,11 @@ class DetectorConfig(_Config):
 
 
 class DetectConfig(_Config):
-    interval_seconds: float = 10.0           # how often the detectors run over the fleet
-    margin: float = 0.05                     # a probe this far below its peer-group median is slow
-    min_robust_z: float = 3.0                # ...and this many robust sigmas below (guards noisy groups)
-    min_peers: int = 4                       # no baseline from fewer results than this
-    throttle_window_seconds: float = 60.0    # a condition must hold this long to be a finding
+    interval_seconds: float = 10.0  # how often the detectors run over the fleet
+    margin: float = 0.05  # a probe this far below its peer-group median is slow
+    min_robust_z: float = 3.0  # ...and this many robust sigmas below (guards noisy groups)
+    min_peers: int = 4  # no baseline from fewer results than this
+    throttle_window_seconds: float = 60.0  # a condition must hold this long to be a finding
     detectors: dict[str, DetectorConfig] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -40,20 +40,22 @@ class DetectConfig(_Config):
     def enabled(self, registered: list[str]) -> list[str]:
         unknown = sorted(set(self.detectors) - set(registered))
         if unknown:
-            raise ConfigError(f"unknown detector(s) {', '.join(unknown)}; registered: {', '.join(registered)}")
+            raise ConfigError(
+                f"unknown detector(s) {', '.join(unknown)}; registered: {', '.join(registered)}"
+            )
         return [n for n in registered if self.detectors.get(n, DetectorConfig()).enabled]
 
 
 class ProbeConfig(_Config):
-    on_connect: bool = True                  # ask each new agent boot for a probe run right away
+    on_connect: bool = True  # ask each new agent boot for a probe run right away
 
 
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
-    db: str = "gpufleet.db"                  # SQLite file; ":memory:" for tests
+    db: str = "gpufleet.db"  # SQLite file; ":memory:" for tests
     db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
     max_message_bytes: int = 4 * 1024 * 1024
-    stale_after_seconds: float = 60.0        # a node silent this long is shown stale
+    stale_after_seconds: float = 60.0  # a node silent this long is shown stale
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)

@@ -37,40 +37,42 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str, exc: 
     await context.abort(code, details)
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # generic only in the stubs
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None:
             return handler
         if handler.unary_unary:
-            inner_unary = handler.unary_unary
+            inner_unary: Any = handler.unary_unary  # an async handler here, whatever the stubs say
 
             async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 try:
                     return await inner_unary(request, context)
                 except grpc.aio.AbortError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - mapped to a status, logged if unexpected
                     await _abort(context, method, exc)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, handler.request_deserializer, handler.response_serializer
             )
         if handler.stream_stream:
-            inner_stream = handler.stream_stream
+            inner_stream: Any = handler.stream_stream
 
-            async def stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            async def stream(
+                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 try:
                     async for response in inner_stream(requests, context):
                         yield response
                 except grpc.aio.AbortError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - mapped to a status, logged if unexpected
                     await _abort(context, method, exc)
 
             return grpc.stream_stream_rpc_method_handler(

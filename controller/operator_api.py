@@ -85,13 +85,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             source=node.hello.inventory.source,
         )
 
-    async def ListNodes(  # noqa: N802 - generated name
+    async def ListNodes(
         self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.ListNodesResponse:
         nodes = sorted(self.app.fleet.nodes.values(), key=lambda n: n.name)
         return operator_pb2.ListNodesResponse(nodes=[self._summary(n) for n in nodes])
 
-    async def GetNode(  # noqa: N802 - generated name
+    async def GetNode(
         self, request: operator_pb2.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.NodeDetail:
         node = self.app.fleet.nodes.get(request.name)
@@ -112,7 +112,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             detail.host.CopyFrom(node.host)
         return detail
 
-    async def ListFindings(  # noqa: N802 - generated name
+    async def ListFindings(
         self, request: operator_pb2.ListFindingsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.ListFindingsResponse:
         if request.include_resolved:

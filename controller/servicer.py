@@ -25,7 +25,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     def __init__(self, app: ControllerApp) -> None:
         self.app = app
 
-    async def Stream(  # noqa: N802 - the generated servicer's method name
+    async def Stream(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ControllerMessage]:
         first = await anext(aiter(request_iterator), None)
@@ -35,7 +35,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             raise InvalidMessage("the first message on a stream must be a Hello")
         hello = first.hello
         acked = await self.app.ingest.hello(hello)
-        log.info("agent connected: node %s boot %s (%s), acked %d", hello.node, hello.boot_id, context.peer(), acked)
+        log.info(
+            "agent connected: node %s boot %s (%s), acked %d",
+            hello.node,
+            hello.boot_id,
+            context.peer(),
+            acked,
+        )
         outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
         if acked:
             outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))

@@ -23,7 +23,7 @@ def proto_files() -> list[Path]:
 
 def generate(out_root: Path) -> list[Path]:
     """Run protoc (grpcio-tools) for every .proto; write under out_root; return the files written."""
-    from grpc_tools import protoc  # test extra; imported here so the package needs it only to generate
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # test extra; imported here so the package needs it only to generate
 
     include = Path(protoc.__file__).parent / "_proto"
     # mypy-protobuf's plugins are scripts installed beside this interpreter.

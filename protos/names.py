@@ -7,31 +7,31 @@ these so a name means the same on both sides of the wire.
 
 from __future__ import annotations
 
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from typing import Any
 
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, telemetry_pb2
 
 
-def _prefix(enum: EnumTypeWrapper) -> str:
-    return enum.DESCRIPTOR.values[0].name.removesuffix("UNSPECIFIED")
+def _prefix(enum: Any) -> str:
+    return str(enum.DESCRIPTOR.values[0].name).removesuffix("UNSPECIFIED")
 
 
-def enum_name(enum: EnumTypeWrapper, value: int) -> str:
+def enum_name(enum: Any, value: int) -> str:
     """Lower-case name of an enum value without its prefix; "" for the UNSPECIFIED value."""
     if value == 0:
         return ""
-    return enum.Name(value).removeprefix(_prefix(enum)).lower()
+    return str(enum.Name(value)).removeprefix(_prefix(enum)).lower()
 
 
-def enum_value(enum: EnumTypeWrapper, name: str) -> int:
+def enum_value(enum: Any, name: str) -> int:
     """Inverse of enum_name; ValueError naming the valid choices for an unknown name."""
     full = _prefix(enum) + name.upper()
-    if not name or full not in enum.keys():
+    if not name or full not in enum.keys():  # noqa: SIM118 - EnumTypeWrapper has no __contains__
         raise ValueError(f"unknown {enum.DESCRIPTOR.name} {name!r}; expected one of {enum_names(enum)}")
     return int(enum.Value(full))
 
 
-def enum_names(enum: EnumTypeWrapper) -> list[str]:
+def enum_names(enum: Any) -> list[str]:
     """Every name but UNSPECIFIED, in declaration order."""
     return [enum_name(enum, v.number) for v in enum.DESCRIPTOR.values if v.number != 0]
 

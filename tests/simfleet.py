@@ -16,8 +16,13 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
 class SimFleet:
-    def __init__(self, nodes: int, faults: dict[str, list[FaultSpec]] | None = None, seed: int = 1,
-                 start: float = 1_800_000_000.0) -> None:
+    def __init__(
+        self,
+        nodes: int,
+        faults: dict[str, list[FaultSpec]] | None = None,
+        seed: int = 1,
+        start: float = 1_800_000_000.0,
+    ) -> None:
         self.now = start
         self.fleet = Fleet()
         self.sims: dict[str, SimNode] = {}
@@ -31,7 +36,9 @@ class SimFleet:
 
     def hello(self, name: str) -> pb.Hello:
         sim = self.sims[name]
-        return frames.hello(name, f"boot-{name}", "test", sim.inventory(), None, ["gemm"], self.now)
+        return frames.hello(
+            name, f"boot-{name}", "test", sim.inventory(), host=None, probes=["gemm"], started_at=self.now
+        )
 
     def frame(self, name: str, *, probes: bool = False) -> pb.TelemetryFrame:
         sim = self.sims[name]

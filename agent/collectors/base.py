@@ -36,7 +36,7 @@ class Collector(ABC):
     def collect(self, snapshot: Snapshot) -> None:
         """Fill this collector's section of `snapshot`; raise on failure (SourceError preferred)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; most collectors hold nothing
         """Release anything the collector holds itself (sources are closed by their owner)."""
 
 

@@ -1,1 +1,4 @@
-"""Hardware sources. Only modules here import pynvml, redfish or psutil; each has a real and a fake/sim form."""
+"""Hardware sources.
+
+Only modules here import pynvml, redfish or psutil; each has a real and a simulated form.
+"""

@@ -11,7 +11,7 @@ class Backoff:
     initial_seconds: float = 0.5
     max_seconds: float = 30.0
     multiplier: float = 2.0
-    jitter: float = 0.5            # each delay is shortened by up to this fraction, at random
+    jitter: float = 0.5  # each delay is shortened by up to this fraction, at random
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, attempt: int) -> float:

@@ -91,7 +91,7 @@ class StreamClient:
     async def _session(self, stop: asyncio.Event) -> bool:
         """One connection; returns whether the controller answered before the stream ended."""
         async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
-            call = telemetry_pb2_grpc.TelemetryStub(channel).Stream()
+            call = telemetry_pb2_grpc.TelemetryStub(channel).Stream()  # type: ignore[call-arg] # aio: no iterator
             await call.write(pb.AgentMessage(hello=self.hello()))
             sender = asyncio.create_task(self._send(call))
             stopper = asyncio.create_task(stop.wait())

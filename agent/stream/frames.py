@@ -71,6 +71,7 @@ def hello(
     boot_id: str,
     agent_version: str,
     inventory: Inventory,
+    *,
     host: HostFacts | None,
     probes: list[str],
     started_at: float,

@@ -34,7 +34,7 @@ _FRAME_NAME = re.compile(r"^\d{20}\.frame$")
 
 @dataclass(slots=True)
 class SpoolEntry:
-    ordinal: int          # position in sending order, unique within this process
+    ordinal: int  # position in sending order, unique within this process
     boot_id: str
     seq: int
     frame: pb.TelemetryFrame
@@ -199,7 +199,9 @@ class Spool:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            self.log.warning("spool directory %s is unusable (%s); keeping frames in memory only", directory, exc)
+            self.log.warning(
+                "spool directory %s is unusable (%s); keeping frames in memory only", directory, exc
+            )
             self._disk_ok = False
             return
         loaded: list[tuple[float, str, int, pb.TelemetryFrame, Path]] = []
@@ -224,7 +226,9 @@ class Spool:
             self._ordinals.append(entry.ordinal)
             self._boot_dirs.add(boot)
         if loaded:
-            self.log.info("spool %s: %d unacked frames from %d earlier boots", directory, len(loaded), len(first_seen))
+            self.log.info(
+                "spool %s: %d unacked frames from %d earlier boots", directory, len(loaded), len(first_seen)
+            )
         self._trim()
 
     def _read(self, path: Path, boot_id: str) -> pb.TelemetryFrame | None:
@@ -250,5 +254,7 @@ class Spool:
             os.replace(path, target)
             self.log.warning("spool: %s is %s; moved to %s", path, problem, target)
         except OSError as exc:
-            self.log.warning("spool: %s is %s and cannot be moved aside (%s); skipping it", path, problem, exc)
+            self.log.warning(
+                "spool: %s is %s and cannot be moved aside (%s); skipping it", path, problem, exc
+            )
         return None

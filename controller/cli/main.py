@@ -50,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--node", default="", help="only this node")
             p.add_argument("--all", action="store_true", help="include resolved findings")
         p.add_argument(
-            "--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT", help=f"default {DEFAULT_CONTROLLER}"
+            "--controller",
+            default=DEFAULT_CONTROLLER,
+            metavar="HOST:PORT",
+            help=f"default {DEFAULT_CONTROLLER}",
         )
         p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     return parser

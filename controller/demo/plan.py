@@ -35,10 +35,14 @@ def plan_faults(nodes: list[str], gpus_per_node: int, faults: int, seed: int) ->
     if faults < 0:
         raise ValueError("--faults must be >= 0")
     if faults > len(INJECTABLE):
-        raise ValueError(f"--faults must be at most {len(INJECTABLE)} (one of each kind: {', '.join(INJECTABLE)})")
+        raise ValueError(
+            f"--faults must be at most {len(INJECTABLE)} (one of each kind: {', '.join(INJECTABLE)})"
+        )
     if faults > len(nodes):
         raise ValueError(f"--faults {faults} needs at least as many nodes (have {len(nodes)})")
     rng = random.Random(f"demo-faults:{seed}")
     kinds = rng.sample(INJECTABLE, faults)
     targets = rng.sample(nodes, faults)
-    return [Injected(node, rng.randrange(gpus_per_node), kind) for node, kind in zip(targets, kinds, strict=True)]
+    return [
+        Injected(node, rng.randrange(gpus_per_node), kind) for node, kind in zip(targets, kinds, strict=True)
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -16,10 +17,8 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the demo is killed outright, the kernel stops its children too.
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 @dataclass

@@ -22,10 +22,11 @@ import grpc
 import yaml
 
 from controller.cli.jsonify import message_to_dict
+from controller.cli.tables import findings_table
 from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.processes import Child, spawn, stop_all
 from controller.demo.score import score
-from controller.demo.view import findings_table, injected_table, live_panel
+from controller.demo.view import injected_table, live_panel
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import cause_name, severity_name
 
@@ -62,7 +63,9 @@ def _start_controller(tmp: Path) -> tuple[Child, str]:
         },
     )
     ready = tmp / "controller.ready"
-    child = spawn("controller", ["controller", "controller", "--config", str(config), "--ready-file", str(ready)], tmp)
+    child = spawn(
+        "controller", ["controller", "controller", "--config", str(config), "--ready-file", str(ready)], tmp
+    )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while not ready.exists():
         if child.process.poll() is not None or time.monotonic() > deadline:
@@ -72,7 +75,7 @@ def _start_controller(tmp: Path) -> tuple[Child, str]:
 
 
 def _start_agents(
-    tmp: Path, address: str, names: list[str], gpus: int, injected: list[Injected], seed: int
+    tmp: Path, address: str, names: list[str], *, gpus: int, injected: list[Injected], seed: int
 ) -> list[Child]:
     children = []
     for name in names:
@@ -121,7 +124,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     started = time.monotonic()
     try:
         _validate(args)
@@ -137,14 +142,18 @@ def run_demo(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="gpufleet-demo-") as tmpdir:
             tmp = Path(tmpdir)
             try:
-                log.info("starting a controller and %d simulated nodes x %d GPUs", args.nodes, args.gpus_per_node)
+                log.info(
+                    "starting a controller and %d simulated nodes x %d GPUs", args.nodes, args.gpus_per_node
+                )
                 for inj in injected:
                     log.info("injecting %s on %s gpu %s", inj.fault, inj.node, inj.gpu)
                 controller, address = _start_controller(tmp)
                 children.append(controller)
-                agents = _start_agents(tmp, address, names, args.gpus_per_node, injected, args.seed)
+                agents = _start_agents(
+                    tmp, address, names, gpus=args.gpus_per_node, injected=injected, seed=args.seed
+                )
                 children.extend(agents)
-                findings = _watch(args, address, injected, started, stop, agents)
+                findings = _watch(args, address, injected, started=started, stop=stop, agents=agents)
             except DemoError as exc:
                 print(f"gpufleet demo: {exc}", file=sys.stderr)
                 return 1
@@ -164,6 +173,7 @@ def _watch(
     args: argparse.Namespace,
     address: str,
     injected: list[Injected],
+    *,
     started: float,
     stop: threading.Event,
     agents: list[Child],
@@ -192,11 +202,26 @@ def _watch(
                 if all(a.process.poll() is not None for a in agents):
                     raise DemoError("every agent process has exited:\n" + agents[0].log_tail())
                 if live is not None:
-                    live.update(live_panel(nodes, findings, injected, elapsed, args.seconds, args.nodes))
+                    live.update(
+                        live_panel(
+                            nodes,
+                            findings,
+                            injected,
+                            elapsed=elapsed,
+                            seconds=args.seconds,
+                            expected_nodes=args.nodes,
+                        )
+                    )
                 elif elapsed - last_line >= 5.0:
                     last_line = elapsed
                     connected = sum(1 for n in nodes if n.connected)
-                    log.info("%.0fs: %d/%d agents connected, %d findings", elapsed, connected, args.nodes, len(findings))
+                    log.info(
+                        "%.0fs: %d/%d agents connected, %d findings",
+                        elapsed,
+                        connected,
+                        args.nodes,
+                        len(findings),
+                    )
                 stop.wait(1.0)
             return _poll(stub)[1]
         finally:
@@ -204,7 +229,9 @@ def _watch(
                 live.stop()
 
 
-def _report(args: argparse.Namespace, injected: list[Injected], findings: list[findings_pb2.Finding], elapsed: float) -> int:
+def _report(
+    args: argparse.Namespace, injected: list[Injected], findings: list[findings_pb2.Finding], elapsed: float
+) -> int:
     found = [(f.node, f.gpu if f.HasField("gpu") else None) for f in findings]
     precision, recall = score(found, [(i.node, i.gpu) for i in injected])
     if args.json:

@@ -9,32 +9,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from controller.cli.tables import HEALTH_STYLE, findings_table
 from controller.demo.plan import Injected
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
-from protos.names import cause_name, health_name, severity_name
-
-SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-HEALTH_STYLE = {"healthy": "green", "degraded": "yellow", "critical": "bold red", "stale": "dim"}
-
-
-def _gpu(f: findings_pb2.Finding) -> str:
-    return str(f.gpu) if f.HasField("gpu") else "-"
-
-
-def findings_table(findings: Sequence[findings_pb2.Finding], title: str = "Findings") -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    for column in ("NODE", "GPU", "CAUSE", "SEVERITY", "EVIDENCE"):
-        table.add_column(column)
-    for f in findings:
-        severity = severity_name(f.severity)
-        table.add_row(
-            f.node,
-            _gpu(f),
-            cause_name(f.cause),
-            Text(severity, style=SEVERITY_STYLE.get(severity, "")),
-            f.evidence.detail or f.summary,
-        )
-    return table
+from protos.names import cause_name, health_name
 
 
 def injected_table(injected: Sequence[Injected], findings: Sequence[findings_pb2.Finding]) -> Table:
@@ -43,7 +21,11 @@ def injected_table(injected: Sequence[Injected], findings: Sequence[findings_pb2
         table.add_column(column)
     for inj in injected:
         causes = sorted(
-            {cause_name(f.cause) for f in findings if f.node == inj.node and (f.gpu if f.HasField("gpu") else None) == inj.gpu}
+            {
+                cause_name(f.cause)
+                for f in findings
+                if f.node == inj.node and (f.gpu if f.HasField("gpu") else None) == inj.gpu
+            }
         )
         if not causes:
             found = Text("not found", style="bold red")
@@ -57,6 +39,7 @@ def live_panel(
     nodes: Sequence[operator_pb2.NodeSummary],
     findings: Sequence[findings_pb2.Finding],
     injected: Sequence[Injected],
+    *,
     elapsed: float,
     seconds: float | None,
     expected_nodes: int,

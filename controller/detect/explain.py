@@ -123,7 +123,8 @@ def explain_gpu(probe: str, sample: pb.GpuSample | None) -> Explanation:
     if probe == "pcie":
         return pcie_cause(sample)
     if probe == "membw":
-        # HBM bandwidth does not follow the SM clock; a slow copy with normal memory clocks is the memory itself.
+        # HBM bandwidth does not follow the SM clock: a slow copy with normal memory clocks is the
+        # memory itself.
         mem, mem_max = sample.memory_clock_hz, sample.max_memory_clock_hz
         if mem and mem_max and mem < 0.95 * mem_max:
             return UNKNOWN

@@ -26,8 +26,8 @@ class Evidence:
 class Finding:
     node: str
     gpu: int | None
-    cause: str                      # a protos Cause name, e.g. "thermal_throttle", or "slow_unknown"
-    severity: str                   # one of SEVERITIES
+    cause: str  # a protos Cause name, e.g. "thermal_throttle", or "slow_unknown"
+    severity: str  # one of SEVERITIES
     summary: str
     evidence: Evidence
     supporting: list[Evidence] = field(default_factory=list)

@@ -18,5 +18,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
             if evidence is None:
                 continue
             summary = f"GPU {index} {evidence.detail}"
-            findings.append(Finding(node.name, index, "nvlink_down", "critical", summary, evidence, [], [NAME]))
+            findings.append(
+                Finding(node.name, index, "nvlink_down", "critical", summary, evidence, [], [NAME])
+            )
     return findings

@@ -21,14 +21,25 @@ def detect(ctx: DetectContext) -> list[Finding]:
                 metric="row_remap_pending",
                 value=1.0,
                 reasons=(f"row_remap_{state}",),
-                detail=f"row remap {state}; {s.row_remap_uncorrectable_total} rows remapped for uncorrectable "
-                f"errors, {s.ecc_uncorrected_volatile_total} uncorrected ECC errors since boot",
+                detail=f"row remap {state}; {s.row_remap_uncorrectable_total} rows remapped for "
+                f"uncorrectable errors, {s.ecc_uncorrected_volatile_total} uncorrected ECC errors since boot",
             )
             supporting = [
-                Evidence(metric="ecc_uncorrected_volatile_total", value=float(s.ecc_uncorrected_volatile_total))
+                Evidence(
+                    metric="ecc_uncorrected_volatile_total", value=float(s.ecc_uncorrected_volatile_total)
+                )
             ]
             summary = f"GPU {index} row remap {state}: reset needed"
             findings.append(
-                Finding(node.name, index, "ecc_row_remap_pending", "critical", summary, evidence, supporting, [NAME])
+                Finding(
+                    node.name,
+                    index,
+                    "ecc_row_remap_pending",
+                    "critical",
+                    summary,
+                    evidence,
+                    supporting,
+                    [NAME],
+                )
             )
     return findings

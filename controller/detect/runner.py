@@ -44,7 +44,14 @@ def merge(findings: list[Finding]) -> list[Finding]:
         current = merged.get(f.key)
         if current is None:
             merged[f.key] = Finding(
-                f.node, f.gpu, f.cause, f.severity, f.summary, f.evidence, list(f.supporting), list(f.detectors)
+                f.node,
+                f.gpu,
+                f.cause,
+                f.severity,
+                f.summary,
+                f.evidence,
+                list(f.supporting),
+                list(f.detectors),
             )
             continue
         current.severity = worse(current.severity, f.severity)

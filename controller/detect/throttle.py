@@ -44,5 +44,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
                     detail=f"{' + '.join(n for n in names if n in gpu.held)} held for {held:.0f}s",
                 )
                 summary = f"GPU {index} {cause.replace('_', ' ')} for {held:.0f}s"
-                findings.append(Finding(node.name, index, cause, "warning", summary, primary, support, [NAME]))
+                findings.append(
+                    Finding(node.name, index, cause, "warning", summary, primary, support, [NAME])
+                )
     return findings

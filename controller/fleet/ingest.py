@@ -75,5 +75,10 @@ class Ingest:
             self.counters.frames += 1
             if non_finite:
                 self.counters.non_finite += non_finite
-                log.warning("node %s frame %d: %d NaN/Inf readings stored as missing", stream_node, frame.seq, non_finite)
+                log.warning(
+                    "node %s frame %d: %d NaN/Inf readings stored as missing",
+                    stream_node,
+                    frame.seq,
+                    non_finite,
+                )
             return frame.seq

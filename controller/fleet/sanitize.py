@@ -23,7 +23,7 @@ def clear_non_finite(msg: Message) -> int:
                 msg.ClearField(field.name)
                 cleared += 1
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
                 continue
             items = value if field.is_repeated else [value]
             cleared += sum(clear_non_finite(item) for item in items)

@@ -31,7 +31,9 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
         when = min(result.time.ToNanoseconds() / 1e9 if result.HasField("time") else at, now)
         clear_non_finite(result)
         gpu = result.gpu if result.HasField("gpu") else None
-        probes.append(ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result))
+        probes.append(
+            ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result)
+        )
     dropped += sum(clear_non_finite(sample) for sample in frame.gpus)
     if frame.HasField("host"):
         dropped += clear_non_finite(frame.host)

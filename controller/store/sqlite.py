@@ -72,9 +72,9 @@ class Store:
     async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:
         await self._thread.call(lambda c: _save_findings(c, upserts + resolved))
 
-    async def list_findings(self, node: str = "", include_resolved: bool = False, limit: int = 1000) -> list[
-        StoredFinding
-    ]:
+    async def list_findings(
+        self, node: str = "", include_resolved: bool = False, limit: int = 1000
+    ) -> list[StoredFinding]:
         return await self._thread.call(lambda c: _list_findings(c, node, include_resolved, limit))
 
     async def prune_history(self, before: float) -> int:
@@ -135,13 +135,24 @@ def _save_frame(conn: sqlite3.Connection, w: FrameWrite) -> None:
 
 def _finding_row(s: StoredFinding) -> tuple[object, ...]:
     f = s.finding
-    return (s.id, f.node, f.gpu, f.cause, f.severity, s.first_seen, s.last_seen, int(s.active), msgspec.json.encode(f))
+    return (
+        s.id,
+        f.node,
+        f.gpu,
+        f.cause,
+        f.severity,
+        s.first_seen,
+        s.last_seen,
+        int(s.active),
+        msgspec.json.encode(f),
+    )
 
 
 def _save_findings(conn: sqlite3.Connection, findings: list[StoredFinding]) -> None:
     conn.executemany(
-        "INSERT OR REPLACE INTO findings (id, node, gpu, cause, severity, first_seen, last_seen, active, body) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT OR REPLACE INTO findings"
+        " (id, node, gpu, cause, severity, first_seen, last_seen, active, body)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [_finding_row(s) for s in findings],
     )
 
@@ -152,7 +163,9 @@ def _stored(row: sqlite3.Row | tuple[object, ...]) -> StoredFinding:
     return StoredFinding(str(fid), finding, float(first_seen), float(last_seen), bool(active))  # type: ignore[arg-type]
 
 
-def _list_findings(conn: sqlite3.Connection, node: str, include_resolved: bool, limit: int) -> list[StoredFinding]:
+def _list_findings(
+    conn: sqlite3.Connection, node: str, include_resolved: bool, limit: int
+) -> list[StoredFinding]:
     sql = "SELECT id, first_seen, last_seen, active, body FROM findings WHERE 1 = 1"
     args: list[object] = []
     if node:
@@ -175,7 +188,9 @@ def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
         fleet.acked[(node, boot_id)] = int(acked)
     for node, gpu, time, sample, held in conn.execute("SELECT node, gpu, time, sample, held FROM gpu_state"):
         if node in fleet.nodes:
-            fleet.nodes[node].gpus[gpu] = GpuState(gpu, pb.GpuSample.FromString(sample), time, json.loads(held))
+            fleet.nodes[node].gpus[gpu] = GpuState(
+                gpu, pb.GpuSample.FromString(sample), time, json.loads(held)
+            )
     for node, time, sample in conn.execute("SELECT node, time, sample FROM host_state"):
         if node in fleet.nodes:
             fleet.nodes[node].host = pb.HostSample.FromString(sample)
@@ -184,7 +199,14 @@ def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
         "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results"
     ):
         record = ProbeRecord(
-            node, None if gpu < 0 else gpu, probe, variant, value, unit, time, pb.ProbeResult.FromString(result)
+            node,
+            None if gpu < 0 else gpu,
+            probe,
+            variant,
+            value,
+            unit,
+            time,
+            pb.ProbeResult.FromString(result),
         )
         fleet.probes[record.key] = record
     active = _list_findings(conn, "", False, 1_000_000)

@@ -96,8 +96,8 @@ class StoreThread:
             log.error("store commit failed: %s", exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            error = _translate(exc)
-            outcomes = [(job, None, error) for job in batch]
+            failure: BaseException = _translate(exc)
+            outcomes = [(job, None, failure) for job in batch]
         for job, result, error in outcomes:
             _, future, loop = job
             loop.call_soon_threadsafe(_settle, future, result, error)

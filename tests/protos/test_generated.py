@@ -11,7 +11,11 @@ def test_generated_modules_are_current(tmp_path: Path) -> None:
     written = generate(tmp_path)
     assert written, "protoc produced nothing"
     stale = [p.name for p in written if (PROTO_DIR / p.name).read_bytes() != p.read_bytes()]
-    committed = {p.name for p in PROTO_DIR.iterdir() if p.name.endswith(("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi"))}
+    committed = {
+        p.name
+        for p in PROTO_DIR.iterdir()
+        if p.name.endswith(("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi"))
+    }
     missing = sorted({p.name for p in written} - committed)
     extra = sorted(committed - {p.name for p in written})
     assert not stale and not missing and not extra, (

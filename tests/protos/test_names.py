@@ -32,11 +32,24 @@ def test_reason_bits_match_nvml() -> None:
     import pynvml
 
     assert names.clock_event_reason_bit("gpu_idle") == pynvml.nvmlClocksEventReasonGpuIdle
-    assert names.clock_event_reason_bit("applications_clocks_setting") == pynvml.nvmlClocksEventReasonApplicationsClocksSetting
+    assert (
+        names.clock_event_reason_bit("applications_clocks_setting")
+        == pynvml.nvmlClocksEventReasonApplicationsClocksSetting
+    )
     assert names.clock_event_reason_bit("sw_power_cap") == pynvml.nvmlClocksEventReasonSwPowerCap
     assert names.clock_event_reason_bit("hw_slowdown") == pynvml.nvmlClocksEventReasonHwSlowdown
     assert names.clock_event_reason_bit("sync_boost") == pynvml.nvmlClocksEventReasonSyncBoost
-    assert names.clock_event_reason_bit("sw_thermal_slowdown") == pynvml.nvmlClocksEventReasonSwThermalSlowdown
-    assert names.clock_event_reason_bit("hw_thermal_slowdown") == pynvml.nvmlClocksEventReasonHwThermalSlowdown
-    assert names.clock_event_reason_bit("hw_power_brake_slowdown") == pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
-    assert names.clock_event_reason_bit("display_clock_setting") == pynvml.nvmlClocksEventReasonDisplayClockSetting
+    assert (
+        names.clock_event_reason_bit("sw_thermal_slowdown") == pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    )
+    assert (
+        names.clock_event_reason_bit("hw_thermal_slowdown") == pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
+    assert (
+        names.clock_event_reason_bit("hw_power_brake_slowdown")
+        == pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    )
+    assert (
+        names.clock_event_reason_bit("display_clock_setting")
+        == pynvml.nvmlClocksEventReasonDisplayClockSetting
+    )

@@ -51,7 +51,9 @@ def _clocks_locked_low(gpu: SimGpu, rng: random.Random) -> None:
 
 def _pcie_downtrained(gpu: SimGpu, rng: random.Random) -> None:
     p = gpu.profile
-    gen, width = rng.choice(((p.pcie_gen_max - 1, None), (p.pcie_gen_max - 2, None), (None, p.pcie_width_max // 2)))
+    gen, width = rng.choice(
+        ((p.pcie_gen_max - 1, None), (p.pcie_gen_max - 2, None), (None, p.pcie_width_max // 2))
+    )
     gpu.condition.pcie_gen, gpu.condition.pcie_width = gen, width
 
 

@@ -33,13 +33,13 @@ def bounded_gauss(rng: random.Random, sigma: float, limit: float) -> float:
 class GpuTraits:
     """What differs between healthy GPUs of one model, fixed for the GPU's life."""
 
-    perf: float            # throughput per clock
-    power: float           # dynamic power draw
-    thermal: float         # thermal resistance (cold plate, position in the chassis)
+    perf: float  # throughput per clock
+    power: float  # dynamic power draw
+    thermal: float  # thermal resistance (cold plate, position in the chassis)
     temp_offset_c: float
     hbm: float
     pcie: float
-    rows_remapped: int     # correctable row remaps from the past: common, harmless
+    rows_remapped: int  # correctable row remaps from the past: common, harmless
 
     @classmethod
     def draw(cls, rng: random.Random) -> GpuTraits:
@@ -58,16 +58,16 @@ class GpuTraits:
 class GpuCondition:
     """What faults change. Defaults are a healthy GPU."""
 
-    cooling: float = 1.0                      # multiplies thermal resistance (blocked airflow, bad paste)
-    power_limit_watts: float | None = None    # enforced limit below default (power_cap)
-    locked_sm_clock_hz: float | None = None   # application / locked clocks (clocks_locked_low)
-    power_brake_ratio: float | None = None    # clock fraction under an external power brake
-    pcie_gen: int | None = None               # trained link generation below max
+    cooling: float = 1.0  # multiplies thermal resistance (blocked airflow, bad paste)
+    power_limit_watts: float | None = None  # enforced limit below default (power_cap)
+    locked_sm_clock_hz: float | None = None  # application / locked clocks (clocks_locked_low)
+    power_brake_ratio: float | None = None  # clock fraction under an external power brake
+    pcie_gen: int | None = None  # trained link generation below max
     pcie_width: int | None = None
     nvlinks_down: set[int] = field(default_factory=set)
     row_remap_pending: bool = False
-    extra_uncorrectable: int = 0              # uncorrectable ECC errors that led to a pending remap
-    hbm_factor: float = 1.0                   # degraded HBM stack
+    extra_uncorrectable: int = 0  # uncorrectable ECC errors that led to a pending remap
+    hbm_factor: float = 1.0  # degraded HBM stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +92,17 @@ class SimGpu:
     def _power(self, clock_hz: float, load: float) -> float:
         p = self.profile
         ratio = clock_hz / p.max_sm_clock_hz
-        return p.idle_power_watts + load * p.dynamic_power_watts * self.traits.power * ratio**p.power_clock_exponent
+        return float(
+            p.idle_power_watts
+            + load * p.dynamic_power_watts * self.traits.power * ratio**p.power_clock_exponent
+        )
 
     def _clock_for_power(self, watts: float, load: float) -> float:
         p = self.profile
-        dynamic = max(watts - p.idle_power_watts, 1.0) / (max(load, 1e-3) * p.dynamic_power_watts * self.traits.power)
-        return p.max_sm_clock_hz * dynamic ** (1.0 / p.power_clock_exponent)
+        dynamic = max(watts - p.idle_power_watts, 1.0) / (
+            max(load, 1e-3) * p.dynamic_power_watts * self.traits.power
+        )
+        return float(p.max_sm_clock_hz * dynamic ** (1.0 / p.power_clock_exponent))
 
     def _temperature(self, watts: float, inlet_c: float) -> float:
         resistance = self.profile.thermal_resistance_c_per_watt * self.traits.thermal * self.condition.cooling
@@ -117,7 +122,10 @@ class SimGpu:
             reasons |= HW_SLOWDOWN | HW_POWER_BRAKE
         effective_load = load * (1.0 + power_spike)
         if self._power(clock, effective_load) > self.power_limit_watts:
-            clock, reasons = self._clock_for_power(self.power_limit_watts, effective_load), reasons | SW_POWER_CAP
+            clock, reasons = (
+                self._clock_for_power(self.power_limit_watts, effective_load),
+                reasons | SW_POWER_CAP,
+            )
         if self._temperature(self._power(clock, effective_load), inlet_c) > p.thermal_hold_celsius:
             resistance = p.thermal_resistance_c_per_watt * self.traits.thermal * c.cooling
             allowed = (p.thermal_hold_celsius - inlet_c - self.traits.temp_offset_c) / resistance
@@ -131,7 +139,9 @@ class SimGpu:
 
     def gemm_tflops(self, dtype: str, inlet_c: float) -> float:
         op = self.operating_point(1.0, inlet_c)
-        return self.profile.gemm_tflops[dtype] * self.traits.perf * op.sm_clock_hz / self.profile.max_sm_clock_hz
+        return (
+            self.profile.gemm_tflops[dtype] * self.traits.perf * op.sm_clock_hz / self.profile.max_sm_clock_hz
+        )
 
     def membw_gbps(self) -> float:
         return self.profile.membw_gbps * self.traits.hbm * self.condition.hbm_factor

@@ -272,6 +272,11 @@ class SimNode:
             unit="GB/s",
             duration_seconds=3.0,
             time=now,
-            params={"ranks": str(n), "size_bytes": str(GIB), "algbw_gbps": f"{algbw:.2f}", "measure": "busbw"},
+            params={
+                "ranks": str(n),
+                "size_bytes": str(GIB),
+                "algbw_gbps": f"{algbw:.2f}",
+                "measure": "busbw",
+            },
             simulated=True,
         )

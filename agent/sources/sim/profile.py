@@ -18,16 +18,16 @@ class GpuProfile:
     memory_total_bytes: int
     max_sm_clock_hz: float
     min_sm_clock_hz: float
-    clock_step_hz: float            # SM clocks move in steps of this size
+    clock_step_hz: float  # SM clocks move in steps of this size
     memory_clock_hz: float
     default_power_limit_watts: float
     min_power_limit_watts: float
     idle_power_watts: float
-    dynamic_power_watts: float      # extra draw at full load and max clock
-    power_clock_exponent: float     # dynamic power ~ clock^exponent (voltage rises with clock)
+    dynamic_power_watts: float  # extra draw at full load and max clock
+    power_clock_exponent: float  # dynamic power ~ clock^exponent (voltage rises with clock)
     thermal_resistance_c_per_watt: float
     slowdown_temperature_celsius: float
-    thermal_hold_celsius: float     # the firmware slows clocks to hold the die at about this
+    thermal_hold_celsius: float  # the firmware slows clocks to hold the die at about this
     memory_temperature_offset_celsius: float
     pcie_gen_max: int
     pcie_width_max: int
@@ -37,10 +37,10 @@ class GpuProfile:
     gemm_tflops: dict[str, float] = field(default_factory=dict)
     # Datasheet peaks (TFLOP/s, dense): H100 SXM5 datasheet, NVIDIA, 2023.
     gemm_peak_tflops: dict[str, float] = field(default_factory=dict)
-    membw_gbps: float = 0.0         # device-to-device copy, read + write bytes
-    membw_peak_gbps: float = 0.0    # datasheet: 3.35 TB/s HBM3
-    pcie_gbps: float = 0.0          # pinned host<->device, one direction, gen/width max
-    nccl_busbw_gbps: float = 0.0    # all-reduce bus bandwidth, 8 GPUs, 1 GiB messages
+    membw_gbps: float = 0.0  # device-to-device copy, read + write bytes
+    membw_peak_gbps: float = 0.0  # datasheet: 3.35 TB/s HBM3
+    pcie_gbps: float = 0.0  # pinned host<->device, one direction, gen/width max
+    nccl_busbw_gbps: float = 0.0  # all-reduce bus bandwidth, 8 GPUs, 1 GiB messages
 
 
 H100_SXM = GpuProfile(

@@ -89,7 +89,9 @@ def test_too_few_peers_gives_no_baseline() -> None:
 
 def test_disabled_detector_is_not_run() -> None:
     sim = run(8, {"node-01": [FaultSpec("ecc_row_remap_pending", 1)]})
-    config = DetectConfig(throttle_window_seconds=WINDOW, detectors={"row_remap": DetectorConfig(enabled=False)})
+    config = DetectConfig(
+        throttle_window_seconds=WINDOW, detectors={"row_remap": DetectorConfig(enabled=False)}
+    )
     names = config.enabled(["nvlink", "pcie_link", "probe_outlier", "row_remap", "throttle"])
     assert "row_remap" not in names
     assert run_detectors(DetectContext(sim.fleet, config, sim.now), names).findings == []

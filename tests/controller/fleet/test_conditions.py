@@ -1,23 +1,45 @@
 from __future__ import annotations
 
+from typing import Any
+
 from controller.fleet.conditions import conditions, update_held
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-BUSY = {"gpu_utilization_ratio": 0.9}
+BUSY: dict[str, Any] = {"gpu_utilization_ratio": 0.9}
 
 
 def test_reason_bits_and_derived_states() -> None:
-    s = pb.GpuSample(index=0, clock_event_reasons=0x40 | 0x8, pcie_link_gen=4, pcie_link_gen_max=5,
-                     pcie_link_width=16, pcie_link_width_max=16, row_remap_pending=True, **BUSY)
+    s = pb.GpuSample(
+        index=0,
+        clock_event_reasons=0x40 | 0x8,
+        pcie_link_gen=4,
+        pcie_link_gen_max=5,
+        pcie_link_width=16,
+        pcie_link_width_max=16,
+        row_remap_pending=True,
+        **BUSY,
+    )
     s.nvlinks.add(link=0, active=True)
     s.nvlinks.add(link=1, active=False)
-    assert conditions(s) == {"hw_thermal_slowdown", "hw_slowdown", "pcie_below_max", "nvlink_inactive",
-                             "row_remap_pending"}
+    assert conditions(s) == {
+        "hw_thermal_slowdown",
+        "hw_slowdown",
+        "pcie_below_max",
+        "nvlink_inactive",
+        "row_remap_pending",
+    }
 
 
 def test_idle_gpu_with_trained_down_link_is_not_below_max() -> None:
-    s = pb.GpuSample(index=0, clock_event_reasons=0x1, gpu_utilization_ratio=0.0, pcie_link_gen=1,
-                     pcie_link_gen_max=5, pcie_link_width=16, pcie_link_width_max=16)
+    s = pb.GpuSample(
+        index=0,
+        clock_event_reasons=0x1,
+        gpu_utilization_ratio=0.0,
+        pcie_link_gen=1,
+        pcie_link_gen_max=5,
+        pcie_link_width=16,
+        pcie_link_width_max=16,
+    )
     assert conditions(s) == set()
 
 

@@ -21,7 +21,9 @@ def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
     return msg
 
 
-def frame(seq: int, node: str = "n1", boot: str = "b1", floor: int = 0, t: float = 1000.0) -> pb.TelemetryFrame:
+def frame(
+    seq: int, node: str = "n1", boot: str = "b1", floor: int = 0, t: float = 1000.0
+) -> pb.TelemetryFrame:
     msg = pb.TelemetryFrame(node=node, boot_id=boot, seq=seq, spool_floor_seq=floor)
     msg.time.FromSeconds(int(t + seq))
     msg.gpus.add(index=0, power_watts=400.0 + seq)
@@ -136,7 +138,7 @@ def test_store_failure_acks_nothing() -> None:
         async def broken(write: object) -> None:
             raise StoreUnavailable("store unavailable: database or disk is full")
 
-        ingest.store.save_frame = broken  # type: ignore[method-assign,assignment]
+        ingest.store.save_frame = broken  # type: ignore[method-assign]
         with pytest.raises(StoreUnavailable):
             await ingest.frame("n1", frame(1))
         assert ingest.fleet.acked[("n1", "b1")] == 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -14,6 +16,8 @@ from controller.fleet.findings import StoredFinding
 from controller.fleet.model import GpuState, ProbeRecord
 from controller.store.sqlite import FrameWrite, Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+T = TypeVar("T")
 
 
 def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
@@ -26,7 +30,10 @@ def write(seq: int, node: str = "n1", boot: str = "b1") -> FrameWrite:
     sample = pb.GpuSample(index=0, power_watts=500.0 + seq)
     result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=700.0 + seq, unit="TFLOP/s")
     return FrameWrite(
-        node, boot, seq, 1000.0 + seq,
+        node,
+        boot,
+        seq,
+        1000.0 + seq,
         gpus=[GpuState(0, sample, 1000.0 + seq, {"sw_power_cap": 1000.0})],
         host=pb.HostSample(load1=1.5),
         probes=[ProbeRecord(node, 0, "gemm", "bf16", 700.0 + seq, "TFLOP/s", 1000.0 + seq, result)],
@@ -34,13 +41,20 @@ def write(seq: int, node: str = "n1", boot: str = "b1") -> FrameWrite:
 
 
 def finding(node: str = "n1") -> StoredFinding:
-    f = Finding(node, 0, "power_cap", "warning", "GPU 0 power cap",
-                Evidence("enforced_power_limit_watts", 400.0, 700.0, -0.43, "W", ("sw_power_cap",), 0, "d"),
-                [Evidence("sm_clock_hz", 1.6e9)], ["throttle"])
+    f = Finding(
+        node,
+        0,
+        "power_cap",
+        "warning",
+        "GPU 0 power cap",
+        Evidence("enforced_power_limit_watts", 400.0, 700.0, -0.43, "W", ("sw_power_cap",), 0, "d"),
+        [Evidence("sm_clock_hz", 1.6e9)],
+        ["throttle"],
+    )
     return StoredFinding("id1", f, 10.0, 20.0)
 
 
-def run(coro):  # type: ignore[no-untyped-def]
+def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
@@ -102,7 +116,7 @@ def test_one_failing_job_does_not_undo_its_batch(tmp_path: Path) -> None:
         results = await asyncio.gather(
             store._thread.call(broken), store.save_frame(write(1)), return_exceptions=True
         )
-        assert isinstance(results[0], StoreUnavailable) or isinstance(results[0], sqlite3.Error)
+        assert isinstance(results[0], (StoreUnavailable, sqlite3.Error))
         fleet, _ = await store.load()
         store.close()
         assert fleet.acked[("n1", "b1")] == 1

@@ -40,8 +40,15 @@ def same(a: float, b: float, tol: float = 0.025) -> bool:
     return abs(a / b - 1.0) <= tol
 
 
-def unchanged_except(faulty: SimNode, twin: SimNode, *, gemm: bool = True, membw: bool = True,
-                     pcie: bool = True, nccl: bool = True) -> None:
+def unchanged_except(
+    faulty: SimNode,
+    twin: SimNode,
+    *,
+    gemm: bool = True,
+    membw: bool = True,
+    pcie: bool = True,
+    nccl: bool = True,
+) -> None:
     if gemm:
         assert same(value(faulty, "gemm", "bf16"), value(twin, "gemm", "bf16"))
     if membw:
@@ -134,7 +141,9 @@ def test_hbm_degraded_changes_no_clock() -> None:
 
 
 def test_every_fault_has_a_test() -> None:
-    tested = {name.removeprefix("test_").split("_changes")[0] for name in globals() if name.startswith("test_")}
+    tested = {
+        name.removeprefix("test_").split("_changes")[0] for name in globals() if name.startswith("test_")
+    }
     assert set(FAULTS) <= tested
 
 

@@ -37,7 +37,9 @@ def test_gpus_differ_but_stay_within_a_few_percent_of_peers() -> None:
         median = statistics.median(values)
         spread = statistics.pstdev(values) / median
         assert 0.002 < spread < 0.02, f"{key}: healthy spread {spread:.2%} is not realistic"
-        assert min(values) / median > 0.96, f"{key}: a healthy result is {1 - min(values) / median:.1%} below median"
+        assert min(values) / median > 0.96, (
+            f"{key}: a healthy result is {1 - min(values) / median:.1%} below median"
+        )
 
 
 def test_healthy_readings_over_time() -> None:
@@ -54,7 +56,11 @@ def test_healthy_readings_over_time() -> None:
         for r in readings:
             temps.append(r.temperature_celsius or 0)
             names = set(clock_event_reason_names(r.clock_event_reasons or 0))
-            assert not names & {"hw_thermal_slowdown", "hw_power_brake_slowdown", "applications_clocks_setting"}
+            assert not names & {
+                "hw_thermal_slowdown",
+                "hw_power_brake_slowdown",
+                "applications_clocks_setting",
+            }
             assert r.pcie_link_gen == r.pcie_link_gen_max and r.pcie_link_width == r.pcie_link_width_max
             assert all(link.active for link in r.nvlinks)
             assert r.row_remap_pending is False

@@ -1,0 +1,1 @@
+"""The `gpufleet` command line: dispatcher, controller runner and operator commands."""

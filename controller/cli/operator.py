@@ -1,0 +1,119 @@
+"""Operator commands: `gpufleet nodes`, `gpufleet node NAME`, `gpufleet findings`.
+
+Each returns a process exit code. A controller that cannot be reached (or that answers with an
+error) gives one line on stderr and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from rich.console import Console
+
+from controller.cli import tables
+from controller.cli.jsonify import finding_to_dict, message_to_dict
+from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
+from protos.names import clock_event_reason_names
+
+TIMEOUT_S = 10.0
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+T = TypeVar("T")
+
+
+class OperatorError(Exception):
+    """One line for stderr; `code` is the gRPC status behind it, if any."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _call(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]) -> T:
+    try:
+        with grpc.insecure_channel(target) as channel:
+            return fn(operator_pb2_grpc.OperatorStub(channel))
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        if code in UNREACHABLE:
+            raise OperatorError(
+                f"cannot reach controller at {target}: {details or code.name}", code
+            ) from None
+        raise OperatorError(f"controller at {target} answered {code.name}: {details}", code) from None
+
+
+def _run(action: Callable[[], None]) -> int:
+    try:
+        action()
+    except OperatorError as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def nodes(target: str, output: str) -> int:
+    def action() -> None:
+        resp = _call(target, lambda s: s.ListNodes(operator_pb2.ListNodesRequest(), timeout=TIMEOUT_S))
+        if output == "json":
+            _print_json({"nodes": [message_to_dict(n) for n in resp.nodes]})
+        else:
+            Console().print(tables.nodes_table(resp.nodes))
+
+    return _run(action)
+
+
+def node_to_dict(detail: operator_pb2.NodeDetail) -> dict[str, Any]:
+    """`gpufleet node NAME -o json`: the NodeDetail, findings shaped as `findings -o json` prints them,
+    and each GPU's clock-event reasons decoded next to the raw bitmask."""
+    out: dict[str, Any] = message_to_dict(detail)
+    for gpu_out, gpu in zip(out.get("gpus", []), detail.gpus, strict=True):
+        gpu_out["clock_event_reason_names"] = clock_event_reason_names(gpu.clock_event_reasons)
+    out["findings"] = [finding_to_dict(f) for f in detail.findings]
+    return out
+
+
+def node(target: str, name: str, output: str) -> int:
+    def action() -> None:
+        try:
+            detail = _call(
+                target, lambda s: s.GetNode(operator_pb2.GetNodeRequest(name=name), timeout=TIMEOUT_S)
+            )
+        except OperatorError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:
+                raise OperatorError(f"node {name} not found") from None
+            raise
+        if output == "json":
+            _print_json(node_to_dict(detail))
+            return
+        console = Console()
+        console.print(tables.nodes_table([detail.summary]))
+        if detail.hello.HasField("host"):
+            h = detail.hello.host
+            console.print(f"host {h.hostname}: {h.os}, kernel {h.kernel}, {h.cpu_count} CPUs ({h.cpu_model})")
+        console.print(tables.gpus_table(detail.gpus))
+        if detail.probes:
+            console.print(tables.probes_table(detail.probes))
+        console.print(tables.findings_table(detail.findings, title="Active findings"))
+
+    return _run(action)
+
+
+def findings(target: str, output: str, node: str = "", include_resolved: bool = False) -> int:
+    def action() -> None:
+        request = operator_pb2.ListFindingsRequest(node=node, include_resolved=include_resolved)
+        resp = _call(target, lambda s: s.ListFindings(request, timeout=TIMEOUT_S))
+        if output == "json":
+            _print_json({"findings": [finding_to_dict(f) for f in resp.findings]})
+        else:
+            Console().print(tables.findings_table(resp.findings))
+
+    return _run(action)
