@@ -149,6 +149,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     log.info("injecting %s on %s gpu %s", inj.fault, inj.node, inj.gpu)
                 controller, address = _start_controller(tmp)
                 children.append(controller)
+                log.info("controller listening on %s (try: gpufleet nodes --controller %s)", address, address)
                 agents = _start_agents(
                     tmp, address, names, gpus=args.gpus_per_node, injected=injected, seed=args.seed
                 )

@@ -1,0 +1,114 @@
+"""End to end: `gpufleet demo` with real agent processes, real gRPC on loopback, a real SQLite file.
+
+Every fault kind the simulator can inject is injected once; each must be found on its (node, gpu)
+with its own cause, no healthy GPU may be flagged, and no child process may outlive the demo, also
+when it is stopped with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from controller.demo.plan import INJECTABLE
+
+pytestmark = pytest.mark.slow
+
+
+def demo_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "controller", "demo", *args]
+
+
+def demo_env(tmp_path: Path) -> dict[str, str]:
+    # The demo's temporary directory (configs, logs, the SQLite file) lands under tmp_path, so any
+    # process still running from it afterwards is one the demo failed to stop.
+    return {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(tmp_path) in cmdline:
+            found.append(f"{proc.info['pid']}: {cmdline}")
+    return found
+
+
+def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> None:
+    args = ("--nodes", "10", "--gpus-per-node", "4", "--faults", str(len(INJECTABLE)))
+    started = time.monotonic()
+    result = subprocess.run(
+        demo_command(*args, "--seconds", "20", "--seed", "11", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=demo_env(tmp_path),
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(result.stdout)  # exactly one JSON object on stdout
+
+    assert set(summary) == {"nodes", "gpus", "injected", "findings", "precision", "recall", "elapsed_s"}
+    assert summary["nodes"] == 10 and summary["gpus"] == 40
+    assert sorted(i["fault"] for i in summary["injected"]) == sorted(INJECTABLE)
+    injected = {(i["node"], i["gpu"]): i["fault"] for i in summary["injected"]}
+    found = {(f["node"], f["gpu"]): f["cause"] for f in summary["findings"]}
+    assert found == injected, f"findings {found} != injected {injected}"
+    assert summary["precision"] == 1.0 and summary["recall"] == 1.0
+    for f in summary["findings"]:
+        assert f["severity"] in {"info", "warning", "critical"}
+        assert f["evidence"]["metric"] and f["evidence"]["detail"]
+    assert 20.0 <= summary["elapsed_s"] <= elapsed
+    assert leftovers(tmp_path) == []
+
+
+def test_demo_stops_every_child_on_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        demo_command("--nodes", "3", "--gpus-per-node", "2", "--faults", "1", "--seed", "3", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=demo_env(tmp_path),
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:  # wait until the agents are streaming
+            if "3/3 agents connected" in line:
+                break
+            assert time.monotonic() < deadline, "the demo's agents never connected"
+        assert len(leftovers(tmp_path)) >= 4  # the controller and three agents are running
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    summary = json.loads(stdout)
+    assert summary["nodes"] == 3 and len(summary["injected"]) == 1
+    assert leftovers(tmp_path) == []
+
+
+def test_demo_rejects_bad_arguments_with_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        demo_command("--nodes", "2", "--faults", "3", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=demo_env(tmp_path),
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == "gpufleet demo: --faults 3 needs at least as many nodes (have 2)"
