@@ -110,10 +110,10 @@ def _snapshot_json(agent_inventory: Any, snapshot: Any, node: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.fault and not args.sim:
-            raise ConfigError("--fault needs --sim: faults are injected into the simulator only")
         overrides = _overrides(args)
         config = load(args.config, overrides)
+        if args.fault and config.source != "sim":
+            raise ConfigError("--fault needs --sim: faults are injected into the simulator only")
         if args.fault:
             config.sim.faults.extend(_parse_faults(args.fault, config.sim.gpus))
     except ConfigError as exc:

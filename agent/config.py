@@ -120,10 +120,18 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Ag
             raise ConfigError(f"config {path} must be a mapping at the top level")
         data = loaded or {}
     _merge(data, overrides or {})
+    where = f" {path}" if path else ""
     try:
-        return msgspec.convert(data, AgentConfig)
+        config = msgspec.convert(data, AgentConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid agent config{f' {path}' if path else ''}: {exc}") from exc
+        raise ConfigError(f"invalid agent config{where}: {exc}") from exc
+    from agent.collectors.base import discover  # collector keys are the registered names
+
+    try:
+        config.enabled_collectors(sorted(discover()))
+    except ConfigError as exc:
+        raise ConfigError(f"invalid agent config{where}: {exc}") from exc
+    return config
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from agent.collectors.base import Collector, CollectorContext, discover
 from agent.config import AgentConfig
 from agent.probes.base import ProbeOutcome, ProbeRunner
 from agent.snapshot import CollectorStatus, Snapshot
+from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuSource, Inventory
 from agent.sources.host import HostFacts, HostSource
 from agent.stream import frames
@@ -126,14 +127,15 @@ class Agent:
         interval = self.config.interval_seconds
         next_at = time.monotonic()
         while not stop.is_set():
+            wake.clear()  # before sampling: a wake-up that arrives during the sample is kept
             snapshot = await asyncio.to_thread(self.sample)
             self._emit(snapshot)
-            next_at += interval
             now = time.monotonic()
-            if next_at < now:  # a cycle overran: skip the missed ticks rather than bunch them up
-                log.warning("sampling cycle took longer than the %.1fs interval", interval)
-                next_at = now + interval
-            wake.clear()
+            if now >= next_at:  # a scheduled tick (an early wake-up keeps the schedule)
+                next_at += interval
+                if next_at < now:  # a cycle overran: skip the missed ticks rather than bunch them up
+                    log.warning("sampling cycle took longer than the %.1fs interval", interval)
+                    next_at = now + interval
             waiters = {asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())}
             _, pending = await asyncio.wait(
                 waiters, timeout=next_at - now, return_when=asyncio.FIRST_COMPLETED
@@ -170,6 +172,13 @@ class Agent:
         return pb.CommandResult(command_id=command.id, ok=not failed, error="; ".join(failed))
 
     def close(self) -> None:
+        """Release collectors and the GPU source; a failure to release is logged, never raised."""
         for collector in self.collectors:
-            collector.close()
-        self.gpu.close()
+            try:
+                collector.close()
+            except Exception as exc:  # noqa: BLE001 - shutting down: report and go on
+                log.warning("collector %s did not close cleanly: %s", collector.name, exc)
+        try:
+            self.gpu.close()
+        except SourceError as exc:
+            log.warning("GPU source did not close cleanly: %s", exc)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from controller.app import ControllerApp
 from controller.errors import InvalidMessage
@@ -28,6 +29,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ControllerMessage]:
+        request_iterator = _decoded(request_iterator)
         first = await anext(aiter(request_iterator), None)
         if first is None:
             return
@@ -50,6 +52,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             outbox.put_nowait(pb.ControllerMessage(command=command))
         self.app.connected(hello.node)
         reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
+        getter: asyncio.Task[pb.ControllerMessage] | None = None
         try:
             while True:
                 getter = asyncio.create_task(outbox.get())
@@ -64,6 +67,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 return
         finally:
             reader.cancel()
+            if getter is not None:  # pending when the call was cancelled or aborted mid-wait
+                getter.cancel()
             self.app.disconnected(hello.node)
             log.info("agent disconnected: node %s", hello.node)
 
@@ -85,3 +90,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 raise InvalidMessage("Hello is allowed only as the first message of a stream")
             else:
                 raise InvalidMessage("empty or unknown agent message")
+
+
+async def _decoded(requests: AsyncIterator[pb.AgentMessage]) -> AsyncIterator[pb.AgentMessage]:
+    """The stream's messages; bytes that do not parse are the client's error (INVALID_ARGUMENT),
+    not an internal one."""
+    try:
+        async for msg in requests:
+            yield msg
+    except DecodeError as exc:
+        raise InvalidMessage(f"malformed AgentMessage: {exc}") from None

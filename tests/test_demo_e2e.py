@@ -111,4 +111,7 @@ def test_demo_rejects_bad_arguments_with_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1] == "gpufleet demo: --faults 3 needs at least as many nodes (have 2)"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == "gpufleet demo: --faults 3 needs at least as many nodes (have 2)"
+    )

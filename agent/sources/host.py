@@ -65,7 +65,7 @@ class HostSource:
         os_release = _read_text(self.root / "etc/os-release") or ""
         for line in os_release.splitlines():
             if line.startswith("PRETTY_NAME="):
-                os_name = line.split("=", 1)[1].strip('"')
+                os_name = line.split("=", 1)[1].strip().strip("\"'")
         return HostFacts(
             hostname=socket.gethostname(),
             kernel=_read_text(self.root / "proc/sys/kernel/osrelease") or platform.release(),

@@ -67,6 +67,9 @@ class StreamClient:
             except grpc.aio.AioRpcError as exc:
                 heard = heard or self.connected
                 reason = f"{exc.code().name}: {exc.details()}"
+            except asyncio.InvalidStateError as exc:  # a write raced the end of the RPC (controller gone)
+                heard = heard or self.connected
+                reason = f"stream ended: {exc}"
             finally:
                 self.connected = False
             if stop.is_set():

@@ -15,7 +15,6 @@ from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from protos.gpufleet.v1 import findings_pb2
-from protos.names import cause_name, severity_name
 
 TIMESTAMP = "google.protobuf.Timestamp"
 
@@ -67,7 +66,5 @@ def finding_to_dict(f: findings_pb2.Finding) -> dict[str, Any]:
     fields: dict[str, Any] = message_to_dict(f)
     fields.pop("gpu", None)
     out = {"id": f.id, "node": f.node, "gpu": f.gpu if f.HasField("gpu") else None}
-    out.update(fields)
-    out["cause"] = cause_name(f.cause) or None
-    out["severity"] = severity_name(f.severity) or None
+    out.update(fields)  # cause and severity as message_to_dict names them (a newer value: its number)
     return out

@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, telemetry_pb2
-from protos.names import cause_name, clock_event_reason_names, health_name, severity_name
+from protos.names import cause_name as _cause_name
+from protos.names import clock_event_reason_names
+from protos.names import health_name as _health_name
+from protos.names import severity_name as _severity_name
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 HEALTH_STYLE = {"healthy": "green", "degraded": "yellow", "critical": "bold red", "stale": "dim"}
+
+
+def _named(fn: Callable[[int], str], value: int) -> str:
+    """An enum value's name; its number if it is newer than this CLI (never a crash)."""
+    try:
+        return fn(value)
+    except ValueError:
+        return str(value)
+
+
+def cause_name(value: int) -> str:
+    return _named(_cause_name, value)
+
+
+def severity_name(value: int) -> str:
+    return _named(_severity_name, value)
+
+
+def health_name(value: int) -> str:
+    return _named(_health_name, value)
 
 
 def gpu_label(f: findings_pb2.Finding) -> str:

@@ -1,0 +1,147 @@
+"""HostSource reads /proc and /sys under its root: a fixture tree here, /host in a pod."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.sources.host import HostSource
+
+BOOT_ID = "0e6f8a3c-59c1-4d0b-9d7e-2b7a7cbd1f42"
+CPUINFO = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+stepping\t: 8
+cpu MHz\t\t: 2000.000
+flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr avx512f amx_tile
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+"""
+# An Arm server's cpuinfo has no "model name" line at all.
+CPUINFO_ARM = """\
+processor\t: 0
+BogoMIPS\t: 2000.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+CPU part\t: 0xd4f
+"""
+OS_RELEASE = """\
+NAME="Ubuntu"
+VERSION_ID="22.04"
+PRETTY_NAME="Ubuntu 22.04.4 LTS"
+ID=ubuntu
+"""
+GOVERNOR = "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+
+
+def write(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Path:
+    """A node's /proc and /sys as the files the kernel writes (trailing newlines included)."""
+    write(tmp_path, "proc/cpuinfo", CPUINFO)
+    write(tmp_path, "etc/os-release", OS_RELEASE)
+    write(tmp_path, "proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
+    write(tmp_path, "proc/sys/kernel/random/boot_id", BOOT_ID + "\n")
+    write(tmp_path, GOVERNOR, "performance\n")
+    write(tmp_path, "proc/uptime", "350735.47 5234388.90\n")
+    return tmp_path
+
+
+def test_facts_come_from_the_tree(host_root: Path) -> None:
+    facts = HostSource(host_root).facts()
+    assert facts.cpu_model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert facts.os == "Ubuntu 22.04.4 LTS"
+    assert facts.kernel == "5.15.0-105-generic"
+    assert facts.host_boot_id == BOOT_ID
+    # These come from the process's own view (psutil and the OS), not the tree.
+    assert facts.hostname == socket.gethostname()
+    assert facts.cpu_count == os.cpu_count()
+    assert facts.memory_total_bytes == psutil.virtual_memory().total > 0
+
+
+def test_readings_come_from_the_tree(host_root: Path) -> None:
+    reading = HostSource(host_root).read()
+    assert reading.cpu_governor == "performance"
+    assert reading.uptime_seconds == 350735.47
+    # The rest is psutil's: present and plausible.
+    assert reading.cpu_utilization_ratio is not None and 0.0 <= reading.cpu_utilization_ratio <= 1.0
+    assert reading.load1 is not None and reading.load1 >= 0.0
+    assert reading.memory_total_bytes == psutil.virtual_memory().total
+    assert (
+        reading.memory_used_bytes is not None and 0 < reading.memory_used_bytes <= reading.memory_total_bytes
+    )
+
+
+def test_each_read_sees_the_files_as_they_are_now(host_root: Path) -> None:
+    source = HostSource(host_root)
+    assert source.read().cpu_governor == "performance"
+    write(host_root, GOVERNOR, "powersave\n")  # what the cpu_governor_powersave fault looks like
+    write(host_root, "proc/uptime", "350745.50 5234400.00\n")
+    reading = source.read()
+    assert reading.cpu_governor == "powersave"
+    assert reading.uptime_seconds == 350745.5
+
+
+def test_an_empty_root_gives_blanks_not_a_crash(tmp_path: Path) -> None:
+    source = HostSource(tmp_path)
+    facts = source.facts()
+    assert (facts.cpu_model, facts.os, facts.host_boot_id) == ("", "", "")
+    assert facts.kernel == platform.release()  # the running kernel when the tree does not say
+    reading = source.read()
+    assert reading.cpu_governor is None
+    assert reading.uptime_seconds is None
+    assert reading.memory_total_bytes is not None  # psutil's readings do not depend on the tree
+
+
+def test_a_root_that_does_not_exist_gives_blanks(tmp_path: Path) -> None:
+    source = HostSource(tmp_path / "not-mounted")
+    assert source.facts().host_boot_id == ""
+    assert source.read().cpu_governor is None
+
+
+def test_unreadable_entries_count_as_missing(tmp_path: Path) -> None:
+    # A directory where a file should be (a wrong mount) raises IsADirectoryError on read.
+    for relative in ("proc/cpuinfo", "proc/sys/kernel/random/boot_id", GOVERNOR, "proc/uptime"):
+        (tmp_path / relative).mkdir(parents=True)
+    source = HostSource(tmp_path)
+    facts = source.facts()
+    assert (facts.cpu_model, facts.host_boot_id) == ("", "")
+    reading = source.read()
+    assert (reading.cpu_governor, reading.uptime_seconds) == (None, None)
+
+
+def test_an_empty_uptime_file_gives_none(host_root: Path) -> None:
+    write(host_root, "proc/uptime", "")
+    assert HostSource(host_root).read().uptime_seconds is None
+
+
+def test_cpuinfo_without_a_model_name(tmp_path: Path) -> None:
+    write(tmp_path, "proc/cpuinfo", CPUINFO_ARM)
+    write(tmp_path, "etc/os-release", 'NAME="Rocky Linux"\nID=rocky\n')  # and no PRETTY_NAME
+    facts = HostSource(tmp_path).facts()
+    assert facts.cpu_model == ""
+    assert facts.os == ""
+
+
+def test_the_first_model_name_wins(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "proc/cpuinfo",
+        CPUINFO.replace("model name\t: Intel", "model name\t: AMD EPYC 9654 / Intel", 1),
+    )
+    assert HostSource(tmp_path).facts().cpu_model == "AMD EPYC 9654 / Intel(R) Xeon(R) Platinum 8480+"

@@ -1,0 +1,220 @@
+"""`gpufleet nodes|node|findings` against a real controller on loopback, and against none."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.app import ControllerApp
+from controller.cli import operator
+from controller.cli.main import main
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.conftest import free_port
+from tests.controller.harness import (
+    STALE_AFTER,
+    Clock,
+    ControllerThread,
+    config,
+    frame,
+    hello,
+    populate,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+Capture = pytest.CaptureFixture[str]
+
+
+@pytest.fixture(scope="module")
+def controller() -> Iterator[ControllerThread]:
+    """One controller for the module: the commands only read, so tests cannot disturb each other."""
+    clock = Clock()
+    with ControllerThread(config(stale_after_seconds=STALE_AFTER), clock) as c:
+
+        async def setup(app: ControllerApp) -> None:
+            await populate(app, clock)
+            facts = pb.HostFacts(
+                hostname="c1", os="Ubuntu 22.04", kernel="6.8.0", cpu_count=64, cpu_model="EPYC"
+            )
+            await app.ingest.hello(hello("c-critical", gpus=2, host=facts))
+            f = frame(2, "c-critical", t=clock.now)
+            f.gpus[0].clock_event_reasons = 4 | 64
+            f.gpus.add(index=1, power_watts=300.0, clock_event_reasons=0)
+            f.host.load1 = 2.5
+            assert await app.ingest.frame("c-critical", f) == 2
+
+        c.call(setup)
+        yield c
+
+
+@pytest.fixture
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables wide enough that rich never folds a cell."""
+    monkeypatch.setenv("COLUMNS", "250")
+
+
+def output(capsys: Capture) -> tuple[str, str]:
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def json_out(capsys: Capture) -> Any:
+    out, err = output(capsys)
+    assert err == ""
+    return json.loads(out)
+
+
+def test_nodes_json(controller: ControllerThread, capsys: Capture) -> None:
+    assert operator.nodes(controller.address, "json") == 0
+    doc = json_out(capsys)
+    assert list(doc) == ["nodes"]
+    nodes = doc["nodes"]
+    assert [(n["name"], n["health"], n["active_findings"]) for n in nodes] == [
+        ("a-healthy", "healthy", 0),
+        ("b-degraded", "degraded", 2),
+        ("c-critical", "critical", 3),
+        ("d-stale", "stale", 1),
+        ("e-returned", "healthy", 0),
+    ]
+    a = nodes[0]
+    assert a["acked_seq"] == 1 and isinstance(a["acked_seq"], int)
+    assert a["connected"] is True and nodes[3]["connected"] is False
+    assert a["gpu_count"] == 2 and a["source"] == "sim" and a["boot_id"] == "b1"
+    assert a["last_seen"] == "2027-01-15T08:00:00Z"  # T0, RFC 3339 in UTC
+
+
+def test_nodes_table(controller: ControllerThread, capsys: Capture, wide: None) -> None:
+    assert operator.nodes(controller.address, "table") == 0
+    out, err = output(capsys)
+    assert err == ""
+    assert "Nodes (5)" in out
+    for name, health in (("a-healthy", "healthy"), ("c-critical", "critical"), ("d-stale", "stale")):
+        (line,) = [row for row in out.splitlines() if name in row]
+        assert health in line.replace(name, "")
+
+
+def test_node_json(controller: ControllerThread, capsys: Capture) -> None:
+    assert operator.node(controller.address, "c-critical", "json") == 0
+    doc = json_out(capsys)
+    assert {"summary", "hello", "gpus", "host", "probes", "findings"} <= set(doc)
+    assert doc["summary"]["name"] == "c-critical" and doc["summary"]["acked_seq"] == 2
+    assert doc["hello"]["host"]["cpu_count"] == 64 and doc["host"] == {"load1": 2.5}
+    gpu0, gpu1 = doc["gpus"]
+    assert gpu0["clock_event_reasons"] == 68
+    assert gpu0["clock_event_reason_names"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert gpu1["clock_event_reason_names"] == [] and "temperature_celsius" not in gpu1
+    assert [(f["node"], f["gpu"], f["cause"], f["severity"]) for f in doc["findings"]] == [
+        ("c-critical", None, "nvlink_down", "critical"),
+        ("c-critical", 1, "ecc_row_remap_pending", "critical"),
+        ("c-critical", 0, "thermal_throttle", "warning"),
+    ]
+    assert list(doc["findings"][0])[:3] == ["id", "node", "gpu"]
+
+
+def test_node_table(controller: ControllerThread, capsys: Capture, wide: None) -> None:
+    assert operator.node(controller.address, "c-critical", "table") == 0
+    out, err = output(capsys)
+    assert err == ""
+    assert "host c1: Ubuntu 22.04, kernel 6.8.0, 64 CPUs (EPYC)" in out
+    assert "sw_power_cap, hw_thermal_slowdown" in out
+    for cause in ("nvlink_down", "ecc_row_remap_pending", "thermal_throttle"):
+        assert cause in out
+    assert "power_cap " not in out  # b-degraded's finding is not c-critical's
+
+
+def test_unknown_node_is_one_line_and_exit_1(controller: ControllerThread, capsys: Capture) -> None:
+    assert operator.node(controller.address, "nope", "json") == 1
+    assert output(capsys) == ("", "gpufleet: node nope not found\n")
+
+
+def test_findings_json_filters(controller: ControllerThread, capsys: Capture) -> None:
+    assert operator.findings(controller.address, "json") == 0
+    found = json_out(capsys)["findings"]
+    assert [f["severity"] for f in found] == ["critical"] * 3 + ["warning"] * 2 + ["info"]
+    assert all(f["active"] is True for f in found)
+
+    assert operator.findings(controller.address, "json", node="a-healthy", include_resolved=True) == 0
+    (resolved,) = json_out(capsys)["findings"]
+    assert (resolved["node"], resolved["gpu"], resolved["cause"], resolved["active"]) == (
+        "a-healthy",
+        0,
+        "slow_unknown",
+        False,
+    )
+    assert resolved["first_seen"].endswith("Z") and resolved["evidence"]["peers"] == 7
+
+    assert operator.findings(controller.address, "json", node="a-healthy") == 0
+    assert json_out(capsys) == {"findings": []}
+
+
+def test_findings_table(controller: ControllerThread, capsys: Capture, wide: None) -> None:
+    assert operator.findings(controller.address, "table", include_resolved=True) == 0
+    out, err = output(capsys)
+    assert err == ""
+    (resolved,) = [row for row in out.splitlines() if "a-healthy" in row]
+    assert "slow_unknown" in resolved and "info (resolved)" in resolved
+    (nvlink,) = [row for row in out.splitlines() if "nvlink_down" in row]
+    assert "c-critical" in nvlink and " - " in nvlink  # node-level: no GPU
+
+
+def test_main_dispatches_flags(controller: ControllerThread, capsys: Capture) -> None:
+    argv = ["findings", "--controller", controller.address, "-o", "json", "--node", "b-degraded"]
+    assert main(argv) == 0
+    assert [f["cause"] for f in json_out(capsys)["findings"]] == ["power_cap", "hbm_degraded"]
+    assert main(["node", "d-stale", "--controller", controller.address, "-o", "json"]) == 0
+    assert json_out(capsys)["summary"]["health"] == "stale"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["nodes"], ["node", "a-healthy"], ["findings", "--all"], ["nodes", "-o", "json"]],
+    ids=["nodes", "node", "findings", "nodes-json"],
+)
+def test_controller_down_is_one_line_and_exit_1(argv: list[str], capsys: Capture) -> None:
+    target = f"127.0.0.1:{free_port()}"
+    assert main([*argv, "--controller", target]) == 1
+    out, err = output(capsys)
+    assert out == ""
+    assert err.startswith(f"gpufleet: cannot reach controller at {target}")
+    assert err.count("\n") == 1 and err.endswith("\n")
+
+
+def test_controller_down_as_a_process() -> None:
+    target = f"127.0.0.1:{free_port()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "controller", "nodes", "--controller", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"gpufleet: cannot reach controller at {target}")
+
+
+def test_a_server_without_the_operator_service_is_reported_not_raised(capsys: Capture) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert operator.nodes(f"127.0.0.1:{port}", "json") == 1
+        assert operator.node(f"127.0.0.1:{port}", "x", "json") == 1
+    finally:
+        server.stop(None)
+    out, err = output(capsys)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert all(
+        x.startswith(f"gpufleet: controller at 127.0.0.1:{port} answered UNIMPLEMENTED") for x in lines
+    )

@@ -1,0 +1,204 @@
+"""A real controller for tests: ControllerApp + build_server on 127.0.0.1, port chosen by the OS.
+
+`running_controller` serves on the caller's event loop (async clients, direct access to the app);
+`ControllerThread` serves on a loop of its own, for synchronous clients such as the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from controller.app import ControllerApp
+from controller.config import ControllerConfig
+from controller.detect.finding import Evidence, Finding
+from controller.fleet.findings import StoredFinding, finding_id
+from controller.server import build_server
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+T = TypeVar("T")
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # missing from grpc-stubs
+T0 = 1_800_000_000.0
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(**overrides: Any) -> ControllerConfig:
+    fields: dict[str, Any] = {"listen": "127.0.0.1:0", "db": ":memory:"}
+    fields.update(overrides)
+    return ControllerConfig(**fields)
+
+
+@dataclass(slots=True)
+class Running:
+    app: ControllerApp
+    server: grpc.aio.Server
+    address: str
+
+
+@contextlib.asynccontextmanager
+async def running_controller(
+    cfg: ControllerConfig | None = None, clock: Callable[[], float] | None = None
+) -> AsyncIterator[Running]:
+    app = ControllerApp(cfg or config(), clock=clock or Clock())
+    await app.start()
+    try:
+        server, address = await build_server(app)
+        try:
+            yield Running(app, server, address)
+        finally:
+            await server.stop(None)
+    finally:
+        app.close()
+
+
+class ControllerThread:
+    """`with ControllerThread() as c:` serves until the block ends; `c.call(fn)` runs a coroutine
+    function on the server's loop (so tests can change the app's state safely)."""
+
+    def __init__(self, cfg: ControllerConfig | None = None, clock: Callable[[], float] | None = None) -> None:
+        self._cfg = cfg
+        self._clock = clock
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._running: Running | None = None
+        self._thread = threading.Thread(target=self._run, name="test-controller", daemon=True)
+
+    @property
+    def app(self) -> ControllerApp:
+        assert self._running is not None
+        return self._running.app
+
+    @property
+    def address(self) -> str:
+        assert self._running is not None
+        return self._running.address
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                async with running_controller(self._cfg, self._clock) as running:
+                    self._running = running
+                    self._ready.set()
+                    await self._stop.wait()
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._ready.set()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(main())
+
+    def call(self, fn: Callable[[ControllerApp], Coroutine[Any, Any, T]]) -> T:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(fn(self.app), self._loop).result(timeout=10)
+
+    def __enter__(self) -> ControllerThread:
+        self._thread.start()
+        if not self._ready.wait(timeout=10) or self._error is not None or self._running is None:
+            raise RuntimeError(f"test controller did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+        assert not self._thread.is_alive(), "test controller did not stop"
+
+
+# Wire messages
+
+
+def hello(node: str = "n1", boot: str = "b1", gpus: int = 1, **fields: Any) -> pb.Hello:
+    msg = pb.Hello(node=node, boot_id=boot, **({"agent_version": "test"} | fields))
+    msg.inventory.source = "sim"
+    for i in range(gpus):
+        msg.inventory.gpus.add(index=i, uuid=f"GPU-{node}-{i}", name=H100)
+    return msg
+
+
+def frame(seq: int, node: str = "n1", boot: str = "b1", t: float = T0) -> pb.TelemetryFrame:
+    msg = pb.TelemetryFrame(node=node, boot_id=boot, seq=seq)
+    msg.time.FromSeconds(int(t) - 10 + seq)
+    msg.gpus.add(index=0, power_watts=400.0 + seq, temperature_celsius=60.0)
+    msg.probes.add(probe="gemm", variant="bf16", gpu=0, value=700.0 + seq, unit="TFLOP/s")
+    return msg
+
+
+def as_hello(msg: pb.Hello) -> pb.AgentMessage:
+    return pb.AgentMessage(hello=msg)
+
+
+def as_frame(msg: pb.TelemetryFrame) -> pb.AgentMessage:
+    return pb.AgentMessage(frame=msg)
+
+
+# Findings, as a detection pass would leave them
+
+
+def stored_finding(
+    node: str,
+    gpu: int | None,
+    cause: str,
+    severity: str,
+    *,
+    first_seen: float = T0 - 100,
+    active: bool = True,
+) -> StoredFinding:
+    evidence = Evidence("enforced_power_limit_watts", 400.0, 700.0, -0.43, "W", ("sw_power_cap",), 7, "why")
+    finding = Finding(node, gpu, cause, severity, f"{cause} on {node}", evidence, detectors=["throttle"])
+    return StoredFinding(finding_id(finding.key, first_seen), finding, first_seen, first_seen + 50, active)
+
+
+async def add_findings(app: ControllerApp, findings: list[StoredFinding]) -> None:
+    """Store findings and make the active ones current, the way ControllerApp.detection_pass does."""
+    await app.store.save_findings([s for s in findings if s.active], [s for s in findings if not s.active])
+    for s in findings:
+        if s.active:
+            app.active[s.finding.key] = s
+
+
+# A small fleet with every health: see populate()
+
+STALE_AFTER = 60.0  # pass as stale_after_seconds
+FINDINGS = [
+    stored_finding("b-degraded", 1, "power_cap", "warning"),
+    stored_finding("c-critical", 0, "thermal_throttle", "warning"),
+    stored_finding("c-critical", None, "nvlink_down", "critical"),
+    stored_finding("c-critical", 1, "ecc_row_remap_pending", "critical"),
+    stored_finding("d-stale", 0, "ecc_row_remap_pending", "critical"),
+    stored_finding("a-healthy", 0, "slow_unknown", "info", active=False),
+    stored_finding("b-degraded", 0, "hbm_degraded", "info"),
+]
+
+
+async def populate(app: ControllerApp, clock: Clock) -> None:
+    """Five nodes at T0; a minute and a bit later, d-stale has gone quiet and e-returned said hello."""
+    for name in ("a-healthy", "b-degraded", "c-critical", "d-stale", "e-returned"):
+        await app.ingest.hello(hello(name, gpus=2))
+        assert await app.ingest.frame(name, frame(1, name)) == 1
+        if name in ("a-healthy", "b-degraded", "c-critical"):
+            app.connected(name)
+    await add_findings(app, FINDINGS)
+    clock.now = T0 + STALE_AFTER + 1
+    await app.ingest.hello(hello("e-returned", boot="b2", gpus=2))

@@ -1,0 +1,113 @@
+"""Controller configuration: defaults, YAML, flag overrides, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.app import ControllerApp
+from controller.config import ConfigError, ControllerConfig, DetectConfig, DetectorConfig, load
+from controller.detect.base import discover
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "controller.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file() -> None:
+    config = load(None)
+    assert config == ControllerConfig()
+    assert (config.listen, config.db, config.db_synchronous) == ("127.0.0.1:50051", "gpufleet.db", "full")
+    assert config.max_message_bytes == 4 * 1024 * 1024 and config.stale_after_seconds == 60.0
+    assert config.detect.margin == 0.05 and config.detect.min_peers == 4
+    assert config.probes.on_connect is True
+
+
+def test_empty_file_is_defaults(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "# nothing set\n")) == ControllerConfig()
+
+
+def test_yaml_file_and_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+listen: 0.0.0.0:6000
+db: /var/lib/gpufleet/state.db
+db_synchronous: normal
+log_level: debug
+detect:
+  interval_seconds: 2.5
+  margin: 0.1
+  detectors:
+    throttle: {enabled: false}
+probes:
+  on_connect: false
+""",
+    )
+    config = load(str(path), {"listen": "127.0.0.1:7000"})
+    assert config.listen == "127.0.0.1:7000"  # a flag beats the file
+    assert (config.db, config.db_synchronous, config.log_level) == (
+        "/var/lib/gpufleet/state.db",
+        "normal",
+        "debug",
+    )
+    assert (config.detect.interval_seconds, config.detect.margin) == (2.5, 0.1)
+    assert config.detect.detectors == {"throttle": DetectorConfig(enabled=False)}
+    assert config.probes.on_connect is False
+    registered = sorted(discover())
+    assert "throttle" in registered
+    assert config.detect.enabled(registered) == [n for n in registered if n != "throttle"]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("listen: localhost\n", "listen must be HOST:PORT"),
+        ("listen: ':50051'\n", "listen must be HOST:PORT"),
+        ("listen: 'host:port'\n", "listen must be HOST:PORT"),
+        ("max_message_bytes: 1024\n", "at least 64 KiB"),
+        ("db_synchronous: off\n", "db_synchronous"),
+        ("log_level: loud\n", "log_level"),
+        ("stale_after_seconds: soon\n", "stale_after_seconds"),
+        ("detect: {margin: 5}\n", "detect.margin must be within 0..1"),
+        ("detect: {min_peers: 1}\n", "min_peers must be >= 2"),
+        ("detect: {interval_seconds: 0}\n", "interval_seconds must be > 0"),
+        ("detect: {detectors: {throttle: {enabled: maybe}}}\n", "enabled"),
+        ("listne: 127.0.0.1:1\n", "listne"),
+        ("detect: {marginn: 0.1}\n", "marginn"),
+    ],
+)
+def test_bad_values_name_what_is_wrong(tmp_path: Path, text: str, where: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert where in message and str(path) in message, message
+
+
+def test_a_bad_override_is_reported_too() -> None:
+    with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
+        load(None, {"listen": "nowhere"})
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("listen: [1, 2\n", "not valid YAML"), ("- a\n- b\n", "must be a mapping at the top level")],
+)
+def test_unreadable_files_are_config_errors(tmp_path: Path, text: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        load(write(tmp_path, text))
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read config .*missing\.yaml: No such file"):
+        load(tmp_path / "missing.yaml")
+
+
+def test_unknown_detector_is_refused_at_start_with_the_registered_names() -> None:
+    config = ControllerConfig(db=":memory:", detect=DetectConfig(detectors={"nope": DetectorConfig()}))
+    with pytest.raises(ConfigError, match=r"unknown detector\(s\) nope; registered: .*throttle"):
+        ControllerApp(config)

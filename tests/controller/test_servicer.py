@@ -1,0 +1,369 @@
+"""The telemetry stream over real gRPC: servicer, error interceptor and server options together.
+
+Every case ends by checking that the server still serves a fresh client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import grpc
+import pytest
+
+from controller.errors import StoreUnavailable
+from controller.store.sqlite import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from protos.gpufleet.v1 import telemetry_pb2_grpc
+from tests.controller.harness import (
+    EOF,
+    Running,
+    as_frame,
+    as_hello,
+    config,
+    frame,
+    hello,
+    running_controller,
+)
+
+if TYPE_CHECKING:  # the async stub exists only in the generated type stubs
+    Stub: TypeAlias = telemetry_pb2_grpc.TelemetryAsyncStub
+
+Body = Callable[[Running, "Stub"], Awaitable[None]]
+StreamCall = grpc.aio.StreamStreamCall[Any, Any]
+AgentCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControllerMessage]
+METHOD = "/gpufleet.v1.Telemetry/Stream"
+_fresh = itertools.count()
+
+
+def serve(body: Body, **overrides: Any) -> None:
+    async def go() -> None:
+        async with running_controller(config(**overrides)) as running:
+            async with grpc.aio.insecure_channel(running.address) as channel:
+                await body(running, telemetry_pb2_grpc.TelemetryStub(channel))
+            await assert_still_serves(running)
+
+    asyncio.run(go())
+
+
+async def assert_still_serves(running: Running) -> None:
+    """A new client on a new connection gets its first frame acked."""
+    node = f"fresh-{next(_fresh)}"
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        call = telemetry_pb2_grpc.TelemetryStub(channel).Stream(None)
+        await call.write(as_hello(hello(node)))
+        await call.write(as_frame(frame(1, node)))
+        assert await reply(call) == pb.ControllerMessage(ack=pb.Ack(boot_id="b1", seq=1))
+        await call.done_writing()
+        assert await call.read() == EOF
+        assert await call.code() == grpc.StatusCode.OK
+
+
+async def error_of(call: StreamCall) -> tuple[grpc.StatusCode, str]:
+    """Read until the call ends; it must end with an error status."""
+    while True:
+        try:
+            message = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        assert message != EOF, "the stream ended without an error"
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def pending_queue_gets() -> list[asyncio.Task[Any]]:
+    """Tasks still waiting on an outbox: a stream that ended must leave none behind."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "Queue.get"
+    ]
+
+
+async def reply(call: AgentCall) -> pb.ControllerMessage:
+    message = await call.read()
+    assert isinstance(message, pb.ControllerMessage), message
+    return message
+
+
+async def ack(call: AgentCall) -> tuple[str, int]:
+    message = await reply(call)
+    assert message.WhichOneof("msg") == "ack", message
+    return message.ack.boot_id, message.ack.seq
+
+
+def test_hello_then_frames_are_acked_with_the_stored_seq() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        for seq in (1, 2, 3):
+            await call.write(as_frame(frame(seq)))
+            assert await ack(call) == ("b1", seq)
+        assert running.app.fleet.nodes["n1"].connected
+        assert running.app.fleet.nodes["n1"].gpus[0].sample.power_watts == 403.0
+        await call.write(pb.AgentMessage(command_result=pb.CommandResult(command_id="c", ok=True)))
+        await call.done_writing()
+        assert await call.read() == EOF
+        assert await call.code() == grpc.StatusCode.OK
+        assert running.app.fleet.acked[("n1", "b1")] == 3
+        assert not running.app.fleet.nodes["n1"].connected
+        assert pending_queue_gets() == []
+
+    serve(body)
+
+
+def test_duplicate_frame_is_acked_but_stored_once(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        replies = []
+        for seq in (1, 2, 2, 3, 1):
+            await call.write(as_frame(frame(seq)))
+            replies.append(await ack(call))
+        assert replies == [("b1", 1), ("b1", 2), ("b1", 2), ("b1", 3), ("b1", 3)]
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+        counters = running.app.ingest.counters
+        assert (counters.frames, counters.duplicates) == (3, 2)
+
+        with sqlite3.connect(db) as conn:  # what is on disk, read beside the controller's connection
+            assert conn.execute("SELECT count(*) FROM probe_history").fetchone() == (3,)
+            assert conn.execute("SELECT acked_seq FROM boots").fetchall() == [(3,)]
+
+        again = stub.Stream(None)  # a reconnect learns where it stands before sending anything
+        await again.write(as_hello(hello()))
+        assert await ack(again) == ("b1", 3)
+        await again.done_writing()
+        assert await again.code() == grpc.StatusCode.OK
+
+    serve(body, db=str(db))
+
+
+def test_frame_for_another_node_is_invalid_argument() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello("n1")))
+        await call.write(as_frame(frame(1, node="n2")))
+        code, details = await error_of(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'n2'" in details and "'n1'" in details
+        assert "n2" not in running.app.fleet.nodes and running.app.fleet.acked[("n1", "b1")] == 0
+
+    serve(body)
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([as_frame(frame(1))], "first message on a stream must be a Hello"),
+        ([pb.AgentMessage()], "first message on a stream must be a Hello"),
+        ([as_hello(hello()), as_hello(hello())], "Hello is allowed only as the first message"),
+        ([as_hello(hello()), pb.AgentMessage()], "empty or unknown agent message"),
+        ([as_hello(pb.Hello(node="", boot_id="b1"))], "node name must be 1..253 characters"),
+        ([as_hello(pb.Hello(node="n1"))], "boot_id is required"),
+    ],
+    ids=["frame-first", "empty-first", "second-hello", "empty-later", "no-node", "no-boot"],
+)
+def test_out_of_protocol_messages_are_invalid_argument(
+    messages: list[pb.AgentMessage], expected: str
+) -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        for message in messages:
+            await call.write(message)
+        code, details = await error_of(call)
+        assert (code, expected in details) == (grpc.StatusCode.INVALID_ARGUMENT, True), details
+        await until(lambda: all(n == 0 for n in running.app.connections.values()))
+
+    serve(body)
+
+
+def test_sequence_gap_is_out_of_range_until_the_agent_resends() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(frame(1)))
+        assert await ack(call) == ("b1", 1)
+        await call.write(as_frame(frame(3)))
+        code, details = await error_of(call)
+        assert code == grpc.StatusCode.OUT_OF_RANGE
+        assert "expected frame 2, got 3" in details
+        assert running.app.fleet.acked[("n1", "b1")] == 1
+
+        resend = stub.Stream(None)
+        await resend.write(as_hello(hello()))
+        assert await ack(resend) == ("b1", 1)
+        for seq in (2, 3):
+            await resend.write(as_frame(frame(seq)))
+            assert await ack(resend) == ("b1", seq)
+        await resend.done_writing()
+        assert await resend.code() == grpc.StatusCode.OK
+
+    serve(body)
+
+
+@pytest.mark.parametrize("after_hello", [False, True], ids=["first", "after-hello"])
+def test_malformed_bytes_are_refused_and_the_next_client_is_served(after_hello: bool) -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            raw = channel.stream_stream(
+                METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
+            )
+            call: StreamCall = raw(None)
+            if after_hello:
+                await call.write(as_hello(hello()).SerializeToString())
+                await until(lambda: running.app.connections.get("n1") == 1)
+            await call.write(b"\xff\xff\xff\xff not a protobuf")
+            code, details = await error_of(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+        assert "malformed AgentMessage" in details
+        await until(lambda: running.app.connections.get("n1", 0) == 0)
+        assert pending_queue_gets() == []
+
+    serve(body)
+
+
+def test_oversize_message_is_resource_exhausted() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello(agent_version="x" * 100_000)))
+        code, details = await error_of(call)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert running.app.fleet.nodes == {}
+
+    serve(body, max_message_bytes=64 * 1024)
+
+
+def test_oversize_frame_mid_stream_ends_the_stream_cleanly() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(frame(1)))
+        assert await ack(call) == ("b1", 1)
+        big = frame(2)
+        for i in range(1, 2000):
+            big.gpus.add(index=i, uuid=f"GPU-{i:036d}")
+        assert big.ByteSize() > 64 * 1024
+        await call.write(as_frame(big))
+        code, _ = await error_of(call)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await until(lambda: running.app.connections["n1"] == 0 and not pending_queue_gets())
+        assert not running.app.fleet.nodes["n1"].connected
+        assert running.app.fleet.acked[("n1", "b1")] == 1
+
+    serve(body, max_message_bytes=64 * 1024)
+
+
+def test_client_cancel_disconnects_the_node_and_leaves_no_task_behind() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(frame(1)))
+        assert await ack(call) == ("b1", 1)
+        assert running.app.connections["n1"] == 1
+        call.cancel()
+        await until(lambda: running.app.connections["n1"] == 0 and not pending_queue_gets())
+        assert not running.app.fleet.nodes["n1"].connected
+
+    serve(body)
+
+
+def test_probe_run_is_asked_once_per_boot_of_a_capable_agent() -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        for boot, seq, expect_command in (("b1", 1, True), ("b1", 2, False), ("b2", 1, True)):
+            call = stub.Stream(None)
+            await call.write(as_hello(hello(boot=boot, capabilities=["run_probes"])))
+            if seq > 1:
+                assert await ack(call) == (boot, seq - 1)  # where the boot stands; no command follows
+            if expect_command:
+                first = await reply(call)
+                assert first.WhichOneof("msg") == "command"
+                assert first.command.WhichOneof("action") == "run_probes" and first.command.id
+            await call.write(as_frame(frame(seq, boot=boot)))
+            assert await ack(call) == (boot, seq)
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+
+    serve(body)
+
+
+def test_nan_and_inf_readings_are_stored_as_missing(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+
+    async def body(running: Running, stub: Stub) -> None:
+        f = frame(1)
+        f.gpus[0].temperature_celsius = math.nan
+        f.gpus[0].sm_clock_hz = math.inf
+        f.host.load1 = -math.inf
+        f.host.cpu_utilization_ratio = 0.5
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(f))
+        assert await ack(call) == ("b1", 1)
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+        node = running.app.fleet.nodes["n1"]
+        sample = node.gpus[0].sample
+        assert not sample.HasField("temperature_celsius") and not sample.HasField("sm_clock_hz")
+        assert sample.power_watts == 401.0
+        assert node.host is not None and not node.host.HasField("load1")
+        assert running.app.ingest.counters.non_finite == 3
+
+    serve(body, db=str(db))
+
+    async def reload() -> None:  # what was stored, not only what memory shows
+        store = Store(str(db))
+        await store.open()
+        try:
+            fleet, _ = await store.load()
+        finally:
+            store.close()
+        sample = fleet.nodes["n1"].gpus[0].sample
+        assert not sample.HasField("temperature_celsius") and not sample.HasField("sm_clock_hz")
+        assert sample.power_watts == 401.0
+        host = fleet.nodes["n1"].host
+        assert host is not None and not host.HasField("load1") and host.cpu_utilization_ratio == 0.5
+
+    asyncio.run(reload())
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "details"),
+    [
+        (StoreUnavailable("disk full"), grpc.StatusCode.UNAVAILABLE, "disk full"),
+        (
+            RuntimeError("secret internals"),
+            grpc.StatusCode.INTERNAL,
+            "internal error (see the controller log)",
+        ),
+    ],
+    ids=["store-down", "unexpected"],
+)
+def test_handler_errors_become_statuses(error: Exception, code: grpc.StatusCode, details: str) -> None:
+    async def body(running: Running, stub: Stub) -> None:
+        ingest_frame = running.app.ingest.frame
+
+        async def broken(node: str, f: pb.TelemetryFrame) -> int:
+            raise error
+
+        running.app.ingest.frame = broken  # type: ignore[method-assign,assignment]
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(frame(1)))
+        assert await error_of(call) == (code, details)
+        assert running.app.fleet.acked[("n1", "b1")] == 0
+        running.app.ingest.frame = ingest_frame  # type: ignore[method-assign]
+
+    serve(body)
