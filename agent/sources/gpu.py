@@ -24,6 +24,7 @@ class GpuInfo:
     unsupported_fields: list[str] = field(default_factory=list)
     memory_total_bytes: int | None = None
     nvlink_count: int | None = None
+    mig_mode_enabled: bool | None = None
 
 
 @dataclass(slots=True)
@@ -44,6 +45,27 @@ class NvLinkReading:
     replay_errors_total: int | None = None
     recovery_errors_total: int | None = None
     remote_pci_bus_id: str = ""
+    tx_bytes_total: int | None = None
+    rx_bytes_total: int | None = None
+
+
+@dataclass(slots=True)
+class ComputeProcess:
+    pid: int
+    used_memory_bytes: int | None = None
+    kind: str = "compute"
+
+
+@dataclass(slots=True)
+class XidEvent:
+    code: int
+    unix_time_seconds: float
+
+
+@dataclass(slots=True)
+class XidCount:
+    code: int
+    total: int
 
 
 @dataclass(slots=True)
@@ -80,6 +102,43 @@ class GpuReading:
     row_remap_failure: bool | None = None
     performance_state: int | None = None
     nvlinks: list[NvLinkReading] = field(default_factory=list)
+    applications_memory_clock_hz: float | None = None
+    max_graphics_clock_hz: float | None = None
+    power_management_limit_watts: float | None = None
+    power_limit_min_watts: float | None = None
+    power_limit_max_watts: float | None = None
+    shutdown_temperature_celsius: float | None = None
+    max_operating_temperature_celsius: float | None = None
+    memory_max_operating_temperature_celsius: float | None = None
+    fan_speed_ratio: float | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    ecc_mode_enabled: bool | None = None
+    ecc_corrected_aggregate_total: int | None = None
+    ecc_uncorrected_aggregate_total: int | None = None
+    retired_pages_sbe_total: int | None = None
+    retired_pages_dbe_total: int | None = None
+    retired_pages_pending: bool | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_replay_errors_total: int | None = None
+    nvlink_tx_bytes_total: int | None = None
+    nvlink_rx_bytes_total: int | None = None
+    persistence_mode_enabled: bool | None = None
+    compute_mode: int | None = None  # ComputeMode value: NVML's mode + 1
+    processes: list[ComputeProcess] = field(default_factory=list)
+    gpm_sm_activity_ratio: float | None = None
+    gpm_tensor_activity_ratio: float | None = None
+    gpm_dram_activity_ratio: float | None = None
+    gpm_graphics_activity_ratio: float | None = None
+    xid_events: list[XidEvent] = field(default_factory=list)
+    xid_counts: list[XidCount] = field(default_factory=list)
+    fabric_state: int | None = None  # FabricState value: NVML's state + 1
+    fabric_status: int | None = None
+    fabric_cluster_uuid: str = ""
+    fabric_clique_id: int | None = None
 
 
 class GpuSource(Protocol):

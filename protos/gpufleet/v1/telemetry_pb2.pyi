@@ -60,6 +60,50 @@ CLOCK_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: ClockEventReason.ValueType  # 128
 CLOCK_EVENT_REASON_DISPLAY_CLOCK_SETTING: ClockEventReason.ValueType  # 256
 Global___ClockEventReason: _TypeAlias = ClockEventReason  # noqa: Y015
 
+class _ComputeMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ComputeModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ComputeMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPUTE_MODE_UNSPECIFIED: _ComputeMode.ValueType  # 0
+    COMPUTE_MODE_DEFAULT: _ComputeMode.ValueType  # 1
+    COMPUTE_MODE_EXCLUSIVE_THREAD: _ComputeMode.ValueType  # 2
+    COMPUTE_MODE_PROHIBITED: _ComputeMode.ValueType  # 3
+    COMPUTE_MODE_EXCLUSIVE_PROCESS: _ComputeMode.ValueType  # 4
+
+class ComputeMode(_ComputeMode, metaclass=_ComputeModeEnumTypeWrapper):
+    """NVML compute mode, shifted by one so that 0 stays "not read"."""
+
+COMPUTE_MODE_UNSPECIFIED: ComputeMode.ValueType  # 0
+COMPUTE_MODE_DEFAULT: ComputeMode.ValueType  # 1
+COMPUTE_MODE_EXCLUSIVE_THREAD: ComputeMode.ValueType  # 2
+COMPUTE_MODE_PROHIBITED: ComputeMode.ValueType  # 3
+COMPUTE_MODE_EXCLUSIVE_PROCESS: ComputeMode.ValueType  # 4
+Global___ComputeMode: _TypeAlias = ComputeMode  # noqa: Y015
+
+class _FabricState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FabricStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FabricState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FABRIC_STATE_UNSPECIFIED: _FabricState.ValueType  # 0
+    FABRIC_STATE_NOT_SUPPORTED: _FabricState.ValueType  # 1
+    FABRIC_STATE_NOT_STARTED: _FabricState.ValueType  # 2
+    FABRIC_STATE_IN_PROGRESS: _FabricState.ValueType  # 3
+    FABRIC_STATE_COMPLETED: _FabricState.ValueType  # 4
+
+class FabricState(_FabricState, metaclass=_FabricStateEnumTypeWrapper):
+    """NVML GPU fabric state, shifted by one so that 0 stays "not read"."""
+
+FABRIC_STATE_UNSPECIFIED: FabricState.ValueType  # 0
+FABRIC_STATE_NOT_SUPPORTED: FabricState.ValueType  # 1
+FABRIC_STATE_NOT_STARTED: FabricState.ValueType  # 2
+FABRIC_STATE_IN_PROGRESS: FabricState.ValueType  # 3
+FABRIC_STATE_COMPLETED: FabricState.ValueType  # 4
+Global___FabricState: _TypeAlias = FabricState  # noqa: Y015
+
 @_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -221,6 +265,7 @@ class GpuInfo(_message.Message):
     UNSUPPORTED_FIELDS_FIELD_NUMBER: _builtins.int
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     NVLINK_COUNT_FIELD_NUMBER: _builtins.int
+    MIG_MODE_ENABLED_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     name: _builtins.str
@@ -232,6 +277,8 @@ class GpuInfo(_message.Message):
     board_part_number: _builtins.str
     memory_total_bytes: _builtins.int
     nvlink_count: _builtins.int
+    mig_mode_enabled: _builtins.bool
+    """current MIG mode"""
     @_builtins.property
     def unsupported_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """GpuSample fields this GPU cannot report"""
@@ -250,17 +297,22 @@ class GpuInfo(_message.Message):
         unsupported_fields: _abc.Iterable[_builtins.str] | None = ...,
         memory_total_bytes: _builtins.int | None = ...,
         nvlink_count: _builtins.int | None = ...,
+        mig_mode_enabled: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_nvlink_count", b"_nvlink_count", "memory_total_bytes", b"memory_total_bytes", "nvlink_count", b"nvlink_count"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "nvlink_count", b"nvlink_count"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_nvlink_count", b"_nvlink_count", "board_part_number", b"board_part_number", "driver_version", b"driver_version", "index", b"index", "memory_total_bytes", b"memory_total_bytes", "name", b"name", "nvlink_count", b"nvlink_count", "pci_bus_id", b"pci_bus_id", "serial", b"serial", "unsupported_fields", b"unsupported_fields", "uuid", b"uuid", "vbios_version", b"vbios_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "board_part_number", b"board_part_number", "driver_version", b"driver_version", "index", b"index", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "name", b"name", "nvlink_count", b"nvlink_count", "pci_bus_id", b"pci_bus_id", "serial", b"serial", "unsupported_fields", b"unsupported_fields", "uuid", b"uuid", "vbios_version", b"vbios_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__mig_mode_enabled: _TypeAlias = _typing.Literal["mig_mode_enabled"]  # noqa: Y015
+    _WhichOneofArgType__mig_mode_enabled: _TypeAlias = _typing.Literal["_mig_mode_enabled", b"_mig_mode_enabled"]  # noqa: Y015
     _WhichOneofReturnType__nvlink_count: _TypeAlias = _typing.Literal["nvlink_count"]  # noqa: Y015
     _WhichOneofArgType__nvlink_count: _TypeAlias = _typing.Literal["_nvlink_count", b"_nvlink_count"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mig_mode_enabled) -> _WhichOneofReturnType__mig_mode_enabled | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__nvlink_count) -> _WhichOneofReturnType__nvlink_count | None: ...
 
@@ -426,6 +478,43 @@ class GpuSample(_message.Message):
     NVLINKS_FIELD_NUMBER: _builtins.int
     PERFORMANCE_STATE_FIELD_NUMBER: _builtins.int
     MAX_MEMORY_CLOCK_HZ_FIELD_NUMBER: _builtins.int
+    APPLICATIONS_MEMORY_CLOCK_HZ_FIELD_NUMBER: _builtins.int
+    MAX_GRAPHICS_CLOCK_HZ_FIELD_NUMBER: _builtins.int
+    POWER_MANAGEMENT_LIMIT_WATTS_FIELD_NUMBER: _builtins.int
+    POWER_LIMIT_MIN_WATTS_FIELD_NUMBER: _builtins.int
+    POWER_LIMIT_MAX_WATTS_FIELD_NUMBER: _builtins.int
+    SHUTDOWN_TEMPERATURE_CELSIUS_FIELD_NUMBER: _builtins.int
+    MAX_OPERATING_TEMPERATURE_CELSIUS_FIELD_NUMBER: _builtins.int
+    MEMORY_MAX_OPERATING_TEMPERATURE_CELSIUS_FIELD_NUMBER: _builtins.int
+    FAN_SPEED_RATIO_FIELD_NUMBER: _builtins.int
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_RESERVED_BYTES_FIELD_NUMBER: _builtins.int
+    ENCODER_UTILIZATION_RATIO_FIELD_NUMBER: _builtins.int
+    DECODER_UTILIZATION_RATIO_FIELD_NUMBER: _builtins.int
+    ECC_MODE_ENABLED_FIELD_NUMBER: _builtins.int
+    ECC_CORRECTED_AGGREGATE_TOTAL_FIELD_NUMBER: _builtins.int
+    ECC_UNCORRECTED_AGGREGATE_TOTAL_FIELD_NUMBER: _builtins.int
+    RETIRED_PAGES_SBE_TOTAL_FIELD_NUMBER: _builtins.int
+    RETIRED_PAGES_DBE_TOTAL_FIELD_NUMBER: _builtins.int
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _builtins.int
+    PCIE_TX_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    PCIE_RX_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    PCIE_REPLAY_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
+    NVLINK_TX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    NVLINK_RX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    PERSISTENCE_MODE_ENABLED_FIELD_NUMBER: _builtins.int
+    COMPUTE_MODE_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    GPM_SM_ACTIVITY_RATIO_FIELD_NUMBER: _builtins.int
+    GPM_TENSOR_ACTIVITY_RATIO_FIELD_NUMBER: _builtins.int
+    GPM_DRAM_ACTIVITY_RATIO_FIELD_NUMBER: _builtins.int
+    GPM_GRAPHICS_ACTIVITY_RATIO_FIELD_NUMBER: _builtins.int
+    XID_EVENTS_FIELD_NUMBER: _builtins.int
+    XID_COUNTS_FIELD_NUMBER: _builtins.int
+    FABRIC_STATE_FIELD_NUMBER: _builtins.int
+    FABRIC_STATUS_FIELD_NUMBER: _builtins.int
+    FABRIC_CLUSTER_UUID_FIELD_NUMBER: _builtins.int
+    FABRIC_CLIQUE_ID_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     gpu_utilization_ratio: _builtins.float
@@ -457,9 +546,64 @@ class GpuSample(_message.Message):
     row_remap_failure: _builtins.bool
     performance_state: _builtins.int
     max_memory_clock_hz: _builtins.float
-    """33..99: room (full NVML coverage, GPM, XID events)"""
+    applications_memory_clock_hz: _builtins.float
+    max_graphics_clock_hz: _builtins.float
+    power_management_limit_watts: _builtins.float
+    """the limit as set; enforced may be lower"""
+    power_limit_min_watts: _builtins.float
+    """management limit constraints"""
+    power_limit_max_watts: _builtins.float
+    shutdown_temperature_celsius: _builtins.float
+    max_operating_temperature_celsius: _builtins.float
+    memory_max_operating_temperature_celsius: _builtins.float
+    fan_speed_ratio: _builtins.float
+    """absent on fanless (SXM) boards"""
+    memory_free_bytes: _builtins.int
+    memory_reserved_bytes: _builtins.int
+    encoder_utilization_ratio: _builtins.float
+    decoder_utilization_ratio: _builtins.float
+    ecc_mode_enabled: _builtins.bool
+    ecc_corrected_aggregate_total: _builtins.int
+    """lifetime (survives reboots)"""
+    ecc_uncorrected_aggregate_total: _builtins.int
+    retired_pages_sbe_total: _builtins.int
+    """pre-Ampere page retirement"""
+    retired_pages_dbe_total: _builtins.int
+    retired_pages_pending: _builtins.bool
+    pcie_tx_bytes_per_second: _builtins.float
+    pcie_rx_bytes_per_second: _builtins.float
+    pcie_replay_errors_total: _builtins.int
+    nvlink_tx_bytes_total: _builtins.int
+    """sum over the GPU's links"""
+    nvlink_rx_bytes_total: _builtins.int
+    persistence_mode_enabled: _builtins.bool
+    compute_mode: Global___ComputeMode.ValueType
+    gpm_sm_activity_ratio: _builtins.float
+    """Hopper+ GPM: stand-ins for DCGM profiling"""
+    gpm_tensor_activity_ratio: _builtins.float
+    gpm_dram_activity_ratio: _builtins.float
+    gpm_graphics_activity_ratio: _builtins.float
+    fabric_state: Global___FabricState.ValueType
+    """NVSwitch fabric registration (HGX)"""
+    fabric_status: _builtins.int
+    """NVML return code of the registration; 0 = success"""
+    fabric_cluster_uuid: _builtins.str
+    fabric_clique_id: _builtins.int
+    """70..99: room"""
     @_builtins.property
     def nvlinks(self) -> _containers.RepeatedCompositeFieldContainer[Global___NvLinkSample]: ...
+    @_builtins.property
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComputeProcess]:
+        """refreshed on the slow cadence"""
+
+    @_builtins.property
+    def xid_events(self) -> _containers.RepeatedCompositeFieldContainer[Global___XidEvent]:
+        """XIDs seen since the previous frame"""
+
+    @_builtins.property
+    def xid_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___XidCount]:
+        """XIDs per code since the agent started"""
+
     def __init__(
         self,
         *,
@@ -495,35 +639,112 @@ class GpuSample(_message.Message):
         nvlinks: _abc.Iterable[Global___NvLinkSample] | None = ...,
         performance_state: _builtins.int | None = ...,
         max_memory_clock_hz: _builtins.float | None = ...,
+        applications_memory_clock_hz: _builtins.float | None = ...,
+        max_graphics_clock_hz: _builtins.float | None = ...,
+        power_management_limit_watts: _builtins.float | None = ...,
+        power_limit_min_watts: _builtins.float | None = ...,
+        power_limit_max_watts: _builtins.float | None = ...,
+        shutdown_temperature_celsius: _builtins.float | None = ...,
+        max_operating_temperature_celsius: _builtins.float | None = ...,
+        memory_max_operating_temperature_celsius: _builtins.float | None = ...,
+        fan_speed_ratio: _builtins.float | None = ...,
+        memory_free_bytes: _builtins.int | None = ...,
+        memory_reserved_bytes: _builtins.int | None = ...,
+        encoder_utilization_ratio: _builtins.float | None = ...,
+        decoder_utilization_ratio: _builtins.float | None = ...,
+        ecc_mode_enabled: _builtins.bool | None = ...,
+        ecc_corrected_aggregate_total: _builtins.int | None = ...,
+        ecc_uncorrected_aggregate_total: _builtins.int | None = ...,
+        retired_pages_sbe_total: _builtins.int | None = ...,
+        retired_pages_dbe_total: _builtins.int | None = ...,
+        retired_pages_pending: _builtins.bool | None = ...,
+        pcie_tx_bytes_per_second: _builtins.float | None = ...,
+        pcie_rx_bytes_per_second: _builtins.float | None = ...,
+        pcie_replay_errors_total: _builtins.int | None = ...,
+        nvlink_tx_bytes_total: _builtins.int | None = ...,
+        nvlink_rx_bytes_total: _builtins.int | None = ...,
+        persistence_mode_enabled: _builtins.bool | None = ...,
+        compute_mode: Global___ComputeMode.ValueType | None = ...,
+        processes: _abc.Iterable[Global___ComputeProcess] | None = ...,
+        gpm_sm_activity_ratio: _builtins.float | None = ...,
+        gpm_tensor_activity_ratio: _builtins.float | None = ...,
+        gpm_dram_activity_ratio: _builtins.float | None = ...,
+        gpm_graphics_activity_ratio: _builtins.float | None = ...,
+        xid_events: _abc.Iterable[Global___XidEvent] | None = ...,
+        xid_counts: _abc.Iterable[Global___XidCount] | None = ...,
+        fabric_state: Global___FabricState.ValueType | None = ...,
+        fabric_status: _builtins.int | None = ...,
+        fabric_cluster_uuid: _builtins.str = ...,
+        fabric_clique_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_applications_sm_clock_hz", b"_applications_sm_clock_hz", "_clock_event_reasons", b"_clock_event_reasons", "_default_power_limit_watts", b"_default_power_limit_watts", "_ecc_corrected_volatile_total", b"_ecc_corrected_volatile_total", "_ecc_uncorrected_volatile_total", b"_ecc_uncorrected_volatile_total", "_energy_joules_total", b"_energy_joules_total", "_enforced_power_limit_watts", b"_enforced_power_limit_watts", "_gpu_utilization_ratio", b"_gpu_utilization_ratio", "_graphics_clock_hz", b"_graphics_clock_hz", "_max_memory_clock_hz", b"_max_memory_clock_hz", "_max_sm_clock_hz", b"_max_sm_clock_hz", "_memory_clock_hz", b"_memory_clock_hz", "_memory_temperature_celsius", b"_memory_temperature_celsius", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization_ratio", b"_memory_utilization_ratio", "_pcie_link_gen", b"_pcie_link_gen", "_pcie_link_gen_max", b"_pcie_link_gen_max", "_pcie_link_width", b"_pcie_link_width", "_pcie_link_width_max", b"_pcie_link_width_max", "_performance_state", b"_performance_state", "_power_watts", b"_power_watts", "_row_remap_correctable_total", b"_row_remap_correctable_total", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "_row_remap_uncorrectable_total", b"_row_remap_uncorrectable_total", "_slowdown_temperature_celsius", b"_slowdown_temperature_celsius", "_sm_clock_hz", b"_sm_clock_hz", "_temperature_celsius", b"_temperature_celsius", "applications_sm_clock_hz", b"applications_sm_clock_hz", "clock_event_reasons", b"clock_event_reasons", "default_power_limit_watts", b"default_power_limit_watts", "ecc_corrected_volatile_total", b"ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", b"ecc_uncorrected_volatile_total", "energy_joules_total", b"energy_joules_total", "enforced_power_limit_watts", b"enforced_power_limit_watts", "gpu_utilization_ratio", b"gpu_utilization_ratio", "graphics_clock_hz", b"graphics_clock_hz", "max_memory_clock_hz", b"max_memory_clock_hz", "max_sm_clock_hz", b"max_sm_clock_hz", "memory_clock_hz", b"memory_clock_hz", "memory_temperature_celsius", b"memory_temperature_celsius", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization_ratio", b"memory_utilization_ratio", "pcie_link_gen", b"pcie_link_gen", "pcie_link_gen_max", b"pcie_link_gen_max", "pcie_link_width", b"pcie_link_width", "pcie_link_width_max", b"pcie_link_width_max", "performance_state", b"performance_state", "power_watts", b"power_watts", "row_remap_correctable_total", b"row_remap_correctable_total", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending", "row_remap_uncorrectable_total", b"row_remap_uncorrectable_total", "slowdown_temperature_celsius", b"slowdown_temperature_celsius", "sm_clock_hz", b"sm_clock_hz", "temperature_celsius", b"temperature_celsius"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_applications_memory_clock_hz", b"_applications_memory_clock_hz", "_applications_sm_clock_hz", b"_applications_sm_clock_hz", "_clock_event_reasons", b"_clock_event_reasons", "_compute_mode", b"_compute_mode", "_decoder_utilization_ratio", b"_decoder_utilization_ratio", "_default_power_limit_watts", b"_default_power_limit_watts", "_ecc_corrected_aggregate_total", b"_ecc_corrected_aggregate_total", "_ecc_corrected_volatile_total", b"_ecc_corrected_volatile_total", "_ecc_mode_enabled", b"_ecc_mode_enabled", "_ecc_uncorrected_aggregate_total", b"_ecc_uncorrected_aggregate_total", "_ecc_uncorrected_volatile_total", b"_ecc_uncorrected_volatile_total", "_encoder_utilization_ratio", b"_encoder_utilization_ratio", "_energy_joules_total", b"_energy_joules_total", "_enforced_power_limit_watts", b"_enforced_power_limit_watts", "_fabric_clique_id", b"_fabric_clique_id", "_fabric_state", b"_fabric_state", "_fabric_status", b"_fabric_status", "_fan_speed_ratio", b"_fan_speed_ratio", "_gpm_dram_activity_ratio", b"_gpm_dram_activity_ratio", "_gpm_graphics_activity_ratio", b"_gpm_graphics_activity_ratio", "_gpm_sm_activity_ratio", b"_gpm_sm_activity_ratio", "_gpm_tensor_activity_ratio", b"_gpm_tensor_activity_ratio", "_gpu_utilization_ratio", b"_gpu_utilization_ratio", "_graphics_clock_hz", b"_graphics_clock_hz", "_max_graphics_clock_hz", b"_max_graphics_clock_hz", "_max_memory_clock_hz", b"_max_memory_clock_hz", "_max_operating_temperature_celsius", b"_max_operating_temperature_celsius", "_max_sm_clock_hz", b"_max_sm_clock_hz", "_memory_clock_hz", b"_memory_clock_hz", "_memory_free_bytes", b"_memory_free_bytes", "_memory_max_operating_temperature_celsius", b"_memory_max_operating_temperature_celsius", "_memory_reserved_bytes", b"_memory_reserved_bytes", "_memory_temperature_celsius", b"_memory_temperature_celsius", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization_ratio", b"_memory_utilization_ratio", "_nvlink_rx_bytes_total", b"_nvlink_rx_bytes_total", "_nvlink_tx_bytes_total", b"_nvlink_tx_bytes_total", "_pcie_link_gen", b"_pcie_link_gen", "_pcie_link_gen_max", b"_pcie_link_gen_max", "_pcie_link_width", b"_pcie_link_width", "_pcie_link_width_max", b"_pcie_link_width_max", "_pcie_replay_errors_total", b"_pcie_replay_errors_total", "_pcie_rx_bytes_per_second", b"_pcie_rx_bytes_per_second", "_pcie_tx_bytes_per_second", b"_pcie_tx_bytes_per_second", "_performance_state", b"_performance_state", "_persistence_mode_enabled", b"_persistence_mode_enabled", "_power_limit_max_watts", b"_power_limit_max_watts", "_power_limit_min_watts", b"_power_limit_min_watts", "_power_management_limit_watts", b"_power_management_limit_watts", "_power_watts", b"_power_watts", "_retired_pages_dbe_total", b"_retired_pages_dbe_total", "_retired_pages_pending", b"_retired_pages_pending", "_retired_pages_sbe_total", b"_retired_pages_sbe_total", "_row_remap_correctable_total", b"_row_remap_correctable_total", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "_row_remap_uncorrectable_total", b"_row_remap_uncorrectable_total", "_shutdown_temperature_celsius", b"_shutdown_temperature_celsius", "_slowdown_temperature_celsius", b"_slowdown_temperature_celsius", "_sm_clock_hz", b"_sm_clock_hz", "_temperature_celsius", b"_temperature_celsius", "applications_memory_clock_hz", b"applications_memory_clock_hz", "applications_sm_clock_hz", b"applications_sm_clock_hz", "clock_event_reasons", b"clock_event_reasons", "compute_mode", b"compute_mode", "decoder_utilization_ratio", b"decoder_utilization_ratio", "default_power_limit_watts", b"default_power_limit_watts", "ecc_corrected_aggregate_total", b"ecc_corrected_aggregate_total", "ecc_corrected_volatile_total", b"ecc_corrected_volatile_total", "ecc_mode_enabled", b"ecc_mode_enabled", "ecc_uncorrected_aggregate_total", b"ecc_uncorrected_aggregate_total", "ecc_uncorrected_volatile_total", b"ecc_uncorrected_volatile_total", "encoder_utilization_ratio", b"encoder_utilization_ratio", "energy_joules_total", b"energy_joules_total", "enforced_power_limit_watts", b"enforced_power_limit_watts", "fabric_clique_id", b"fabric_clique_id", "fabric_state", b"fabric_state", "fabric_status", b"fabric_status", "fan_speed_ratio", b"fan_speed_ratio", "gpm_dram_activity_ratio", b"gpm_dram_activity_ratio", "gpm_graphics_activity_ratio", b"gpm_graphics_activity_ratio", "gpm_sm_activity_ratio", b"gpm_sm_activity_ratio", "gpm_tensor_activity_ratio", b"gpm_tensor_activity_ratio", "gpu_utilization_ratio", b"gpu_utilization_ratio", "graphics_clock_hz", b"graphics_clock_hz", "max_graphics_clock_hz", b"max_graphics_clock_hz", "max_memory_clock_hz", b"max_memory_clock_hz", "max_operating_temperature_celsius", b"max_operating_temperature_celsius", "max_sm_clock_hz", b"max_sm_clock_hz", "memory_clock_hz", b"memory_clock_hz", "memory_free_bytes", b"memory_free_bytes", "memory_max_operating_temperature_celsius", b"memory_max_operating_temperature_celsius", "memory_reserved_bytes", b"memory_reserved_bytes", "memory_temperature_celsius", b"memory_temperature_celsius", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization_ratio", b"memory_utilization_ratio", "nvlink_rx_bytes_total", b"nvlink_rx_bytes_total", "nvlink_tx_bytes_total", b"nvlink_tx_bytes_total", "pcie_link_gen", b"pcie_link_gen", "pcie_link_gen_max", b"pcie_link_gen_max", "pcie_link_width", b"pcie_link_width", "pcie_link_width_max", b"pcie_link_width_max", "pcie_replay_errors_total", b"pcie_replay_errors_total", "pcie_rx_bytes_per_second", b"pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second", b"pcie_tx_bytes_per_second", "performance_state", b"performance_state", "persistence_mode_enabled", b"persistence_mode_enabled", "power_limit_max_watts", b"power_limit_max_watts", "power_limit_min_watts", b"power_limit_min_watts", "power_management_limit_watts", b"power_management_limit_watts", "power_watts", b"power_watts", "retired_pages_dbe_total", b"retired_pages_dbe_total", "retired_pages_pending", b"retired_pages_pending", "retired_pages_sbe_total", b"retired_pages_sbe_total", "row_remap_correctable_total", b"row_remap_correctable_total", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending", "row_remap_uncorrectable_total", b"row_remap_uncorrectable_total", "shutdown_temperature_celsius", b"shutdown_temperature_celsius", "slowdown_temperature_celsius", b"slowdown_temperature_celsius", "sm_clock_hz", b"sm_clock_hz", "temperature_celsius", b"temperature_celsius"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applications_sm_clock_hz", b"_applications_sm_clock_hz", "_clock_event_reasons", b"_clock_event_reasons", "_default_power_limit_watts", b"_default_power_limit_watts", "_ecc_corrected_volatile_total", b"_ecc_corrected_volatile_total", "_ecc_uncorrected_volatile_total", b"_ecc_uncorrected_volatile_total", "_energy_joules_total", b"_energy_joules_total", "_enforced_power_limit_watts", b"_enforced_power_limit_watts", "_gpu_utilization_ratio", b"_gpu_utilization_ratio", "_graphics_clock_hz", b"_graphics_clock_hz", "_max_memory_clock_hz", b"_max_memory_clock_hz", "_max_sm_clock_hz", b"_max_sm_clock_hz", "_memory_clock_hz", b"_memory_clock_hz", "_memory_temperature_celsius", b"_memory_temperature_celsius", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization_ratio", b"_memory_utilization_ratio", "_pcie_link_gen", b"_pcie_link_gen", "_pcie_link_gen_max", b"_pcie_link_gen_max", "_pcie_link_width", b"_pcie_link_width", "_pcie_link_width_max", b"_pcie_link_width_max", "_performance_state", b"_performance_state", "_power_watts", b"_power_watts", "_row_remap_correctable_total", b"_row_remap_correctable_total", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "_row_remap_uncorrectable_total", b"_row_remap_uncorrectable_total", "_slowdown_temperature_celsius", b"_slowdown_temperature_celsius", "_sm_clock_hz", b"_sm_clock_hz", "_temperature_celsius", b"_temperature_celsius", "applications_sm_clock_hz", b"applications_sm_clock_hz", "clock_event_reasons", b"clock_event_reasons", "default_power_limit_watts", b"default_power_limit_watts", "ecc_corrected_volatile_total", b"ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", b"ecc_uncorrected_volatile_total", "energy_joules_total", b"energy_joules_total", "enforced_power_limit_watts", b"enforced_power_limit_watts", "gpu_utilization_ratio", b"gpu_utilization_ratio", "graphics_clock_hz", b"graphics_clock_hz", "index", b"index", "max_memory_clock_hz", b"max_memory_clock_hz", "max_sm_clock_hz", b"max_sm_clock_hz", "memory_clock_hz", b"memory_clock_hz", "memory_temperature_celsius", b"memory_temperature_celsius", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization_ratio", b"memory_utilization_ratio", "nvlinks", b"nvlinks", "pcie_link_gen", b"pcie_link_gen", "pcie_link_gen_max", b"pcie_link_gen_max", "pcie_link_width", b"pcie_link_width", "pcie_link_width_max", b"pcie_link_width_max", "performance_state", b"performance_state", "power_watts", b"power_watts", "row_remap_correctable_total", b"row_remap_correctable_total", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending", "row_remap_uncorrectable_total", b"row_remap_uncorrectable_total", "slowdown_temperature_celsius", b"slowdown_temperature_celsius", "sm_clock_hz", b"sm_clock_hz", "temperature_celsius", b"temperature_celsius", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_applications_memory_clock_hz", b"_applications_memory_clock_hz", "_applications_sm_clock_hz", b"_applications_sm_clock_hz", "_clock_event_reasons", b"_clock_event_reasons", "_compute_mode", b"_compute_mode", "_decoder_utilization_ratio", b"_decoder_utilization_ratio", "_default_power_limit_watts", b"_default_power_limit_watts", "_ecc_corrected_aggregate_total", b"_ecc_corrected_aggregate_total", "_ecc_corrected_volatile_total", b"_ecc_corrected_volatile_total", "_ecc_mode_enabled", b"_ecc_mode_enabled", "_ecc_uncorrected_aggregate_total", b"_ecc_uncorrected_aggregate_total", "_ecc_uncorrected_volatile_total", b"_ecc_uncorrected_volatile_total", "_encoder_utilization_ratio", b"_encoder_utilization_ratio", "_energy_joules_total", b"_energy_joules_total", "_enforced_power_limit_watts", b"_enforced_power_limit_watts", "_fabric_clique_id", b"_fabric_clique_id", "_fabric_state", b"_fabric_state", "_fabric_status", b"_fabric_status", "_fan_speed_ratio", b"_fan_speed_ratio", "_gpm_dram_activity_ratio", b"_gpm_dram_activity_ratio", "_gpm_graphics_activity_ratio", b"_gpm_graphics_activity_ratio", "_gpm_sm_activity_ratio", b"_gpm_sm_activity_ratio", "_gpm_tensor_activity_ratio", b"_gpm_tensor_activity_ratio", "_gpu_utilization_ratio", b"_gpu_utilization_ratio", "_graphics_clock_hz", b"_graphics_clock_hz", "_max_graphics_clock_hz", b"_max_graphics_clock_hz", "_max_memory_clock_hz", b"_max_memory_clock_hz", "_max_operating_temperature_celsius", b"_max_operating_temperature_celsius", "_max_sm_clock_hz", b"_max_sm_clock_hz", "_memory_clock_hz", b"_memory_clock_hz", "_memory_free_bytes", b"_memory_free_bytes", "_memory_max_operating_temperature_celsius", b"_memory_max_operating_temperature_celsius", "_memory_reserved_bytes", b"_memory_reserved_bytes", "_memory_temperature_celsius", b"_memory_temperature_celsius", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization_ratio", b"_memory_utilization_ratio", "_nvlink_rx_bytes_total", b"_nvlink_rx_bytes_total", "_nvlink_tx_bytes_total", b"_nvlink_tx_bytes_total", "_pcie_link_gen", b"_pcie_link_gen", "_pcie_link_gen_max", b"_pcie_link_gen_max", "_pcie_link_width", b"_pcie_link_width", "_pcie_link_width_max", b"_pcie_link_width_max", "_pcie_replay_errors_total", b"_pcie_replay_errors_total", "_pcie_rx_bytes_per_second", b"_pcie_rx_bytes_per_second", "_pcie_tx_bytes_per_second", b"_pcie_tx_bytes_per_second", "_performance_state", b"_performance_state", "_persistence_mode_enabled", b"_persistence_mode_enabled", "_power_limit_max_watts", b"_power_limit_max_watts", "_power_limit_min_watts", b"_power_limit_min_watts", "_power_management_limit_watts", b"_power_management_limit_watts", "_power_watts", b"_power_watts", "_retired_pages_dbe_total", b"_retired_pages_dbe_total", "_retired_pages_pending", b"_retired_pages_pending", "_retired_pages_sbe_total", b"_retired_pages_sbe_total", "_row_remap_correctable_total", b"_row_remap_correctable_total", "_row_remap_failure", b"_row_remap_failure", "_row_remap_pending", b"_row_remap_pending", "_row_remap_uncorrectable_total", b"_row_remap_uncorrectable_total", "_shutdown_temperature_celsius", b"_shutdown_temperature_celsius", "_slowdown_temperature_celsius", b"_slowdown_temperature_celsius", "_sm_clock_hz", b"_sm_clock_hz", "_temperature_celsius", b"_temperature_celsius", "applications_memory_clock_hz", b"applications_memory_clock_hz", "applications_sm_clock_hz", b"applications_sm_clock_hz", "clock_event_reasons", b"clock_event_reasons", "compute_mode", b"compute_mode", "decoder_utilization_ratio", b"decoder_utilization_ratio", "default_power_limit_watts", b"default_power_limit_watts", "ecc_corrected_aggregate_total", b"ecc_corrected_aggregate_total", "ecc_corrected_volatile_total", b"ecc_corrected_volatile_total", "ecc_mode_enabled", b"ecc_mode_enabled", "ecc_uncorrected_aggregate_total", b"ecc_uncorrected_aggregate_total", "ecc_uncorrected_volatile_total", b"ecc_uncorrected_volatile_total", "encoder_utilization_ratio", b"encoder_utilization_ratio", "energy_joules_total", b"energy_joules_total", "enforced_power_limit_watts", b"enforced_power_limit_watts", "fabric_clique_id", b"fabric_clique_id", "fabric_cluster_uuid", b"fabric_cluster_uuid", "fabric_state", b"fabric_state", "fabric_status", b"fabric_status", "fan_speed_ratio", b"fan_speed_ratio", "gpm_dram_activity_ratio", b"gpm_dram_activity_ratio", "gpm_graphics_activity_ratio", b"gpm_graphics_activity_ratio", "gpm_sm_activity_ratio", b"gpm_sm_activity_ratio", "gpm_tensor_activity_ratio", b"gpm_tensor_activity_ratio", "gpu_utilization_ratio", b"gpu_utilization_ratio", "graphics_clock_hz", b"graphics_clock_hz", "index", b"index", "max_graphics_clock_hz", b"max_graphics_clock_hz", "max_memory_clock_hz", b"max_memory_clock_hz", "max_operating_temperature_celsius", b"max_operating_temperature_celsius", "max_sm_clock_hz", b"max_sm_clock_hz", "memory_clock_hz", b"memory_clock_hz", "memory_free_bytes", b"memory_free_bytes", "memory_max_operating_temperature_celsius", b"memory_max_operating_temperature_celsius", "memory_reserved_bytes", b"memory_reserved_bytes", "memory_temperature_celsius", b"memory_temperature_celsius", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization_ratio", b"memory_utilization_ratio", "nvlink_rx_bytes_total", b"nvlink_rx_bytes_total", "nvlink_tx_bytes_total", b"nvlink_tx_bytes_total", "nvlinks", b"nvlinks", "pcie_link_gen", b"pcie_link_gen", "pcie_link_gen_max", b"pcie_link_gen_max", "pcie_link_width", b"pcie_link_width", "pcie_link_width_max", b"pcie_link_width_max", "pcie_replay_errors_total", b"pcie_replay_errors_total", "pcie_rx_bytes_per_second", b"pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second", b"pcie_tx_bytes_per_second", "performance_state", b"performance_state", "persistence_mode_enabled", b"persistence_mode_enabled", "power_limit_max_watts", b"power_limit_max_watts", "power_limit_min_watts", b"power_limit_min_watts", "power_management_limit_watts", b"power_management_limit_watts", "power_watts", b"power_watts", "processes", b"processes", "retired_pages_dbe_total", b"retired_pages_dbe_total", "retired_pages_pending", b"retired_pages_pending", "retired_pages_sbe_total", b"retired_pages_sbe_total", "row_remap_correctable_total", b"row_remap_correctable_total", "row_remap_failure", b"row_remap_failure", "row_remap_pending", b"row_remap_pending", "row_remap_uncorrectable_total", b"row_remap_uncorrectable_total", "shutdown_temperature_celsius", b"shutdown_temperature_celsius", "slowdown_temperature_celsius", b"slowdown_temperature_celsius", "sm_clock_hz", b"sm_clock_hz", "temperature_celsius", b"temperature_celsius", "uuid", b"uuid", "xid_counts", b"xid_counts", "xid_events", b"xid_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__applications_memory_clock_hz: _TypeAlias = _typing.Literal["applications_memory_clock_hz"]  # noqa: Y015
+    _WhichOneofArgType__applications_memory_clock_hz: _TypeAlias = _typing.Literal["_applications_memory_clock_hz", b"_applications_memory_clock_hz"]  # noqa: Y015
     _WhichOneofReturnType__applications_sm_clock_hz: _TypeAlias = _typing.Literal["applications_sm_clock_hz"]  # noqa: Y015
     _WhichOneofArgType__applications_sm_clock_hz: _TypeAlias = _typing.Literal["_applications_sm_clock_hz", b"_applications_sm_clock_hz"]  # noqa: Y015
     _WhichOneofReturnType__clock_event_reasons: _TypeAlias = _typing.Literal["clock_event_reasons"]  # noqa: Y015
     _WhichOneofArgType__clock_event_reasons: _TypeAlias = _typing.Literal["_clock_event_reasons", b"_clock_event_reasons"]  # noqa: Y015
+    _WhichOneofReturnType__compute_mode: _TypeAlias = _typing.Literal["compute_mode"]  # noqa: Y015
+    _WhichOneofArgType__compute_mode: _TypeAlias = _typing.Literal["_compute_mode", b"_compute_mode"]  # noqa: Y015
+    _WhichOneofReturnType__decoder_utilization_ratio: _TypeAlias = _typing.Literal["decoder_utilization_ratio"]  # noqa: Y015
+    _WhichOneofArgType__decoder_utilization_ratio: _TypeAlias = _typing.Literal["_decoder_utilization_ratio", b"_decoder_utilization_ratio"]  # noqa: Y015
     _WhichOneofReturnType__default_power_limit_watts: _TypeAlias = _typing.Literal["default_power_limit_watts"]  # noqa: Y015
     _WhichOneofArgType__default_power_limit_watts: _TypeAlias = _typing.Literal["_default_power_limit_watts", b"_default_power_limit_watts"]  # noqa: Y015
+    _WhichOneofReturnType__ecc_corrected_aggregate_total: _TypeAlias = _typing.Literal["ecc_corrected_aggregate_total"]  # noqa: Y015
+    _WhichOneofArgType__ecc_corrected_aggregate_total: _TypeAlias = _typing.Literal["_ecc_corrected_aggregate_total", b"_ecc_corrected_aggregate_total"]  # noqa: Y015
     _WhichOneofReturnType__ecc_corrected_volatile_total: _TypeAlias = _typing.Literal["ecc_corrected_volatile_total"]  # noqa: Y015
     _WhichOneofArgType__ecc_corrected_volatile_total: _TypeAlias = _typing.Literal["_ecc_corrected_volatile_total", b"_ecc_corrected_volatile_total"]  # noqa: Y015
+    _WhichOneofReturnType__ecc_mode_enabled: _TypeAlias = _typing.Literal["ecc_mode_enabled"]  # noqa: Y015
+    _WhichOneofArgType__ecc_mode_enabled: _TypeAlias = _typing.Literal["_ecc_mode_enabled", b"_ecc_mode_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__ecc_uncorrected_aggregate_total: _TypeAlias = _typing.Literal["ecc_uncorrected_aggregate_total"]  # noqa: Y015
+    _WhichOneofArgType__ecc_uncorrected_aggregate_total: _TypeAlias = _typing.Literal["_ecc_uncorrected_aggregate_total", b"_ecc_uncorrected_aggregate_total"]  # noqa: Y015
     _WhichOneofReturnType__ecc_uncorrected_volatile_total: _TypeAlias = _typing.Literal["ecc_uncorrected_volatile_total"]  # noqa: Y015
     _WhichOneofArgType__ecc_uncorrected_volatile_total: _TypeAlias = _typing.Literal["_ecc_uncorrected_volatile_total", b"_ecc_uncorrected_volatile_total"]  # noqa: Y015
+    _WhichOneofReturnType__encoder_utilization_ratio: _TypeAlias = _typing.Literal["encoder_utilization_ratio"]  # noqa: Y015
+    _WhichOneofArgType__encoder_utilization_ratio: _TypeAlias = _typing.Literal["_encoder_utilization_ratio", b"_encoder_utilization_ratio"]  # noqa: Y015
     _WhichOneofReturnType__energy_joules_total: _TypeAlias = _typing.Literal["energy_joules_total"]  # noqa: Y015
     _WhichOneofArgType__energy_joules_total: _TypeAlias = _typing.Literal["_energy_joules_total", b"_energy_joules_total"]  # noqa: Y015
     _WhichOneofReturnType__enforced_power_limit_watts: _TypeAlias = _typing.Literal["enforced_power_limit_watts"]  # noqa: Y015
     _WhichOneofArgType__enforced_power_limit_watts: _TypeAlias = _typing.Literal["_enforced_power_limit_watts", b"_enforced_power_limit_watts"]  # noqa: Y015
+    _WhichOneofReturnType__fabric_clique_id: _TypeAlias = _typing.Literal["fabric_clique_id"]  # noqa: Y015
+    _WhichOneofArgType__fabric_clique_id: _TypeAlias = _typing.Literal["_fabric_clique_id", b"_fabric_clique_id"]  # noqa: Y015
+    _WhichOneofReturnType__fabric_state: _TypeAlias = _typing.Literal["fabric_state"]  # noqa: Y015
+    _WhichOneofArgType__fabric_state: _TypeAlias = _typing.Literal["_fabric_state", b"_fabric_state"]  # noqa: Y015
+    _WhichOneofReturnType__fabric_status: _TypeAlias = _typing.Literal["fabric_status"]  # noqa: Y015
+    _WhichOneofArgType__fabric_status: _TypeAlias = _typing.Literal["_fabric_status", b"_fabric_status"]  # noqa: Y015
+    _WhichOneofReturnType__fan_speed_ratio: _TypeAlias = _typing.Literal["fan_speed_ratio"]  # noqa: Y015
+    _WhichOneofArgType__fan_speed_ratio: _TypeAlias = _typing.Literal["_fan_speed_ratio", b"_fan_speed_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__gpm_dram_activity_ratio: _TypeAlias = _typing.Literal["gpm_dram_activity_ratio"]  # noqa: Y015
+    _WhichOneofArgType__gpm_dram_activity_ratio: _TypeAlias = _typing.Literal["_gpm_dram_activity_ratio", b"_gpm_dram_activity_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__gpm_graphics_activity_ratio: _TypeAlias = _typing.Literal["gpm_graphics_activity_ratio"]  # noqa: Y015
+    _WhichOneofArgType__gpm_graphics_activity_ratio: _TypeAlias = _typing.Literal["_gpm_graphics_activity_ratio", b"_gpm_graphics_activity_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__gpm_sm_activity_ratio: _TypeAlias = _typing.Literal["gpm_sm_activity_ratio"]  # noqa: Y015
+    _WhichOneofArgType__gpm_sm_activity_ratio: _TypeAlias = _typing.Literal["_gpm_sm_activity_ratio", b"_gpm_sm_activity_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__gpm_tensor_activity_ratio: _TypeAlias = _typing.Literal["gpm_tensor_activity_ratio"]  # noqa: Y015
+    _WhichOneofArgType__gpm_tensor_activity_ratio: _TypeAlias = _typing.Literal["_gpm_tensor_activity_ratio", b"_gpm_tensor_activity_ratio"]  # noqa: Y015
     _WhichOneofReturnType__gpu_utilization_ratio: _TypeAlias = _typing.Literal["gpu_utilization_ratio"]  # noqa: Y015
     _WhichOneofArgType__gpu_utilization_ratio: _TypeAlias = _typing.Literal["_gpu_utilization_ratio", b"_gpu_utilization_ratio"]  # noqa: Y015
     _WhichOneofReturnType__graphics_clock_hz: _TypeAlias = _typing.Literal["graphics_clock_hz"]  # noqa: Y015
     _WhichOneofArgType__graphics_clock_hz: _TypeAlias = _typing.Literal["_graphics_clock_hz", b"_graphics_clock_hz"]  # noqa: Y015
+    _WhichOneofReturnType__max_graphics_clock_hz: _TypeAlias = _typing.Literal["max_graphics_clock_hz"]  # noqa: Y015
+    _WhichOneofArgType__max_graphics_clock_hz: _TypeAlias = _typing.Literal["_max_graphics_clock_hz", b"_max_graphics_clock_hz"]  # noqa: Y015
     _WhichOneofReturnType__max_memory_clock_hz: _TypeAlias = _typing.Literal["max_memory_clock_hz"]  # noqa: Y015
     _WhichOneofArgType__max_memory_clock_hz: _TypeAlias = _typing.Literal["_max_memory_clock_hz", b"_max_memory_clock_hz"]  # noqa: Y015
+    _WhichOneofReturnType__max_operating_temperature_celsius: _TypeAlias = _typing.Literal["max_operating_temperature_celsius"]  # noqa: Y015
+    _WhichOneofArgType__max_operating_temperature_celsius: _TypeAlias = _typing.Literal["_max_operating_temperature_celsius", b"_max_operating_temperature_celsius"]  # noqa: Y015
     _WhichOneofReturnType__max_sm_clock_hz: _TypeAlias = _typing.Literal["max_sm_clock_hz"]  # noqa: Y015
     _WhichOneofArgType__max_sm_clock_hz: _TypeAlias = _typing.Literal["_max_sm_clock_hz", b"_max_sm_clock_hz"]  # noqa: Y015
     _WhichOneofReturnType__memory_clock_hz: _TypeAlias = _typing.Literal["memory_clock_hz"]  # noqa: Y015
     _WhichOneofArgType__memory_clock_hz: _TypeAlias = _typing.Literal["_memory_clock_hz", b"_memory_clock_hz"]  # noqa: Y015
+    _WhichOneofReturnType__memory_free_bytes: _TypeAlias = _typing.Literal["memory_free_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_free_bytes: _TypeAlias = _typing.Literal["_memory_free_bytes", b"_memory_free_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__memory_max_operating_temperature_celsius: _TypeAlias = _typing.Literal["memory_max_operating_temperature_celsius"]  # noqa: Y015
+    _WhichOneofArgType__memory_max_operating_temperature_celsius: _TypeAlias = _typing.Literal["_memory_max_operating_temperature_celsius", b"_memory_max_operating_temperature_celsius"]  # noqa: Y015
+    _WhichOneofReturnType__memory_reserved_bytes: _TypeAlias = _typing.Literal["memory_reserved_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_reserved_bytes: _TypeAlias = _typing.Literal["_memory_reserved_bytes", b"_memory_reserved_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_temperature_celsius: _TypeAlias = _typing.Literal["memory_temperature_celsius"]  # noqa: Y015
     _WhichOneofArgType__memory_temperature_celsius: _TypeAlias = _typing.Literal["_memory_temperature_celsius", b"_memory_temperature_celsius"]  # noqa: Y015
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
@@ -532,6 +753,10 @@ class GpuSample(_message.Message):
     _WhichOneofArgType__memory_used_bytes: _TypeAlias = _typing.Literal["_memory_used_bytes", b"_memory_used_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_utilization_ratio: _TypeAlias = _typing.Literal["memory_utilization_ratio"]  # noqa: Y015
     _WhichOneofArgType__memory_utilization_ratio: _TypeAlias = _typing.Literal["_memory_utilization_ratio", b"_memory_utilization_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__nvlink_rx_bytes_total: _TypeAlias = _typing.Literal["nvlink_rx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__nvlink_rx_bytes_total: _TypeAlias = _typing.Literal["_nvlink_rx_bytes_total", b"_nvlink_rx_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__nvlink_tx_bytes_total: _TypeAlias = _typing.Literal["nvlink_tx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__nvlink_tx_bytes_total: _TypeAlias = _typing.Literal["_nvlink_tx_bytes_total", b"_nvlink_tx_bytes_total"]  # noqa: Y015
     _WhichOneofReturnType__pcie_link_gen: _TypeAlias = _typing.Literal["pcie_link_gen"]  # noqa: Y015
     _WhichOneofArgType__pcie_link_gen: _TypeAlias = _typing.Literal["_pcie_link_gen", b"_pcie_link_gen"]  # noqa: Y015
     _WhichOneofReturnType__pcie_link_gen_max: _TypeAlias = _typing.Literal["pcie_link_gen_max"]  # noqa: Y015
@@ -540,10 +765,30 @@ class GpuSample(_message.Message):
     _WhichOneofArgType__pcie_link_width: _TypeAlias = _typing.Literal["_pcie_link_width", b"_pcie_link_width"]  # noqa: Y015
     _WhichOneofReturnType__pcie_link_width_max: _TypeAlias = _typing.Literal["pcie_link_width_max"]  # noqa: Y015
     _WhichOneofArgType__pcie_link_width_max: _TypeAlias = _typing.Literal["_pcie_link_width_max", b"_pcie_link_width_max"]  # noqa: Y015
+    _WhichOneofReturnType__pcie_replay_errors_total: _TypeAlias = _typing.Literal["pcie_replay_errors_total"]  # noqa: Y015
+    _WhichOneofArgType__pcie_replay_errors_total: _TypeAlias = _typing.Literal["_pcie_replay_errors_total", b"_pcie_replay_errors_total"]  # noqa: Y015
+    _WhichOneofReturnType__pcie_rx_bytes_per_second: _TypeAlias = _typing.Literal["pcie_rx_bytes_per_second"]  # noqa: Y015
+    _WhichOneofArgType__pcie_rx_bytes_per_second: _TypeAlias = _typing.Literal["_pcie_rx_bytes_per_second", b"_pcie_rx_bytes_per_second"]  # noqa: Y015
+    _WhichOneofReturnType__pcie_tx_bytes_per_second: _TypeAlias = _typing.Literal["pcie_tx_bytes_per_second"]  # noqa: Y015
+    _WhichOneofArgType__pcie_tx_bytes_per_second: _TypeAlias = _typing.Literal["_pcie_tx_bytes_per_second", b"_pcie_tx_bytes_per_second"]  # noqa: Y015
     _WhichOneofReturnType__performance_state: _TypeAlias = _typing.Literal["performance_state"]  # noqa: Y015
     _WhichOneofArgType__performance_state: _TypeAlias = _typing.Literal["_performance_state", b"_performance_state"]  # noqa: Y015
+    _WhichOneofReturnType__persistence_mode_enabled: _TypeAlias = _typing.Literal["persistence_mode_enabled"]  # noqa: Y015
+    _WhichOneofArgType__persistence_mode_enabled: _TypeAlias = _typing.Literal["_persistence_mode_enabled", b"_persistence_mode_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__power_limit_max_watts: _TypeAlias = _typing.Literal["power_limit_max_watts"]  # noqa: Y015
+    _WhichOneofArgType__power_limit_max_watts: _TypeAlias = _typing.Literal["_power_limit_max_watts", b"_power_limit_max_watts"]  # noqa: Y015
+    _WhichOneofReturnType__power_limit_min_watts: _TypeAlias = _typing.Literal["power_limit_min_watts"]  # noqa: Y015
+    _WhichOneofArgType__power_limit_min_watts: _TypeAlias = _typing.Literal["_power_limit_min_watts", b"_power_limit_min_watts"]  # noqa: Y015
+    _WhichOneofReturnType__power_management_limit_watts: _TypeAlias = _typing.Literal["power_management_limit_watts"]  # noqa: Y015
+    _WhichOneofArgType__power_management_limit_watts: _TypeAlias = _typing.Literal["_power_management_limit_watts", b"_power_management_limit_watts"]  # noqa: Y015
     _WhichOneofReturnType__power_watts: _TypeAlias = _typing.Literal["power_watts"]  # noqa: Y015
     _WhichOneofArgType__power_watts: _TypeAlias = _typing.Literal["_power_watts", b"_power_watts"]  # noqa: Y015
+    _WhichOneofReturnType__retired_pages_dbe_total: _TypeAlias = _typing.Literal["retired_pages_dbe_total"]  # noqa: Y015
+    _WhichOneofArgType__retired_pages_dbe_total: _TypeAlias = _typing.Literal["_retired_pages_dbe_total", b"_retired_pages_dbe_total"]  # noqa: Y015
+    _WhichOneofReturnType__retired_pages_pending: _TypeAlias = _typing.Literal["retired_pages_pending"]  # noqa: Y015
+    _WhichOneofArgType__retired_pages_pending: _TypeAlias = _typing.Literal["_retired_pages_pending", b"_retired_pages_pending"]  # noqa: Y015
+    _WhichOneofReturnType__retired_pages_sbe_total: _TypeAlias = _typing.Literal["retired_pages_sbe_total"]  # noqa: Y015
+    _WhichOneofArgType__retired_pages_sbe_total: _TypeAlias = _typing.Literal["_retired_pages_sbe_total", b"_retired_pages_sbe_total"]  # noqa: Y015
     _WhichOneofReturnType__row_remap_correctable_total: _TypeAlias = _typing.Literal["row_remap_correctable_total"]  # noqa: Y015
     _WhichOneofArgType__row_remap_correctable_total: _TypeAlias = _typing.Literal["_row_remap_correctable_total", b"_row_remap_correctable_total"]  # noqa: Y015
     _WhichOneofReturnType__row_remap_failure: _TypeAlias = _typing.Literal["row_remap_failure"]  # noqa: Y015
@@ -552,6 +797,8 @@ class GpuSample(_message.Message):
     _WhichOneofArgType__row_remap_pending: _TypeAlias = _typing.Literal["_row_remap_pending", b"_row_remap_pending"]  # noqa: Y015
     _WhichOneofReturnType__row_remap_uncorrectable_total: _TypeAlias = _typing.Literal["row_remap_uncorrectable_total"]  # noqa: Y015
     _WhichOneofArgType__row_remap_uncorrectable_total: _TypeAlias = _typing.Literal["_row_remap_uncorrectable_total", b"_row_remap_uncorrectable_total"]  # noqa: Y015
+    _WhichOneofReturnType__shutdown_temperature_celsius: _TypeAlias = _typing.Literal["shutdown_temperature_celsius"]  # noqa: Y015
+    _WhichOneofArgType__shutdown_temperature_celsius: _TypeAlias = _typing.Literal["_shutdown_temperature_celsius", b"_shutdown_temperature_celsius"]  # noqa: Y015
     _WhichOneofReturnType__slowdown_temperature_celsius: _TypeAlias = _typing.Literal["slowdown_temperature_celsius"]  # noqa: Y015
     _WhichOneofArgType__slowdown_temperature_celsius: _TypeAlias = _typing.Literal["_slowdown_temperature_celsius", b"_slowdown_temperature_celsius"]  # noqa: Y015
     _WhichOneofReturnType__sm_clock_hz: _TypeAlias = _typing.Literal["sm_clock_hz"]  # noqa: Y015
@@ -559,29 +806,69 @@ class GpuSample(_message.Message):
     _WhichOneofReturnType__temperature_celsius: _TypeAlias = _typing.Literal["temperature_celsius"]  # noqa: Y015
     _WhichOneofArgType__temperature_celsius: _TypeAlias = _typing.Literal["_temperature_celsius", b"_temperature_celsius"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__applications_memory_clock_hz) -> _WhichOneofReturnType__applications_memory_clock_hz | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__applications_sm_clock_hz) -> _WhichOneofReturnType__applications_sm_clock_hz | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__clock_event_reasons) -> _WhichOneofReturnType__clock_event_reasons | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__compute_mode) -> _WhichOneofReturnType__compute_mode | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__decoder_utilization_ratio) -> _WhichOneofReturnType__decoder_utilization_ratio | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__default_power_limit_watts) -> _WhichOneofReturnType__default_power_limit_watts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_corrected_aggregate_total) -> _WhichOneofReturnType__ecc_corrected_aggregate_total | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_corrected_volatile_total) -> _WhichOneofReturnType__ecc_corrected_volatile_total | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_mode_enabled) -> _WhichOneofReturnType__ecc_mode_enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_uncorrected_aggregate_total) -> _WhichOneofReturnType__ecc_uncorrected_aggregate_total | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ecc_uncorrected_volatile_total) -> _WhichOneofReturnType__ecc_uncorrected_volatile_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__encoder_utilization_ratio) -> _WhichOneofReturnType__encoder_utilization_ratio | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__energy_joules_total) -> _WhichOneofReturnType__energy_joules_total | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enforced_power_limit_watts) -> _WhichOneofReturnType__enforced_power_limit_watts | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fabric_clique_id) -> _WhichOneofReturnType__fabric_clique_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fabric_state) -> _WhichOneofReturnType__fabric_state | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fabric_status) -> _WhichOneofReturnType__fabric_status | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fan_speed_ratio) -> _WhichOneofReturnType__fan_speed_ratio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpm_dram_activity_ratio) -> _WhichOneofReturnType__gpm_dram_activity_ratio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpm_graphics_activity_ratio) -> _WhichOneofReturnType__gpm_graphics_activity_ratio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpm_sm_activity_ratio) -> _WhichOneofReturnType__gpm_sm_activity_ratio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpm_tensor_activity_ratio) -> _WhichOneofReturnType__gpm_tensor_activity_ratio | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_utilization_ratio) -> _WhichOneofReturnType__gpu_utilization_ratio | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__graphics_clock_hz) -> _WhichOneofReturnType__graphics_clock_hz | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_graphics_clock_hz) -> _WhichOneofReturnType__max_graphics_clock_hz | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_memory_clock_hz) -> _WhichOneofReturnType__max_memory_clock_hz | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_operating_temperature_celsius) -> _WhichOneofReturnType__max_operating_temperature_celsius | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_sm_clock_hz) -> _WhichOneofReturnType__max_sm_clock_hz | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_clock_hz) -> _WhichOneofReturnType__memory_clock_hz | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_free_bytes) -> _WhichOneofReturnType__memory_free_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_max_operating_temperature_celsius) -> _WhichOneofReturnType__memory_max_operating_temperature_celsius | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_reserved_bytes) -> _WhichOneofReturnType__memory_reserved_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_temperature_celsius) -> _WhichOneofReturnType__memory_temperature_celsius | None: ...
     @_typing.overload
@@ -591,6 +878,10 @@ class GpuSample(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_utilization_ratio) -> _WhichOneofReturnType__memory_utilization_ratio | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nvlink_rx_bytes_total) -> _WhichOneofReturnType__nvlink_rx_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nvlink_tx_bytes_total) -> _WhichOneofReturnType__nvlink_tx_bytes_total | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_link_gen) -> _WhichOneofReturnType__pcie_link_gen | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_link_gen_max) -> _WhichOneofReturnType__pcie_link_gen_max | None: ...
@@ -599,9 +890,29 @@ class GpuSample(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_link_width_max) -> _WhichOneofReturnType__pcie_link_width_max | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_replay_errors_total) -> _WhichOneofReturnType__pcie_replay_errors_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_rx_bytes_per_second) -> _WhichOneofReturnType__pcie_rx_bytes_per_second | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_tx_bytes_per_second) -> _WhichOneofReturnType__pcie_tx_bytes_per_second | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__performance_state) -> _WhichOneofReturnType__performance_state | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__persistence_mode_enabled) -> _WhichOneofReturnType__persistence_mode_enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_limit_max_watts) -> _WhichOneofReturnType__power_limit_max_watts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_limit_min_watts) -> _WhichOneofReturnType__power_limit_min_watts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_management_limit_watts) -> _WhichOneofReturnType__power_management_limit_watts | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__power_watts) -> _WhichOneofReturnType__power_watts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retired_pages_dbe_total) -> _WhichOneofReturnType__retired_pages_dbe_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retired_pages_pending) -> _WhichOneofReturnType__retired_pages_pending | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retired_pages_sbe_total) -> _WhichOneofReturnType__retired_pages_sbe_total | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__row_remap_correctable_total) -> _WhichOneofReturnType__row_remap_correctable_total | None: ...
     @_typing.overload
@@ -611,6 +922,8 @@ class GpuSample(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__row_remap_uncorrectable_total) -> _WhichOneofReturnType__row_remap_uncorrectable_total | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__shutdown_temperature_celsius) -> _WhichOneofReturnType__shutdown_temperature_celsius | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__slowdown_temperature_celsius) -> _WhichOneofReturnType__slowdown_temperature_celsius | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__sm_clock_hz) -> _WhichOneofReturnType__sm_clock_hz | None: ...
@@ -618,6 +931,78 @@ class GpuSample(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature_celsius) -> _WhichOneofReturnType__temperature_celsius | None: ...
 
 Global___GpuSample: _TypeAlias = GpuSample  # noqa: Y015
+
+@_typing.final
+class ComputeProcess(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    used_memory_bytes: _builtins.int
+    kind: _builtins.str
+    """"compute" or "graphics" """
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        used_memory_bytes: _builtins.int | None = ...,
+        kind: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_used_memory_bytes", b"_used_memory_bytes", "used_memory_bytes", b"used_memory_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_used_memory_bytes", b"_used_memory_bytes", "kind", b"kind", "pid", b"pid", "used_memory_bytes", b"used_memory_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__used_memory_bytes: _TypeAlias = _typing.Literal["used_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__used_memory_bytes: _TypeAlias = _typing.Literal["_used_memory_bytes", b"_used_memory_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__used_memory_bytes) -> _WhichOneofReturnType__used_memory_bytes | None: ...
+
+Global___ComputeProcess: _TypeAlias = ComputeProcess  # noqa: Y015
+
+@_typing.final
+class XidEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    UNIX_TIME_SECONDS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    unix_time_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        unix_time_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "unix_time_seconds", b"unix_time_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___XidEvent: _TypeAlias = XidEvent  # noqa: Y015
+
+@_typing.final
+class XidCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    total: _builtins.int
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___XidCount: _TypeAlias = XidCount  # noqa: Y015
 
 @_typing.final
 class NvLinkSample(_message.Message):
@@ -630,6 +1015,8 @@ class NvLinkSample(_message.Message):
     REPLAY_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
     RECOVERY_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
     REMOTE_PCI_BUS_ID_FIELD_NUMBER: _builtins.int
+    TX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    RX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
     link: _builtins.int
     active: _builtins.bool
     version: _builtins.int
@@ -637,6 +1024,8 @@ class NvLinkSample(_message.Message):
     replay_errors_total: _builtins.int
     recovery_errors_total: _builtins.int
     remote_pci_bus_id: _builtins.str
+    tx_bytes_total: _builtins.int
+    rx_bytes_total: _builtins.int
     def __init__(
         self,
         *,
@@ -647,10 +1036,12 @@ class NvLinkSample(_message.Message):
         replay_errors_total: _builtins.int | None = ...,
         recovery_errors_total: _builtins.int | None = ...,
         remote_pci_bus_id: _builtins.str = ...,
+        tx_bytes_total: _builtins.int | None = ...,
+        rx_bytes_total: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_crc_errors_total", b"_crc_errors_total", "_recovery_errors_total", b"_recovery_errors_total", "_replay_errors_total", b"_replay_errors_total", "_version", b"_version", "crc_errors_total", b"crc_errors_total", "recovery_errors_total", b"recovery_errors_total", "replay_errors_total", b"replay_errors_total", "version", b"version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_crc_errors_total", b"_crc_errors_total", "_recovery_errors_total", b"_recovery_errors_total", "_replay_errors_total", b"_replay_errors_total", "_rx_bytes_total", b"_rx_bytes_total", "_tx_bytes_total", b"_tx_bytes_total", "_version", b"_version", "crc_errors_total", b"crc_errors_total", "recovery_errors_total", b"recovery_errors_total", "replay_errors_total", b"replay_errors_total", "rx_bytes_total", b"rx_bytes_total", "tx_bytes_total", b"tx_bytes_total", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_crc_errors_total", b"_crc_errors_total", "_recovery_errors_total", b"_recovery_errors_total", "_replay_errors_total", b"_replay_errors_total", "_version", b"_version", "active", b"active", "crc_errors_total", b"crc_errors_total", "link", b"link", "recovery_errors_total", b"recovery_errors_total", "remote_pci_bus_id", b"remote_pci_bus_id", "replay_errors_total", b"replay_errors_total", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_crc_errors_total", b"_crc_errors_total", "_recovery_errors_total", b"_recovery_errors_total", "_replay_errors_total", b"_replay_errors_total", "_rx_bytes_total", b"_rx_bytes_total", "_tx_bytes_total", b"_tx_bytes_total", "_version", b"_version", "active", b"active", "crc_errors_total", b"crc_errors_total", "link", b"link", "recovery_errors_total", b"recovery_errors_total", "remote_pci_bus_id", b"remote_pci_bus_id", "replay_errors_total", b"replay_errors_total", "rx_bytes_total", b"rx_bytes_total", "tx_bytes_total", b"tx_bytes_total", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__crc_errors_total: _TypeAlias = _typing.Literal["crc_errors_total"]  # noqa: Y015
     _WhichOneofArgType__crc_errors_total: _TypeAlias = _typing.Literal["_crc_errors_total", b"_crc_errors_total"]  # noqa: Y015
@@ -658,6 +1049,10 @@ class NvLinkSample(_message.Message):
     _WhichOneofArgType__recovery_errors_total: _TypeAlias = _typing.Literal["_recovery_errors_total", b"_recovery_errors_total"]  # noqa: Y015
     _WhichOneofReturnType__replay_errors_total: _TypeAlias = _typing.Literal["replay_errors_total"]  # noqa: Y015
     _WhichOneofArgType__replay_errors_total: _TypeAlias = _typing.Literal["_replay_errors_total", b"_replay_errors_total"]  # noqa: Y015
+    _WhichOneofReturnType__rx_bytes_total: _TypeAlias = _typing.Literal["rx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__rx_bytes_total: _TypeAlias = _typing.Literal["_rx_bytes_total", b"_rx_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__tx_bytes_total: _TypeAlias = _typing.Literal["tx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__tx_bytes_total: _TypeAlias = _typing.Literal["_tx_bytes_total", b"_tx_bytes_total"]  # noqa: Y015
     _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
     _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
     @_typing.overload
@@ -666,6 +1061,10 @@ class NvLinkSample(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__recovery_errors_total) -> _WhichOneofReturnType__recovery_errors_total | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__replay_errors_total) -> _WhichOneofReturnType__replay_errors_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rx_bytes_total) -> _WhichOneofReturnType__rx_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tx_bytes_total) -> _WhichOneofReturnType__tx_bytes_total | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
 

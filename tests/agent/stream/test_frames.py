@@ -18,7 +18,15 @@ from agent.daemon import Agent
 from agent.probes.base import ProbeOutcome
 from agent.probes.modelled import ModelledProbes
 from agent.snapshot import CollectorStatus, Snapshot
-from agent.sources.gpu import GpuInfo, GpuReading, Inventory, NvLinkReading
+from agent.sources.gpu import (
+    ComputeProcess,
+    GpuInfo,
+    GpuReading,
+    Inventory,
+    NvLinkReading,
+    XidCount,
+    XidEvent,
+)
 from agent.sources.host import HostFacts, HostReading, HostSource
 from agent.sources.sim import SimNode
 from agent.stream import frames
@@ -34,6 +42,9 @@ WIRE: dict[type, type[Message]] = {
     HostReading: pb.HostSample,
     ProbeOutcome: pb.ProbeResult,
     CollectorStatus: pb.CollectorStatus,
+    ComputeProcess: pb.ComputeProcess,
+    XidEvent: pb.XidEvent,
+    XidCount: pb.XidCount,
 }
 
 # Python type -> the proto scalar types it may be copied into.
@@ -42,6 +53,7 @@ SCALARS: dict[type, set[int]] = {
     int: {
         FieldDescriptor.TYPE_UINT32,
         FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_ENUM,  # enum fields hold the enum's number
         FieldDescriptor.TYPE_INT32,
         FieldDescriptor.TYPE_INT64,
     },
@@ -160,7 +172,8 @@ def test_none_stays_unset_and_zero_is_kept() -> None:
     msg = frames.fill(pb.GpuSample(), GpuReading(index=0, uuid="GPU-x"))
     assert msg.ListFields() == [(pb.GpuSample.DESCRIPTOR.fields_by_name["uuid"], "GPU-x")]
     optional = [f.name for f in pb.GpuSample.DESCRIPTOR.fields if f.has_presence]
-    assert len(optional) == 29 and not any(msg.HasField(n) for n in optional)
+    nullable = {f.name for f in dataclasses.fields(GpuReading) if f.default is None}
+    assert set(optional) == nullable and not any(msg.HasField(n) for n in optional)
 
     zeros = GpuReading(index=1, uuid="u", power_watts=0.0, row_remap_pending=False, clock_event_reasons=0)
     msg = frames.fill(pb.GpuSample(), zeros)

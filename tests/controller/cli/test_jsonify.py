@@ -20,6 +20,10 @@ def test_unset_optional_fields_are_left_out_and_set_zeros_kept() -> None:
         "power_watts": 0.0,
         "row_remap_pending": False,
         "nvlinks": [],
+        "processes": [],
+        "xid_events": [],
+        "xid_counts": [],
+        "fabric_cluster_uuid": "",
     }
 
 
