@@ -73,6 +73,17 @@ class CollectorConfig(_Config):
     enabled: bool = True
 
 
+class NvmlConfig(_Config):
+    # Per-link NVLink queries, compute-process lists and fabric state are slow NVML calls: read
+    # them every `slow_every_cycles` cycles (1 minute at the default 10 s interval), reuse between.
+    slow_every_cycles: int = 6
+    xid_events: bool = True  # watch XID errors through an NVML event set, in its own thread
+
+    def __post_init__(self) -> None:
+        if self.slow_every_cycles < 1:
+            raise ValueError("nvml.slow_every_cycles must be >= 1")
+
+
 class AgentConfig(_Config):
     node: str = ""  # empty: the host name
     source: Literal["nvml", "sim"] = "nvml"
@@ -81,6 +92,7 @@ class AgentConfig(_Config):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     collectors: dict[str, CollectorConfig] = msgspec.field(default_factory=dict)
     sim: SimConfig = msgspec.field(default_factory=SimConfig)
+    nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
 
     def __post_init__(self) -> None:
