@@ -88,6 +88,7 @@ class AgentConfig(_Config):
     node: str = ""  # empty: the host name
     source: Literal["nvml", "sim"] = "nvml"
     interval_seconds: float = 10.0
+    expected_gpus: int | None = None  # None: what NVML or the PCI bus shows, whichever is more
     host_root: str = "/"  # /host in the DaemonSet, where the host's / is mounted
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     collectors: dict[str, CollectorConfig] = msgspec.field(default_factory=dict)
@@ -98,6 +99,8 @@ class AgentConfig(_Config):
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_seconds <= 3600:
             raise ValueError("interval_seconds must be within 0.05..3600")
+        if self.expected_gpus is not None and not 0 <= self.expected_gpus <= 1024:
+            raise ValueError("expected_gpus must be within 0..1024")
         if not self.node:
             self.node = socket.gethostname()
 

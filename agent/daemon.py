@@ -50,6 +50,7 @@ class Agent:
         self.started_at = clock()
         self.inventory: Inventory = gpu.inventory()
         self.host_facts: HostFacts | None = host.facts() if host else None
+        self.inventory.expected_gpu_count = self._expected_gpus()
         registry = discover()
         ctx = CollectorContext(gpu=gpu, host=host)
         self.collectors: list[Collector] = [
@@ -63,6 +64,16 @@ class Agent:
         self._wake_sampler = asyncio.Event()
         self.spool: Spool | None = None
         self.client: StreamClient | None = None
+
+    def _expected_gpus(self) -> int | None:
+        """The configured GPU count, else the most any view shows (NVML, or the PCI bus for NVML)."""
+        if self.config.expected_gpus is not None:
+            return self.config.expected_gpus
+        counts = [self.inventory.expected_gpu_count, len(self.inventory.gpus)]
+        if self.inventory.source == "nvml" and self.host_facts is not None:
+            counts.append(self.host_facts.nvidia_gpu_pci_count)
+        known = [c for c in counts if c is not None]
+        return max(known) if known else None
 
     def sample(self) -> Snapshot:
         """Run every collector once, each in a guard; attach probe results waiting to be sent."""

@@ -26,6 +26,7 @@ class HostFacts:
     memory_total_bytes: int = 0
     host_boot_id: str = ""
     cpu_model: str = ""
+    nvidia_gpu_pci_count: int | None = None
 
 
 @dataclass(slots=True)
@@ -37,6 +38,10 @@ class HostReading:
     cpu_governor: str | None = None
     cpu_frequency_hz: float | None = None
     uptime_seconds: float | None = None
+
+
+NVIDIA_PCI_VENDOR = "0x10de"
+GPU_PCI_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers
 
 
 def _read_text(path: Path) -> str | None:
@@ -74,7 +79,28 @@ class HostSource:
             memory_total_bytes=int(psutil.virtual_memory().total),
             host_boot_id=_read_text(self.root / "proc/sys/kernel/random/boot_id") or "",
             cpu_model=cpu_model,
+            nvidia_gpu_pci_count=self.nvidia_gpu_pci_count(),
         )
+
+    def nvidia_gpu_pci_count(self) -> int | None:
+        """NVIDIA display/3D controllers in sysfs (None without a readable PCI tree).
+
+        Counted from the PCI bus, not NVML, so a GPU that fell off the bus before the driver loaded,
+        or that NVML refuses to enumerate, still counts as expected. NVSwitches are bridges
+        (class 0x0680) and do not count.
+        """
+        devices = self.root / "sys/bus/pci/devices"
+        try:
+            entries = list(devices.iterdir())
+        except OSError:
+            return None
+        count = 0
+        for dev in entries:
+            vendor = _read_text(dev / "vendor")
+            pci_class = _read_text(dev / "class") or ""
+            if vendor == NVIDIA_PCI_VENDOR and pci_class.startswith(GPU_PCI_CLASSES):
+                count += 1
+        return count
 
     def read(self) -> HostReading:
         try:

@@ -318,3 +318,37 @@ def test_close_logs_a_source_that_fails_to_release(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.WARNING):
         agent.close()  # never raises on the way out
     assert "GPU source did not close cleanly: nvml: shutdown failed" in caplog.text
+
+
+def test_expected_gpus_comes_from_config_else_the_largest_view(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path)
+    assert agent.inventory.expected_gpu_count == GPUS  # the simulator's own count
+
+    config = load(None, {"node": "n1", "source": "sim", "sim": {"gpus": GPUS}, "expected_gpus": GPUS + 2})
+    sim = SimNode("n1", gpus=GPUS)
+    configured = Agent(config, sim, HostSource(tmp_path), ModelledProbes(sim))
+    assert configured.inventory.expected_gpu_count == GPUS + 2
+
+
+class NvmlLike(FlakyGpu):
+    """What NVML shows when one GPU fell off the bus before the driver enumerated it."""
+
+    def inventory(self) -> Inventory:
+        inv = self.inner.inventory()
+        inv.source = "nvml"
+        inv.gpus = inv.gpus[:-1]
+        inv.expected_gpu_count = len(inv.gpus)
+        return inv
+
+
+def test_a_gpu_missing_from_nvml_is_still_expected_from_the_pci_bus(tmp_path: Path) -> None:
+    for i in range(GPUS):
+        device = tmp_path / f"sys/bus/pci/devices/0000:{0x18 + i:02x}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "class").write_text("0x030200\n")
+    config = load(None, {"node": "n1", "source": "nvml"})
+    sim = SimNode("n1", gpus=GPUS)
+    agent = Agent(config, NvmlLike(sim), HostSource(tmp_path), ModelledProbes(sim))
+    assert len(agent.inventory.gpus) == GPUS - 1
+    assert agent.inventory.expected_gpu_count == GPUS

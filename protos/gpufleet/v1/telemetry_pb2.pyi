@@ -329,6 +329,7 @@ class HostFacts(_message.Message):
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     HOST_BOOT_ID_FIELD_NUMBER: _builtins.int
     CPU_MODEL_FIELD_NUMBER: _builtins.int
+    NVIDIA_GPU_PCI_COUNT_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
     kernel: _builtins.str
     os: _builtins.str
@@ -337,6 +338,8 @@ class HostFacts(_message.Message):
     host_boot_id: _builtins.str
     """the kernel's boot id (/proc/sys/kernel/random/boot_id)"""
     cpu_model: _builtins.str
+    nvidia_gpu_pci_count: _builtins.int
+    """NVIDIA GPUs on the PCI bus, whether or not NVML sees them"""
     def __init__(
         self,
         *,
@@ -347,12 +350,15 @@ class HostFacts(_message.Message):
         memory_total_bytes: _builtins.int = ...,
         host_boot_id: _builtins.str = ...,
         cpu_model: _builtins.str = ...,
+        nvidia_gpu_pci_count: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_nvidia_gpu_pci_count", b"_nvidia_gpu_pci_count", "nvidia_gpu_pci_count", b"nvidia_gpu_pci_count"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "host_boot_id", b"host_boot_id", "hostname", b"hostname", "kernel", b"kernel", "memory_total_bytes", b"memory_total_bytes", "os", b"os"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_nvidia_gpu_pci_count", b"_nvidia_gpu_pci_count", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "host_boot_id", b"host_boot_id", "hostname", b"hostname", "kernel", b"kernel", "memory_total_bytes", b"memory_total_bytes", "nvidia_gpu_pci_count", b"nvidia_gpu_pci_count", "os", b"os"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__nvidia_gpu_pci_count: _TypeAlias = _typing.Literal["nvidia_gpu_pci_count"]  # noqa: Y015
+    _WhichOneofArgType__nvidia_gpu_pci_count: _TypeAlias = _typing.Literal["_nvidia_gpu_pci_count", b"_nvidia_gpu_pci_count"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nvidia_gpu_pci_count) -> _WhichOneofReturnType__nvidia_gpu_pci_count | None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
 

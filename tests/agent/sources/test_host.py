@@ -145,3 +145,25 @@ def test_the_first_model_name_wins(tmp_path: Path) -> None:
         CPUINFO.replace("model name\t: Intel", "model name\t: AMD EPYC 9654 / Intel", 1),
     )
     assert HostSource(tmp_path).facts().cpu_model == "AMD EPYC 9654 / Intel(R) Xeon(R) Platinum 8480+"
+
+
+def pci_device(root: Path, address: str, vendor: str, pci_class: str) -> None:
+    write(root, f"sys/bus/pci/devices/{address}/vendor", vendor + "\n")
+    write(root, f"sys/bus/pci/devices/{address}/class", pci_class + "\n")
+
+
+def test_nvidia_gpus_are_counted_from_the_pci_bus(host_root: Path) -> None:
+    # An HGX board: 8 H100s (3D controllers), 4 NVSwitches (bridges), a NIC and the BMC's VGA.
+    for i in range(8):
+        pci_device(host_root, f"0000:{0x18 + i:02x}:00.0", "0x10de", "0x030200")
+    for i in range(4):
+        pci_device(host_root, f"0000:{0x05 + i:02x}:00.0", "0x10de", "0x068000")
+    pci_device(host_root, "0000:0c:00.0", "0x15b3", "0x020700")  # Mellanox ConnectX
+    pci_device(host_root, "0000:03:00.0", "0x1a03", "0x030000")  # ASPEED BMC display
+    assert HostSource(host_root).facts().nvidia_gpu_pci_count == 8
+
+
+def test_no_pci_tree_means_unknown_not_zero(host_root: Path) -> None:
+    assert HostSource(host_root).facts().nvidia_gpu_pci_count is None
+    (host_root / "sys/bus/pci/devices").mkdir(parents=True)
+    assert HostSource(host_root).facts().nvidia_gpu_pci_count == 0
