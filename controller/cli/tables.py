@@ -109,6 +109,7 @@ def gpus_table(gpus: Sequence[telemetry_pb2.GpuSample]) -> Table:
         "PCIE",
         "NVLINK",
         "ROW REMAP",
+        "XID",
         "REASONS",
     ):
         table.add_column(column)
@@ -133,6 +134,7 @@ def gpus_table(gpus: Sequence[telemetry_pb2.GpuSample]) -> Table:
             pcie,
             links,
             remap,
+            ", ".join(f"{c.code} x{c.total}" for c in g.xid_counts) or "-",
             reasons,
         )
     return table
