@@ -42,7 +42,9 @@ def _power_brake(gpu: SimGpu, rng: random.Random) -> None:
 
 
 def _power_cap(gpu: SimGpu, rng: random.Random) -> None:
-    gpu.condition.power_limit_watts = round(gpu.profile.default_power_limit_watts * rng.uniform(0.55, 0.65))
+    p = gpu.profile
+    watts = float(round(p.default_power_limit_watts * rng.uniform(0.55, 0.65)))
+    gpu.condition.power_limit_watts = max(p.min_power_limit_watts, watts)  # NVML refuses lower
 
 
 def _clocks_locked_low(gpu: SimGpu, rng: random.Random) -> None:

@@ -3,8 +3,11 @@
 Each cycle the model finds the SM clock the GPU can hold under its limits, in the order the
 firmware applies them: locked/application clocks, external power brake, the enforced power limit,
 then the thermal hold. Power follows clock (idle + load * dynamic * clock^k), temperature follows
-power (inlet + thermal resistance * power), and probe figures follow clock, links and memory. So a
-fault shows up only in the fields a real GPU would move.
+power (inlet + thermal resistance * power), and probe figures follow clock, links and memory.
+Activity follows the job: SM, tensor and engine activity are shares of time or cycles and hold
+under a lower clock, DRAM traffic follows kernel progress (the clock) and what the HBM delivers,
+and link traffic follows the link's trained rate. So a fault shows up only in the fields a real
+GPU would move.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from agent.sources.sim.profile import PCIE_LANE_GBPS, GpuProfile
+from agent.sources.sim.profile import PCIE_LANE_GBPS, GpuProfile, Workload
 from protos.names import clock_event_reason_bit
 
 IDLE = clock_event_reason_bit("gpu_idle")
@@ -78,6 +81,16 @@ class OperatingPoint:
     reasons: int
 
 
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """GPM activity ratios (0..1) of the job at one operating point."""
+
+    sm: float
+    tensor: float
+    dram: float
+    graphics: float
+
+
 class SimGpu:
     def __init__(self, index: int, profile: GpuProfile, traits: GpuTraits) -> None:
         self.index = index
@@ -87,7 +100,8 @@ class SimGpu:
 
     @property
     def power_limit_watts(self) -> float:
-        return self.condition.power_limit_watts or self.profile.default_power_limit_watts
+        """The management limit as set (nvidia-smi -pl); nothing else lowers it, so it is also enforced."""
+        return float(self.condition.power_limit_watts or self.profile.default_power_limit_watts)
 
     def _power(self, clock_hz: float, load: float) -> float:
         p = self.profile
@@ -158,3 +172,26 @@ class SimGpu:
 
     def active_links(self) -> int:
         return self.profile.nvlink_count - len(self.condition.nvlinks_down)
+
+    # Activity and traffic of a job at `load`, as the GPU's own counters see it.
+
+    def activity(self, load: float, op: OperatingPoint, job: Workload) -> Activity:
+        clock_ratio = op.sm_clock_hz / self.profile.max_sm_clock_hz if load > 0 else 0.0
+        return Activity(
+            sm=load * job.sm_activity,
+            tensor=load * job.tensor_activity,
+            # Kernels move memory as fast as they progress; a degraded stack serves less of it.
+            dram=load * job.dram_activity * clock_ratio * self.condition.hbm_factor,
+            graphics=load * job.graphics_activity,
+        )
+
+    def pcie_bytes_per_second(self, load: float, job: Workload) -> tuple[float, float]:
+        """(tx, rx) host-link throughput: the job's transfers run at the link's trained rate."""
+        rx = load * job.pcie_duty * self.pcie_gbps() * 1e9
+        return rx * job.pcie_tx_share, rx
+
+    def nvlink_bytes_per_second(self, link: int, load: float, job: Workload) -> float:
+        """Data rate of `link` each way; an inactive link carries nothing."""
+        if link in self.condition.nvlinks_down:
+            return 0.0
+        return load * job.nvlink_duty * self.profile.nvlink_bytes_per_second

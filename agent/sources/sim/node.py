@@ -1,5 +1,10 @@
 """A simulated GPU node: the GpuSource contract plus modelled probe results.
 
+Every GpuReading field is produced with NVML's names, units and types, except those the simulated
+board cannot report (listed in its GpuInfo.unsupported_fields, as NVML's NOT_SUPPORTED would list
+them). Instantaneous fields come from the GPU's physical model at this read's load; cumulative ones
+(energy, ECC, NVLink bytes and errors, XIDs) from counters that each read advances.
+
 Healthy variation is built in (GPU-to-GPU traits, diurnal inlet drift, measurement noise, brief
 power-cap blips under load), so detection is tested against realistic scatter, not clean data.
 Everything is seeded: the same node name and seed give the same fleet.
@@ -14,22 +19,31 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from agent.probes.base import ProbeOutcome
-from agent.sources.gpu import GpuInfo, GpuReading, Inventory, NvLinkReading
+from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, Inventory, NvLinkReading
+from agent.sources.sim.counters import GpuCounters
 from agent.sources.sim.faults import FAULTS, FaultSpec
 from agent.sources.sim.gpu import GpuTraits, SimGpu, bounded_gauss
 from agent.sources.sim.profile import (
+    COMPUTE_MODE_DEFAULT,
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
+    FABRIC_CLIQUE_ID,
+    FABRIC_CLUSTER_UUID,
+    FABRIC_STATE_COMPLETED,
     H100_SXM,
     HGX_BUS_IDS,
     NVSWITCH_BUS_IDS,
     NVSWITCH_LINKS,
     PCIE_LANE_GBPS,
+    TRAINING_JOB,
     GpuProfile,
+    Workload,
 )
 
 _UUID_NAMESPACE = uuid.UUID("6f1c3c2e-6b1e-4b8e-9a59-1f1d0c6b7a10")
 GIB = 1024**3
+MIB = 1024**2
+IDLE_MEMORY_USED_BYTES = 4 * MIB  # the driver's own allocations with persistence mode on
 
 # Probe variants the simulator models, as the real probes name them.
 PROBE_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -38,6 +52,10 @@ PROBE_VARIANTS: dict[str, tuple[str, ...]] = {
     "pcie": ("h2d", "d2h"),
     "nccl": ("all_reduce",),
 }
+
+
+def _ratio(value: float) -> float:
+    return round(min(1.0, max(0.0, value)), 4)
 
 
 class SimNode:
@@ -55,6 +73,7 @@ class SimNode:
         load: float = 0.95,
         profile: GpuProfile = H100_SXM,
         clock: Callable[[], float] = time.time,
+        job: Workload = TRAINING_JOB,
     ) -> None:
         if gpus < 1:
             raise ValueError("a simulated node needs at least one GPU")
@@ -63,13 +82,18 @@ class SimNode:
         self.node = node
         self.profile = profile
         self.load = load
+        self.job = job
         self.clock = clock
         rng = random.Random(f"{seed}:{node}")
         self._noise = random.Random(f"{seed}:{node}:noise")
+        # Separate streams for the counters and the activity jitter, so that neither moves the
+        # draws above (traits, fault placement, noise) that detection is tuned against.
+        start = random.Random(f"{seed}:{node}:counters")
+        self._jitter = random.Random(f"{seed}:{node}:jitter")
         self._inlet_base_c = 22.0 + rng.uniform(0.0, 4.0)
         self._nccl_factor = 1.0 + bounded_gauss(rng, 0.006, 0.015)
         self.gpus = [SimGpu(i, profile, GpuTraits.draw(rng)) for i in range(gpus)]
-        self._crc = [[rng.choice((0, 0, 0, 1, 2)) for _ in range(profile.nvlink_count)] for _ in self.gpus]
+        crc = [[rng.choice((0, 0, 0, 1, 2)) for _ in range(profile.nvlink_count)] for _ in self.gpus]
         self.injected: list[tuple[str, int]] = []
         for spec in faults:
             index = spec.gpu if spec.gpu is not None else rng.randrange(gpus)
@@ -77,8 +101,14 @@ class SimNode:
                 raise ValueError(f"fault {spec.fault}: gpu {index} out of range (node has {gpus})")
             FAULTS[spec.fault](self.gpus[index], rng)
             self.injected.append((spec.fault, index))
-        self._energy_j = [0.0] * gpus
-        self._ecc_corrected = [rng.choice((0, 0, 0, 0, 1, 3)) for _ in self.gpus]
+        uptime = start.uniform(2 * 3600.0, 40 * 86400.0)  # since the driver loaded
+        self._counters = [GpuCounters.start(g, start, crc[g.index], uptime, job) for g in self.gpus]
+        # One process per GPU (torchrun's workers: consecutive pids), each with its own allocation.
+        first_pid = start.randrange(2_000, 400_000)
+        self._processes = [
+            ComputeProcess(pid=first_pid + g.index, used_memory_bytes=start.randrange(*job.memory_bytes, MIB))
+            for g in self.gpus
+        ]
         self._last_read: float | None = None
 
     # GpuSource
@@ -95,8 +125,10 @@ class SimNode:
                 vbios_version=p.vbios_version,
                 driver_version=DRIVER_VERSION,
                 board_part_number=p.board_part_number,
+                unsupported_fields=list(p.unsupported_fields),
                 memory_total_bytes=p.memory_total_bytes,
                 nvlink_count=p.nvlink_count,
+                mig_mode_enabled=False,
             )
             for g in self.gpus
         ]
@@ -116,11 +148,15 @@ class SimNode:
         for gpu in self.gpus:
             load = min(1.0, max(0.0, self.load + self._noise.uniform(-0.03, 0.03))) if self.load > 0 else 0.0
             spike = self._noise.uniform(0.08, 0.15) if load > 0 and self._noise.random() < 0.02 else 0.0
-            reading = self.reading(gpu.index, load, now, power_spike=spike)
-            self._energy_j[gpu.index] += (reading.power_watts or 0.0) * elapsed
-            reading.energy_joules_total = self._energy_j[gpu.index]
+            reading = self._instant(gpu, load, now, spike)
+            counters = self._counters[gpu.index]
+            rates = [gpu.nvlink_bytes_per_second(link, load, self.job) for link in range(len(counters.links))]
+            counters.advance(gpu, elapsed, reading.power_watts or 0.0, rates)
             if self._noise.random() < 0.002:
-                self._ecc_corrected[gpu.index] += 1
+                counters.ecc_corrected_volatile += 1
+            events = counters.take_xids(now)
+            self._fill_counters(reading, gpu)
+            reading.xid_events = events
             readings.append(reading)
         return readings
 
@@ -137,64 +173,127 @@ class SimNode:
         return self._inlet_base_c + 3.0 * math.sin(2.0 * math.pi * (now % 86400.0) / 86400.0)
 
     def reading(self, index: int, load: float, now: float, power_spike: float = 0.0) -> GpuReading:
-        """What NVML would report for GPU `index` running at `load`."""
-        gpu, p, noise = self.gpus[index], self.profile, self._noise
-        c = gpu.condition
+        """What NVML would report for GPU `index` running at `load`, counters as they stand."""
+        gpu = self.gpus[index]
+        reading = self._instant(gpu, load, now, power_spike)
+        self._fill_counters(reading, gpu)
+        return reading
+
+    def _instant(self, gpu: SimGpu, load: float, now: float, power_spike: float) -> GpuReading:
+        """The fields that describe this moment: clocks, power, temperatures, activity, links."""
+        p, c, noise, jitter = self.profile, gpu.condition, self._noise, self._jitter
         op = gpu.operating_point(load, self.inlet_celsius(now), power_spike)
         temp = op.temperature_celsius + noise.gauss(0.0, 0.3)
         gen, width = gpu.pcie_link()
+        activity = gpu.activity(load, op, self.job)
+        tx, rx = gpu.pcie_bytes_per_second(load, self.job)
+        # GPM and NVML utilisation sample a short window: a little scatter around the job's mean.
+        sm, tensor, dram, graphics = (jitter.gauss(1.0, 0.01) for _ in range(4))
+        job = self._processes[gpu.index]
+        processes = [ComputeProcess(job.pid, job.used_memory_bytes)] if load > 0 else []
+        used = IDLE_MEMORY_USED_BYTES + sum(process.used_memory_bytes or 0 for process in processes)
+        power_limit = gpu.power_limit_watts
         return GpuReading(
-            index=index,
-            uuid=self._uuid(index),
+            index=gpu.index,
+            uuid=self._uuid(gpu.index),
             gpu_utilization_ratio=round(load, 2),
-            memory_utilization_ratio=round(load * 0.55, 2),
-            memory_used_bytes=72 * GIB if load > 0 else GIB // 2,
+            # NVML's memory utilisation is the share of time HBM was read or written.
+            memory_utilization_ratio=round(min(1.0, activity.dram), 2),
+            memory_used_bytes=used,
             memory_total_bytes=p.memory_total_bytes,
+            memory_reserved_bytes=p.memory_reserved_bytes,
+            memory_free_bytes=p.memory_total_bytes - p.memory_reserved_bytes - used,
             sm_clock_hz=op.sm_clock_hz,
-            graphics_clock_hz=op.sm_clock_hz,
+            graphics_clock_hz=op.sm_clock_hz,  # one clock domain on Hopper
             memory_clock_hz=p.memory_clock_hz,
             max_sm_clock_hz=p.max_sm_clock_hz,
+            max_graphics_clock_hz=p.max_sm_clock_hz,
             max_memory_clock_hz=p.memory_clock_hz,
             applications_sm_clock_hz=c.locked_sm_clock_hz or p.max_sm_clock_hz,
+            applications_memory_clock_hz=p.memory_clock_hz,
             power_watts=round(op.power_watts * (1.0 + noise.gauss(0.0, 0.005)), 2),
-            enforced_power_limit_watts=gpu.power_limit_watts,
+            power_management_limit_watts=power_limit,
+            enforced_power_limit_watts=power_limit,
             default_power_limit_watts=p.default_power_limit_watts,
-            energy_joules_total=self._energy_j[index],
-            temperature_celsius=round(temp),
-            memory_temperature_celsius=round(
-                temp + p.memory_temperature_offset_celsius + 4.0 * (c.cooling - 1.0) + noise.gauss(0.0, 0.3)
+            power_limit_min_watts=p.min_power_limit_watts,
+            power_limit_max_watts=p.max_power_limit_watts,
+            temperature_celsius=float(round(temp)),
+            memory_temperature_celsius=float(
+                round(
+                    temp
+                    + p.memory_temperature_offset_celsius
+                    + 4.0 * (c.cooling - 1.0)
+                    + noise.gauss(0.0, 0.3)
+                )
             ),
             slowdown_temperature_celsius=p.slowdown_temperature_celsius,
+            shutdown_temperature_celsius=p.shutdown_temperature_celsius,
+            max_operating_temperature_celsius=p.max_operating_temperature_celsius,
+            memory_max_operating_temperature_celsius=p.memory_max_operating_temperature_celsius,
             clock_event_reasons=op.reasons,
             # Links train down to gen 1 while idle to save power; that is not a fault.
             pcie_link_gen=gen if load > 0 else 1,
             pcie_link_gen_max=p.pcie_gen_max,
             pcie_link_width=width,
             pcie_link_width_max=p.pcie_width_max,
-            ecc_corrected_volatile_total=self._ecc_corrected[index],
-            ecc_uncorrected_volatile_total=c.extra_uncorrectable,
+            pcie_tx_bytes_per_second=float(round(tx * jitter.gauss(1.0, 0.02))),
+            pcie_rx_bytes_per_second=float(round(rx * jitter.gauss(1.0, 0.02))),
+            # H100 SXM has NVDEC/NVJPG but no NVENC; a training job uses neither.
+            encoder_utilization_ratio=0.0,
+            decoder_utilization_ratio=0.0,
+            ecc_mode_enabled=True,
             row_remap_correctable_total=gpu.traits.rows_remapped,
             row_remap_uncorrectable_total=c.extra_uncorrectable,
             row_remap_pending=c.row_remap_pending,
             row_remap_failure=False,
-            performance_state=0 if load > 0 else 8,
-            nvlinks=[self._nvlink(gpu, link) for link in range(p.nvlink_count)],
+            # Data-centre parts stay in P0 with persistence on, idle or not; clocks do the saving.
+            performance_state=0,
+            persistence_mode_enabled=True,
+            compute_mode=COMPUTE_MODE_DEFAULT,
+            processes=processes,
+            gpm_sm_activity_ratio=_ratio(activity.sm * sm),
+            gpm_tensor_activity_ratio=_ratio(activity.tensor * tensor),
+            gpm_dram_activity_ratio=_ratio(activity.dram * dram),
+            gpm_graphics_activity_ratio=_ratio(activity.graphics * graphics),
+            fabric_state=FABRIC_STATE_COMPLETED,
+            fabric_status=0,  # NVML_SUCCESS
+            fabric_cluster_uuid=FABRIC_CLUSTER_UUID,
+            fabric_clique_id=FABRIC_CLIQUE_ID,
         )
 
+    def _fill_counters(self, reading: GpuReading, gpu: SimGpu) -> None:
+        """Set the cumulative fields of `reading` from the GPU's counters as they stand."""
+        counters, c = self._counters[gpu.index], gpu.condition
+        reading.energy_joules_total = round(counters.energy_joules, 3)
+        reading.ecc_corrected_volatile_total = counters.ecc_corrected_volatile
+        reading.ecc_corrected_aggregate_total = (
+            counters.ecc_corrected_lifetime + counters.ecc_corrected_volatile
+        )
+        # This boot's uncorrectable errors; earlier boots had none (they would have left remapped rows).
+        reading.ecc_uncorrected_volatile_total = c.extra_uncorrectable
+        reading.ecc_uncorrected_aggregate_total = c.extra_uncorrectable
+        reading.pcie_replay_errors_total = counters.pcie_replays
+        reading.nvlinks = [self._nvlink(gpu, link) for link in range(len(counters.links))]
+        reading.nvlink_tx_bytes_total = sum(link.tx_bytes_total or 0 for link in reading.nvlinks)
+        reading.nvlink_rx_bytes_total = sum(link.rx_bytes_total or 0 for link in reading.nvlinks)
+        reading.xid_counts = counters.xid_counts()
+
     def _nvlink(self, gpu: SimGpu, link: int) -> NvLinkReading:
-        down = link in gpu.condition.nvlinks_down
+        counters = self._counters[gpu.index].links[link]
         switch, start = 0, 0
         while link >= start + NVSWITCH_LINKS[switch]:
             start += NVSWITCH_LINKS[switch]
             switch += 1
         return NvLinkReading(
             link=link,
-            active=not down,
+            active=link not in gpu.condition.nvlinks_down,
             version=self.profile.nvlink_version,
-            crc_errors_total=self._crc[gpu.index][link] + (41 if down else 0),
-            replay_errors_total=7 if down else 0,
-            recovery_errors_total=3 if down else 0,
+            crc_errors_total=int(counters.crc_errors),
+            replay_errors_total=int(counters.replay_errors),
+            recovery_errors_total=int(counters.recovery_errors),
             remote_pci_bus_id=f"00000000:{NVSWITCH_BUS_IDS[switch]}:00.0",
+            tx_bytes_total=int(counters.tx_bytes),
+            rx_bytes_total=int(counters.rx_bytes),
         )
 
     def _uuid(self, index: int) -> str:
