@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import signal
 import sys
 from typing import Any
@@ -14,10 +15,13 @@ from typing import Any
 from agent import version
 from agent.config import AgentConfig, ConfigError, load
 from agent.probes.base import NoProbes, ProbeRunner
+from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
-from agent.sources.gpu import GpuSource
+from agent.sources.gpu import GpuSource, Inventory
 from agent.sources.host import HostSource
 from agent.sources.sim.faults import FAULTS, FaultSpec
+from protos.gpufleet.v1 import telemetry_pb2
+from protos.names import clock_event_reason_names, enum_name
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -95,16 +99,51 @@ def build_sources(config: AgentConfig) -> tuple[GpuSource, ProbeRunner]:
         return node, ModelledProbes(node)
     from agent.sources.nvml import NvmlSource
 
-    return NvmlSource(), NoProbes("real probes need the probes extra (torch); see the probe issue")
+    source = NvmlSource(slow_every=config.nvml.slow_every_cycles, xid_events=config.nvml.xid_events)
+    return source, NoProbes("real probes need the probes extra (torch); see the probe issue")
 
 
-def _snapshot_json(agent_inventory: Any, snapshot: Any, node: str) -> str:
+def _snapshot_json(agent_inventory: Inventory, snapshot: Snapshot, node: str) -> str:
+    """One snapshot as stable JSON: sorted keys, NaN and infinities as null, enum values also named.
+
+    Each GPU reading carries `clock_event_reason_names` (the bitmask decoded) and `compute_mode_name`
+    / `fabric_state_name` beside the numbers, spelled as protos.names spells them everywhere else.
+    """
+    readings = []
+    for reading in snapshot.gpus:
+        item = dataclasses.asdict(reading)
+        reasons = reading.clock_event_reasons
+        item["clock_event_reason_names"] = None if reasons is None else clock_event_reason_names(reasons)
+        item["compute_mode_name"] = _enum_name(telemetry_pb2.ComputeMode, reading.compute_mode)
+        item["fabric_state_name"] = _enum_name(telemetry_pb2.FabricState, reading.fabric_state)
+        readings.append(item)
     body = {
         "node": node,
         "inventory": dataclasses.asdict(agent_inventory),
-        "snapshot": dataclasses.asdict(snapshot),
+        "snapshot": {**dataclasses.asdict(snapshot), "gpus": readings},
     }
-    return json.dumps(body, indent=2, sort_keys=True, allow_nan=False, default=str)
+    return json.dumps(_finite(body), indent=2, sort_keys=True, allow_nan=False, default=str)
+
+
+def _enum_name(enum: Any, value: int | None) -> str | None:
+    """The enum value's name; None when not read; "unknown_N" for a value the contract lacks."""
+    if value is None:
+        return None
+    try:
+        return enum_name(enum, value)
+    except ValueError:
+        return f"unknown_{value}"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
