@@ -145,7 +145,9 @@ class GpuSource(Protocol):
     """What the agent needs from NVML or the simulator.
 
     Implementations raise SourceError, never a foreign exception. `read` returns one reading per GPU
-    that could be read; a GPU that fails alone is left out and reported through `last_errors`.
+    that could be read; a GPU that fails alone is left out and reported through `last_errors`,
+    except that a lost GPU with XID events still gets a reading holding only its identity and XIDs
+    (so that, say, XID 79 "fallen off the bus" reaches the controller).
     """
 
     def inventory(self) -> Inventory: ...

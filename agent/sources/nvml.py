@@ -1,8 +1,9 @@
 """The real GPU source: NVML through pynvml.
 
-This is the only module that imports pynvml. Every NVMLError stops here: a failed start raises
-SourceError, a field a GPU cannot report is remembered and skipped, any other failed field is None
-for that cycle and named in `last_errors`, and a GPU that fell off the bus is left out of `read`.
+This is the only module that imports pynvml; the nvml_* modules beside it are handed the module.
+Every NVMLError stops here: a failed start raises SourceError, a field a GPU cannot report is
+remembered and skipped, any other failed field is None for that cycle and named in `last_errors`,
+and a GPU that fell off the bus is left out of `read` (but for a reading carrying its XIDs).
 """
 
 from __future__ import annotations
@@ -10,13 +11,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import Any
 
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuInfo, GpuReading, Inventory, NvLinkReading
+from agent.sources.nvml_catalogue import (
+    CALL_READINGS,
+    FIELD_READINGS,
+    IDENTITY,
+    LINK_READINGS,
+    LINK_STATE,
+    MEMORY,
+    MIG_MODE,
+)
+from agent.sources.nvml_gpm import GpmSampler
+from agent.sources.nvml_query import Query, error_code, fn, text
+from agent.sources.nvml_runner import CounterSample, GpuLost, QueryRunner, Subject
+from agent.sources.nvml_xid import XidWatcher
 
 try:
     import pynvml as _pynvml
@@ -30,11 +43,32 @@ log = logging.getLogger(__name__)
 
 SOURCE = "nvml"
 _SIM_HINT = "run with --sim to use the simulator"
+# The XID thread waits this long per call, so close() returns within about as long.
+_XID_WAIT_MS = 1000
+_XID_BACKOFF_S = (1.0, 30.0)  # pause after an NVML error in the XID thread, doubling up to the second
+_RATES = ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
 
-# Called as call(nvml_module, *args) and returning pynvml's answer; Convert turns that answer into
-# the values of a query's fields, in order.
-Call = Callable[..., Any]
-Convert = Callable[[Any], tuple[Any, ...]]
+
+class _CountedNvml:
+    """The pynvml module with every call into it counted; constants, structs and errors pass through."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.calls = 0
+        self._lock = threading.Lock()  # the XID thread calls too
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.module, name)
+        if not (name.startswith("nvml") and callable(value)):
+            return value
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.calls += 1
+            return value(*args, **kwargs)
+
+        return counted
+
 
 # NVML is initialised once per process and module: the library keeps one state, and two sources
 # (the daemon's and a probe's) must not shut it down under each other. The module object is held
@@ -43,24 +77,24 @@ _init_lock = threading.Lock()
 _users: dict[int, tuple[Any, int]] = {}
 
 
-def _acquire(nvml: Any) -> None:
+def _acquire(nvml: _CountedNvml) -> None:
     with _init_lock:
-        _, count = _users.get(id(nvml), (nvml, 0))
+        _, count = _users.get(id(nvml.module), (nvml.module, 0))
         if count == 0:
             try:
                 nvml.nvmlInit()
             except nvml.NVMLError as exc:
                 raise SourceError(SOURCE, _init_message(nvml, exc)) from exc
-        _users[id(nvml)] = (nvml, count + 1)
+        _users[id(nvml.module)] = (nvml.module, count + 1)
 
 
-def _release(nvml: Any) -> None:
+def _release(nvml: _CountedNvml) -> None:
     with _init_lock:
-        _, count = _users.get(id(nvml), (nvml, 0))
+        _, count = _users.get(id(nvml.module), (nvml.module, 0))
         if count > 1:
-            _users[id(nvml)] = (nvml, count - 1)
+            _users[id(nvml.module)] = (nvml.module, count - 1)
             return
-        _users.pop(id(nvml), None)
+        _users.pop(id(nvml.module), None)
         if count == 0:
             return
         try:
@@ -70,7 +104,7 @@ def _release(nvml: Any) -> None:
 
 
 def _init_message(nvml: Any, exc: Any) -> str:
-    code = getattr(exc, "value", None)
+    code = error_code(exc)
     if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
         return f"NVML library not found: is the NVIDIA driver installed? {_SIM_HINT}"
     if code == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
@@ -78,196 +112,6 @@ def _init_message(nvml: Any, exc: Any) -> str:
     if code == nvml.NVML_ERROR_NO_PERMISSION:
         return f"no permission to open the GPUs (are /dev/nvidia* visible to the agent?); or {_SIM_HINT}"
     return f"nvmlInit failed: {exc}"
-
-
-def _text(value: Any) -> str:
-    """pynvml returns str from some versions and functions, bytes from others."""
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").rstrip("\x00")
-    return str(value)
-
-
-def _fn(*names: str, consts: tuple[str, ...] = ()) -> Call:
-    """Call the first of `names` that this pynvml and driver have, newest first.
-
-    The NVML constants named in `consts` follow the caller's arguments. A function missing from
-    both reads as FUNCTION_NOT_FOUND, which the source treats like NOT_SUPPORTED.
-    """
-
-    def call(nvml: Any, *args: Any) -> Any:
-        missing: Exception = nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        for name in names:
-            fn = getattr(nvml, name, None)
-            if fn is None:
-                continue
-            try:
-                return fn(*args, *(getattr(nvml, c) for c in consts))
-            except nvml.NVMLError as exc:
-                if getattr(exc, "value", None) != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    raise
-                missing = exc
-        raise missing
-
-    return call
-
-
-# Union members of c_nvmlValue_t, by the field value's valueType.
-_VALUE_MEMBERS = {
-    "NVML_VALUE_TYPE_DOUBLE": "dVal",
-    "NVML_VALUE_TYPE_UNSIGNED_INT": "uiVal",
-    "NVML_VALUE_TYPE_UNSIGNED_LONG": "ulVal",
-    "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG": "ullVal",
-    "NVML_VALUE_TYPE_SIGNED_LONG_LONG": "sllVal",
-    "NVML_VALUE_TYPE_SIGNED_INT": "siVal",
-    "NVML_VALUE_TYPE_UNSIGNED_SHORT": "usVal",
-}
-
-
-def _memory_temperature(nvml: Any, handle: Any) -> Any:
-    (value,) = nvml.nvmlDeviceGetFieldValues(handle, [nvml.NVML_FI_DEV_MEMORY_TEMP])
-    # The call as a whole succeeds; each field value carries its own status.
-    if value.nvmlReturn != nvml.NVML_SUCCESS:
-        raise nvml.NVMLError(value.nvmlReturn)
-    for const, member in _VALUE_MEMBERS.items():
-        if value.valueType == getattr(nvml, const, None):
-            return getattr(value.value, member)
-    raise nvml.NVMLError(nvml.NVML_ERROR_UNKNOWN)
-
-
-def _performance_state(nvml: Any, handle: Any) -> Any:
-    state = nvml.nvmlDeviceGetPerformanceState(handle)
-    return None if state == nvml.NVML_PSTATE_UNKNOWN else state
-
-
-def _int(value: Any) -> tuple[Any, ...]:
-    return (None if value is None else int(value),)
-
-
-def _float(value: Any) -> tuple[Any, ...]:
-    return (float(value),)
-
-
-def _hz(mhz: Any) -> tuple[Any, ...]:
-    return (float(mhz) * 1e6,)
-
-
-def _from_milli(value: Any) -> tuple[Any, ...]:
-    # Division, not * 1e-3, so that 700000 mW reads exactly 700.0 W.
-    return (float(value) / 1000.0,)
-
-
-def _bus_id(pci: Any) -> tuple[Any, ...]:
-    return (_text(pci.busId),)
-
-
-@dataclass(frozen=True, slots=True)
-class _Query:
-    """One NVML call and the reading fields its answer fills.
-
-    `label` names the query in errors and in the per-GPU NOT_SUPPORTED memory; `prefix` is how its
-    fields are named in GpuInfo.unsupported_fields ("nvlinks." for per-link fields).
-    """
-
-    label: str
-    fields: tuple[str, ...]
-    call: Call
-    convert: Convert = _int
-    prefix: str = ""
-
-    @property
-    def unsupported_names(self) -> tuple[str, ...]:
-        return tuple(self.prefix + f for f in self.fields)
-
-
-def _q(field: str, call: Call, convert: Convert = _int) -> _Query:
-    return _Query(field, (field,), call, convert)
-
-
-def _link(field: str, call: Call, convert: Convert = _int) -> _Query:
-    return _Query(f"nvlinks.{field}", (field,), call, convert, prefix="nvlinks.")
-
-
-def _volatile_ecc(error_type: str) -> Call:
-    return _fn("nvmlDeviceGetTotalEccErrors", consts=(error_type, "NVML_VOLATILE_ECC"))
-
-
-_MEMORY = _Query(
-    "memory",
-    ("memory_used_bytes", "memory_total_bytes"),
-    _fn("nvmlDeviceGetMemoryInfo"),
-    lambda m: (int(m.used), int(m.total)),
-)
-
-_READINGS: tuple[_Query, ...] = (
-    _Query(
-        "utilization",
-        ("gpu_utilization_ratio", "memory_utilization_ratio"),
-        _fn("nvmlDeviceGetUtilizationRates"),
-        lambda u: (u.gpu / 100.0, u.memory / 100.0),
-    ),
-    _MEMORY,
-    _q("sm_clock_hz", _fn("nvmlDeviceGetClockInfo", consts=("NVML_CLOCK_SM",)), _hz),
-    _q("memory_clock_hz", _fn("nvmlDeviceGetClockInfo", consts=("NVML_CLOCK_MEM",)), _hz),
-    _q("graphics_clock_hz", _fn("nvmlDeviceGetClockInfo", consts=("NVML_CLOCK_GRAPHICS",)), _hz),
-    _q("max_sm_clock_hz", _fn("nvmlDeviceGetMaxClockInfo", consts=("NVML_CLOCK_SM",)), _hz),
-    _q("max_memory_clock_hz", _fn("nvmlDeviceGetMaxClockInfo", consts=("NVML_CLOCK_MEM",)), _hz),
-    _q("applications_sm_clock_hz", _fn("nvmlDeviceGetApplicationsClock", consts=("NVML_CLOCK_SM",)), _hz),
-    _q("power_watts", _fn("nvmlDeviceGetPowerUsage"), _from_milli),
-    _q("enforced_power_limit_watts", _fn("nvmlDeviceGetEnforcedPowerLimit"), _from_milli),
-    _q("default_power_limit_watts", _fn("nvmlDeviceGetPowerManagementDefaultLimit"), _from_milli),
-    _q("energy_joules_total", _fn("nvmlDeviceGetTotalEnergyConsumption"), _from_milli),
-    _q("temperature_celsius", _fn("nvmlDeviceGetTemperature", consts=("NVML_TEMPERATURE_GPU",)), _float),
-    _q("memory_temperature_celsius", _memory_temperature, _float),
-    _q(
-        "slowdown_temperature_celsius",
-        _fn("nvmlDeviceGetTemperatureThreshold", consts=("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",)),
-        _float,
-    ),
-    _q(
-        "clock_event_reasons",
-        _fn("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-    ),
-    _q("performance_state", _performance_state),
-    _q("pcie_link_gen", _fn("nvmlDeviceGetCurrPcieLinkGeneration")),
-    _q("pcie_link_gen_max", _fn("nvmlDeviceGetMaxPcieLinkGeneration")),
-    _q("pcie_link_width", _fn("nvmlDeviceGetCurrPcieLinkWidth")),
-    _q("pcie_link_width_max", _fn("nvmlDeviceGetMaxPcieLinkWidth")),
-    _q("ecc_corrected_volatile_total", _volatile_ecc("NVML_MEMORY_ERROR_TYPE_CORRECTED")),
-    _q("ecc_uncorrected_volatile_total", _volatile_ecc("NVML_MEMORY_ERROR_TYPE_UNCORRECTED")),
-    _Query(
-        "row_remap",
-        (
-            "row_remap_correctable_total",
-            "row_remap_uncorrectable_total",
-            "row_remap_pending",
-            "row_remap_failure",
-        ),
-        _fn("nvmlDeviceGetRemappedRows"),
-        lambda r: (int(r[0]), int(r[1]), bool(r[2]), bool(r[3])),
-    ),
-)
-
-_LINK_STATE = _link("active", _fn("nvmlDeviceGetNvLinkState"))
-
-
-def _nvlink_errors(counter: str) -> Call:
-    return _fn("nvmlDeviceGetNvLinkErrorCounter", consts=(counter,))
-
-
-# Asked of active links only: a link that is down answers errors for everything but its state.
-_LINK_READINGS: tuple[_Query, ...] = (
-    _link("version", _fn("nvmlDeviceGetNvLinkVersion")),
-    _link("crc_errors_total", _nvlink_errors("NVML_NVLINK_ERROR_DL_CRC_FLIT")),
-    _link("replay_errors_total", _nvlink_errors("NVML_NVLINK_ERROR_DL_REPLAY")),
-    _link("recovery_errors_total", _nvlink_errors("NVML_NVLINK_ERROR_DL_RECOVERY")),
-    _link("remote_pci_bus_id", _fn("nvmlDeviceGetNvLinkRemotePciInfo"), _bus_id),
-)
-
-
-class _GpuLost(Exception):
-    """NVML_ERROR_GPU_IS_LOST: the GPU is gone until it is reset; stop asking it anything."""
 
 
 @dataclass(slots=True)
@@ -281,41 +125,74 @@ def _lost_message(index: int) -> str:
     return f"gpu {index} lost (fallen off the bus)"
 
 
+def _rate(previous: CounterSample | None, current: CounterSample) -> float | None:
+    """Bytes per second between two readings of a byte counter; None without two good readings."""
+    if previous is None or current.time_us <= previous.time_us:
+        return None
+    delta = current.value - previous.value
+    if delta < 0:
+        if current.bits >= 64:
+            return None  # reset (driver reload), not a wrap
+        delta += 1 << current.bits
+    return delta * 1e6 / (current.time_us - previous.time_us)
+
+
+def _cuda_version(version: Any) -> str:
+    """NVML's 12040 as "12.4"."""
+    if version is None:
+        return ""
+    number = int(version)
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
 class NvmlSource:
     """GpuSource backed by NVML: inventory once, readings every cycle, in base units.
 
     NVML is initialised once per process however many sources are open, and shut down when the last
     one closes. Device handles are cached; a field a GPU answers NOT_SUPPORTED for is listed in its
-    GpuInfo.unsupported_fields and never asked again. Per-link NVLink queries are slow, so they run
-    every `nvlink_every` reads and the last values are repeated in between. `nvml` replaces the
-    pynvml module (tests).
+    GpuInfo.unsupported_fields and never asked again. What NVML exposes as field values is read in
+    one nvmlDeviceGetFieldValues per GPU per read. Slow queries (per-link NVLink, processes, fabric,
+    limits and other settings) run every `slow_every` reads, their last values repeated in between.
+    With `xid_events` a thread waits for XID errors: each reading carries the XIDs since the
+    previous read and the totals per code since the start. `calls` counts every call into pynvml.
+    `nvml` replaces the pynvml module (tests).
     """
 
-    def __init__(self, *, nvlink_every: int = 6, nvml: ModuleType | None = None) -> None:
-        if nvlink_every < 1:
-            raise ValueError(f"nvlink_every must be at least 1, not {nvlink_every}")
+    def __init__(
+        self, *, slow_every: int = 6, xid_events: bool = True, nvml: ModuleType | None = None
+    ) -> None:
+        if slow_every < 1:
+            raise ValueError(f"slow_every must be at least 1, not {slow_every}")
         module: Any = nvml if nvml is not None else _pynvml
         if module is None:
             raise SourceError(
                 SOURCE, f"the pynvml module is missing ({_IMPORT_ERROR}): install nvidia-ml-py or {_SIM_HINT}"
             )
-        self._nvml: Any = module
-        self._nvlink_every = nvlink_every
-        self._unsupported_codes = {module.NVML_ERROR_NOT_SUPPORTED, module.NVML_ERROR_FUNCTION_NOT_FOUND}
+        self._nvml: Any = _CountedNvml(module)
+        self._slow_every = slow_every
         self._no_link_codes = {module.NVML_ERROR_NOT_SUPPORTED, module.NVML_ERROR_INVALID_ARGUMENT}
         self._open = False
-        _acquire(module)
+        _acquire(self._nvml)
         self._open = True
+        self._xids: XidWatcher | None = None
+        self._gpm = GpmSampler(self._nvml)
         try:
-            self._count = int(module.nvmlDeviceGetCount())
+            self._count = int(self._nvml.nvmlDeviceGetCount())
         except module.NVMLError as exc:
             self.close()
             raise SourceError(SOURCE, f"cannot count the GPUs: {exc}") from exc
+        self._runner = QueryRunner(self._nvml)
+        self._queries = (*FIELD_READINGS, *CALL_READINGS, self._gpm.query())
+        self._xid_query: Query | None = None
+        if xid_events:
+            self._xids = XidWatcher(self._nvml, wait_ms=_XID_WAIT_MS, backoff_s=_XID_BACKOFF_S)
+            self._xid_query = Query("xid_events", ("xid_events", "xid_counts"), self._xids.watch)
         self._devices: dict[int, _Device] = {}
+        self._uuids: dict[int, str] = {}  # kept for GPUs that are lost
         self._lost: set[int] = set()
-        self._skip: set[tuple[int, str]] = set()  # (gpu, query label) answered NOT_SUPPORTED
-        self._unsupported: dict[int, list[str]] = {i: [] for i in range(self._count)}
+        self._cache: dict[int, dict[str, dict[str, Any]]] = {}  # slow answers, per GPU and query
         self._links: dict[int, list[NvLinkReading]] = {}  # last per-link readings, reused between
+        self._counters: dict[int, dict[str, CounterSample]] = {}  # last byte counters, for rates
         self._cycle = 0
         self._errors: list[str] = []
         # Handles are opened now; a GPU that fails here is retried on each read (unless lost).
@@ -323,11 +200,16 @@ class NvmlSource:
         for index in range(self._count):
             try:
                 self._device(index, errors)
-            except _GpuLost:
+            except GpuLost:
                 self._lost.add(index)
                 errors.append(_lost_message(index))
         for message in errors:
             log.warning("nvml: %s", message)
+
+    @property
+    def calls(self) -> int:
+        """Calls into pynvml so far, by this source and its XID thread."""
+        return int(self._nvml.calls)
 
     # GpuSource
 
@@ -335,10 +217,10 @@ class NvmlSource:
         self._check_open()
         errors: list[str] = []
         gpus: list[GpuInfo] = []
-        driver = _text(self._system("driver_version", _fn("nvmlSystemGetDriverVersion"), errors))
+        driver = text(self._system("driver_version", fn("nvmlSystemGetDriverVersion"), errors))
         cuda = self._system(
             "cuda_driver_version",
-            _fn("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"),
+            fn("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"),
             errors,
         )
         for index in range(self._count):
@@ -351,12 +233,12 @@ class NvmlSource:
                     continue
                 info = self._info(index, device, errors)
                 # One full sample now, so that unsupported_fields is complete before the first read.
-                self._sample(index, device, [], with_nvlink=True)
-            except _GpuLost:
+                self._sample(index, device, [], slow=True)
+            except GpuLost:
                 self._mark_lost(index, errors)
                 continue
             info.driver_version = driver
-            info.unsupported_fields = list(self._unsupported[index])
+            info.unsupported_fields = self._runner.unsupported(index)
             gpus.append(info)
         for message in errors:
             log.warning("nvml inventory: %s", message)
@@ -373,18 +255,22 @@ class NvmlSource:
         self._check_open()
         errors: list[str] = []
         readings: list[GpuReading] = []
-        with_nvlink = self._cycle % self._nvlink_every == 0
+        slow = self._cycle % self._slow_every == 0
         self._cycle += 1
         for index in range(self._count):
             if index in self._lost:
                 errors.append(_lost_message(index))
+                self._xid_only(index, readings)
                 continue
             try:
                 device = self._device(index, errors)
                 if device is not None:
-                    readings.append(self._sample(index, device, errors, with_nvlink=with_nvlink))
-            except _GpuLost:
+                    reading = self._sample(index, device, errors, slow=slow)
+                    self._attach_xids(index, reading)
+                    readings.append(reading)
+            except GpuLost:
                 self._mark_lost(index, errors)
+                self._xid_only(index, readings)
         self._errors = errors
         return readings
 
@@ -392,10 +278,17 @@ class NvmlSource:
         return list(self._errors)
 
     def close(self) -> None:
-        """Release this source's share of NVML; the last one to close shuts NVML down."""
-        if self._open:
-            self._open = False
-            _release(self._nvml)
+        """Stop the XID thread, free GPM samples and release this source's share of NVML.
+
+        The last source to close shuts NVML down. Returns within about one XID wait (1 s).
+        """
+        if not self._open:
+            return
+        self._open = False
+        if self._xids is not None:
+            self._xids.stop()
+        self._gpm.close()
+        _release(self._nvml)
 
     def __enter__(self) -> NvmlSource:
         return self
@@ -417,40 +310,19 @@ class NvmlSource:
         self._links.pop(index, None)
         errors.append(_lost_message(index))
 
-    def _ask(self, index: int, query: _Query, errors: list[str], *args: Any, where: str = "") -> Any:
-        """`query.call(*args)`, or None when it failed.
+    def _attach_xids(self, index: int, reading: GpuReading) -> None:
+        if self._xids is not None:
+            reading.xid_events, reading.xid_counts = self._xids.take(index)
 
-        NOT_SUPPORTED is remembered per (gpu, query) so later cycles skip the call, and its fields
-        join the GPU's unsupported list; other errors are appended to `errors`; GPU_IS_LOST raises
-        _GpuLost.
-        """
-        if (index, query.label) in self._skip:
-            return None
-        nvml = self._nvml
-        try:
-            return query.call(nvml, *args)
-        except nvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code == nvml.NVML_ERROR_GPU_IS_LOST:
-                raise _GpuLost from exc
-            if code in self._unsupported_codes:
-                self._skip.add((index, query.label))
-                unsupported = self._unsupported[index]
-                unsupported.extend(n for n in query.unsupported_names if n not in unsupported)
-                return None
-            errors.append(f"gpu {index} {query.label}{where}: {exc}")
-            return None
+    def _xid_only(self, index: int, readings: list[GpuReading]) -> None:
+        """A lost GPU's XIDs (79, fallen off the bus, above all) still reach the stream: a reading
+        with nothing else read."""
+        if self._xids is not None and self._xids.has_any(index):
+            reading = GpuReading(index=index, uuid=self._uuids.get(index, ""))
+            self._attach_xids(index, reading)
+            readings.append(reading)
 
-    def _fill(
-        self, target: Any, index: int, query: _Query, errors: list[str], *args: Any, where: str = ""
-    ) -> None:
-        """Set `query`'s fields on `target` from its answer; leave them as they are when it failed."""
-        raw = self._ask(index, query, errors, *args, where=where)
-        if raw is not None:
-            for name, value in zip(query.fields, query.convert(raw), strict=True):
-                setattr(target, name, value)
-
-    def _system(self, label: str, call: Call, errors: list[str]) -> Any:
+    def _system(self, label: str, call: Any, errors: list[str]) -> Any:
         try:
             return call(self._nvml)
         except self._nvml.NVMLError as exc:
@@ -458,21 +330,24 @@ class NvmlSource:
             return None
 
     def _device(self, index: int, errors: list[str]) -> _Device | None:
-        """The cached handle of GPU `index`, opened (and its NVLinks counted) on first use."""
+        """The cached handle of GPU `index`, opened (NVLinks counted, XIDs watched) on first use."""
         device = self._devices.get(index)
         if device is not None:
             return device
         nvml = self._nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
         except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
-                raise _GpuLost from exc
+            if error_code(exc) == nvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost from exc
             errors.append(f"gpu {index}: cannot open: {exc}")
             return None
         device = _Device(handle, uuid, self._count_links(index, handle, errors))
         self._devices[index] = device
+        self._uuids[index] = uuid
+        if self._xid_query is not None:
+            self._runner.ask(index, self._xid_query, errors, index, handle)
         return device
 
     def _count_links(self, index: int, handle: Any, errors: list[str]) -> list[int]:
@@ -482,9 +357,9 @@ class NvmlSource:
             try:
                 nvml.nvmlDeviceGetNvLinkState(handle, link)
             except nvml.NVMLError as exc:
-                code = getattr(exc, "value", None)
+                code = error_code(exc)
                 if code == nvml.NVML_ERROR_GPU_IS_LOST:
-                    raise _GpuLost from exc
+                    raise GpuLost from exc
                 if code in self._no_link_codes:
                     continue
                 # The link exists but failed to answer; count it, its readings will say more.
@@ -493,54 +368,65 @@ class NvmlSource:
         return links
 
     def _info(self, index: int, device: _Device, errors: list[str]) -> GpuInfo:
-        handle = device.handle
-
-        def text(label: str, function: str) -> str:
-            return _text(self._ask(index, _Query(label, (), _fn(function)), errors, handle))
-
-        pci = self._ask(index, _Query("pci_bus_id", (), _fn("nvmlDeviceGetPciInfo")), errors, handle)
-        memory = self._ask(index, _MEMORY, errors, handle)
+        identity: dict[str, Any] = {}
+        for query in IDENTITY:
+            self._runner.fill(identity, index, query, errors, device.handle)
+        memory = self._runner.ask(index, MEMORY, errors, device.handle)
+        mig = self._runner.ask(index, MIG_MODE, errors, device.handle)
         return GpuInfo(
             index=index,
             uuid=device.uuid,
-            name=text("name", "nvmlDeviceGetName"),
-            serial=text("serial", "nvmlDeviceGetSerial"),
-            pci_bus_id=_text(pci.busId) if pci is not None else "",
-            vbios_version=text("vbios_version", "nvmlDeviceGetVbiosVersion"),
-            board_part_number=text("board_part_number", "nvmlDeviceGetBoardPartNumber"),
-            memory_total_bytes=int(memory.total) if memory is not None else None,
+            **identity,
+            memory_total_bytes=MEMORY.convert(memory)[1] if memory is not None else None,
             nvlink_count=len(device.links),
+            mig_mode_enabled=MIG_MODE.convert(mig)[0] if mig is not None else None,
         )
 
-    def _sample(self, index: int, device: _Device, errors: list[str], *, with_nvlink: bool) -> GpuReading:
+    def _sample(self, index: int, device: _Device, errors: list[str], *, slow: bool) -> GpuReading:
+        values: dict[str, Any] = {}
+        subject = Subject(values, (device.handle,))
+        cache = self._cache.setdefault(index, {})
+        self._runner.run(index, device.handle, self._queries, [subject], errors, slow=slow, cache=cache)
+        self._to_rates(index, values)
         reading = GpuReading(index=index, uuid=device.uuid)
-        for query in _READINGS:
-            self._fill(reading, index, query, errors, device.handle)
-        if with_nvlink or index not in self._links:
+        for name, value in values.items():
+            if value is not None:  # None: not read; the reading's default says so (an empty list, "")
+                setattr(reading, name, value)
+        if slow or index not in self._links:
             self._links[index] = self._read_links(index, device, errors)
         # Copies: a reading handed out must not change when the cached links are refreshed.
         reading.nvlinks = [dataclasses.replace(link) for link in self._links[index]]
         return reading
 
+    def _to_rates(self, index: int, values: dict[str, Any]) -> None:
+        """Byte counters read as field values become rates since the previous reading."""
+        previous = self._counters.setdefault(index, {})
+        for name in _RATES:
+            sample = values.get(name)
+            if isinstance(sample, CounterSample):
+                values[name] = _rate(previous.get(name), sample)
+                previous[name] = sample
+
     def _read_links(self, index: int, device: _Device, errors: list[str]) -> list[NvLinkReading]:
-        links = []
-        for link in device.links:
-            where = f" (link {link})"
-            link_reading = NvLinkReading(link=link, active=False)
-            state = self._ask(index, _LINK_STATE, errors, device.handle, link, where=where)
+        handle = device.handle
+        subjects = [Subject({}, (handle, link), scope=link, where=f" (link {link})") for link in device.links]
+        if not subjects:
+            return []
+        self._runner.run(index, handle, (LINK_STATE,), subjects, errors)
+        links: list[NvLinkReading] = []
+        active: list[tuple[NvLinkReading, Subject]] = []
+        for link, subject in zip(device.links, subjects, strict=True):
+            state = subject.values.get("active")
             if state is None:
                 continue  # unknown this cycle: reporting it inactive would be a false alarm
-            link_reading.active = bool(state)
-            if link_reading.active:
-                for query in _LINK_READINGS:
-                    self._fill(link_reading, index, query, errors, device.handle, link, where=where)
-            links.append(link_reading)
+            reading = NvLinkReading(link=link, active=bool(state))
+            links.append(reading)
+            if reading.active:
+                active.append((reading, subject))
+        if active:
+            self._runner.run(index, handle, LINK_READINGS, [s for _, s in active], errors)
+            for reading, subject in active:
+                for name, value in subject.values.items():
+                    if value is not None:
+                        setattr(reading, name, value)
         return links
-
-
-def _cuda_version(version: Any) -> str:
-    """NVML's 12040 as "12.4"."""
-    if version is None:
-        return ""
-    number = int(version)
-    return f"{number // 1000}.{number % 1000 // 10}"

@@ -1,0 +1,104 @@
+"""GPU Performance Monitoring (Hopper and newer): the NVML metrics that stand in for DCGM profiling.
+
+GPM metrics are computed between two samples, so each GPU keeps two and every read returns the
+averages since the previous read: SM activity, tensor-pipe activity, DRAM bandwidth, graphics
+engine activity, as ratios 0..1.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agent.sources.nvml_query import Query, address
+
+log = logging.getLogger(__name__)
+
+METRICS: tuple[tuple[str, str], ...] = (
+    ("gpm_sm_activity_ratio", "NVML_GPM_METRIC_SM_UTIL"),
+    ("gpm_tensor_activity_ratio", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("gpm_dram_activity_ratio", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+    ("gpm_graphics_activity_ratio", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+)
+
+
+@dataclass(slots=True)
+class _Samples:
+    previous: Any
+    current: Any
+    request: Any = None  # the c_nvmlGpmMetricsGet_t, built once: it holds all NVML_GPM_METRIC_MAX slots
+    primed: bool = False  # `previous` holds a sample
+
+
+class GpmSampler:
+    """Per-GPU GPM samples, allocated on first use and freed by `close`."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._gpus: dict[int, _Samples] = {}
+
+    def query(self) -> Query:
+        """The query that fills the gpm_* reading fields; asked every cycle with the GPU's handle."""
+        return Query("gpm", tuple(name for name, _ in METRICS), self.read, tuple)
+
+    def read(self, nvml: Any, handle: Any) -> tuple[float | None, ...] | None:
+        """The metrics since the previous call for this GPU; None on the first (nothing to compare)."""
+        samples = self._gpus.get(address(handle))
+        if samples is None:
+            if getattr(nvml, "nvmlGpmQueryDeviceSupport", None) is None:  # a pynvml older than GPM
+                raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+            samples = self._allocate(nvml)
+            self._gpus[address(handle)] = samples
+        if not samples.primed:
+            nvml.nvmlGpmSampleGet(handle, samples.previous)
+            samples.primed = True
+            return None
+        nvml.nvmlGpmSampleGet(handle, samples.current)
+        try:
+            return self._metrics(nvml, samples)
+        finally:
+            # The sample just taken starts the next interval, whether or not these metrics came back.
+            samples.previous, samples.current = samples.current, samples.previous
+
+    def close(self) -> None:
+        """Free every GPU's samples (before NVML shuts down)."""
+        nvml = self._nvml
+        for samples in self._gpus.values():
+            for sample in (samples.previous, samples.current):
+                try:
+                    nvml.nvmlGpmSampleFree(sample)
+                except nvml.NVMLError as exc:
+                    log.warning("nvml: cannot free a GPM sample: %s", exc)
+        self._gpus.clear()
+
+    @staticmethod
+    def _allocate(nvml: Any) -> _Samples:
+        first = nvml.nvmlGpmSampleAlloc()
+        try:
+            second = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError:
+            nvml.nvmlGpmSampleFree(first)
+            raise
+        return _Samples(first, second)
+
+    @staticmethod
+    def _metrics(nvml: Any, samples: _Samples) -> tuple[float | None, ...]:
+        if samples.request is None:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(METRICS)
+            for slot, (_, metric) in zip(request.metrics, METRICS, strict=False):
+                slot.metricId = getattr(nvml, metric)
+            samples.request = request
+        request = samples.request
+        request.sample1 = samples.previous
+        request.sample2 = samples.current
+        nvml.nvmlGpmMetricsGet(request)
+        values: list[float | None] = []
+        for slot in request.metrics[: len(METRICS)]:
+            ok = int(slot.nvmlReturn) == nvml.NVML_SUCCESS
+            values.append(float(slot.value) / 100.0 if ok else None)
+        return tuple(values)
