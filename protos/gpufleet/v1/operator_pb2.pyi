@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from protos.gpufleet.v1 import bmc_pb2 as _bmc_pb2
 from protos.gpufleet.v1 import findings_pb2 as _findings_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as _telemetry_pb2
 import builtins as _builtins
@@ -168,6 +169,7 @@ class NodeDetail(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     PROBES_FIELD_NUMBER: _builtins.int
     FINDINGS_FIELD_NUMBER: _builtins.int
+    BMC_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def summary(self) -> Global___NodeSummary: ...
     @_builtins.property
@@ -188,6 +190,10 @@ class NodeDetail(_message.Message):
     def findings(self) -> _containers.RepeatedCompositeFieldContainer[_findings_pb2.Finding]:
         """active findings"""
 
+    @_builtins.property
+    def bmc(self) -> _bmc_pb2.BmcSample:
+        """the latest BMC poll, when the agent reads a BMC"""
+
     def __init__(
         self,
         *,
@@ -197,10 +203,11 @@ class NodeDetail(_message.Message):
         host: _telemetry_pb2.HostSample | None = ...,
         probes: _abc.Iterable[_telemetry_pb2.ProbeResult] | None = ...,
         findings: _abc.Iterable[_findings_pb2.Finding] | None = ...,
+        bmc: _bmc_pb2.BmcSample | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "host", b"host", "summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "hello", b"hello", "host", b"host", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["findings", b"findings", "gpus", b"gpus", "hello", b"hello", "host", b"host", "probes", b"probes", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "findings", b"findings", "gpus", b"gpus", "hello", b"hello", "host", b"host", "probes", b"probes", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,6 +15,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from protos.gpufleet.v1 import bmc_pb2 as _bmc_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -377,6 +378,7 @@ class TelemetryFrame(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     PROBES_FIELD_NUMBER: _builtins.int
     COLLECTORS_FIELD_NUMBER: _builtins.int
+    BMC_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     boot_id: _builtins.str
     """the boot that produced the frame (may precede the stream's Hello)"""
@@ -393,8 +395,10 @@ class TelemetryFrame(_message.Message):
     @_builtins.property
     def probes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProbeResult]: ...
     @_builtins.property
-    def collectors(self) -> _containers.RepeatedCompositeFieldContainer[Global___CollectorStatus]:
-        """10: BMC section; 11..29: room"""
+    def collectors(self) -> _containers.RepeatedCompositeFieldContainer[Global___CollectorStatus]: ...
+    @_builtins.property
+    def bmc(self) -> _bmc_pb2.BmcSample:
+        """set only in the first frame after a BMC poll completes"""
 
     def __init__(
         self,
@@ -408,10 +412,11 @@ class TelemetryFrame(_message.Message):
         host: Global___HostSample | None = ...,
         probes: _abc.Iterable[Global___ProbeResult] | None = ...,
         collectors: _abc.Iterable[Global___CollectorStatus] | None = ...,
+        bmc: _bmc_pb2.BmcSample | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "host", b"host", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot_id", b"boot_id", "collectors", b"collectors", "gpus", b"gpus", "host", b"host", "node", b"node", "probes", b"probes", "seq", b"seq", "spool_floor_seq", b"spool_floor_seq", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "boot_id", b"boot_id", "collectors", b"collectors", "gpus", b"gpus", "host", b"host", "node", b"node", "probes", b"probes", "seq", b"seq", "spool_floor_seq", b"spool_floor_seq", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1087,6 +1092,22 @@ class HostSample(_message.Message):
     CPU_GOVERNOR_FIELD_NUMBER: _builtins.int
     CPU_FREQUENCY_HZ_FIELD_NUMBER: _builtins.int
     UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    LOAD5_FIELD_NUMBER: _builtins.int
+    LOAD15_FIELD_NUMBER: _builtins.int
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _builtins.int
+    SWAP_USED_BYTES_FIELD_NUMBER: _builtins.int
+    SWAP_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    HUGEPAGES_TOTAL_FIELD_NUMBER: _builtins.int
+    HUGEPAGES_FREE_FIELD_NUMBER: _builtins.int
+    HUGEPAGE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    TRANSPARENT_HUGEPAGE_FIELD_NUMBER: _builtins.int
+    NUMA_BALANCING_FIELD_NUMBER: _builtins.int
+    KERNEL_FIELD_NUMBER: _builtins.int
+    CPUS_FIELD_NUMBER: _builtins.int
+    NETWORK_FIELD_NUMBER: _builtins.int
+    DISKS_FIELD_NUMBER: _builtins.int
+    INFINIBAND_FIELD_NUMBER: _builtins.int
+    PCIE_AER_FIELD_NUMBER: _builtins.int
     cpu_utilization_ratio: _builtins.float
     load1: _builtins.float
     memory_used_bytes: _builtins.int
@@ -1094,7 +1115,39 @@ class HostSample(_message.Message):
     cpu_governor: _builtins.str
     cpu_frequency_hz: _builtins.float
     uptime_seconds: _builtins.float
-    """8..49: room (InfiniBand, AER, hugepages)"""
+    load5: _builtins.float
+    load15: _builtins.float
+    memory_available_bytes: _builtins.int
+    swap_used_bytes: _builtins.int
+    swap_total_bytes: _builtins.int
+    hugepages_total: _builtins.int
+    """pages of hugepage_size_bytes"""
+    hugepages_free: _builtins.int
+    hugepage_size_bytes: _builtins.int
+    transparent_hugepage: _builtins.str
+    """the selected mode: "always", "madvise", "never" """
+    numa_balancing: _builtins.bool
+    """kernel.numa_balancing"""
+    kernel: _builtins.str
+    """/proc/sys/kernel/osrelease"""
+    @_builtins.property
+    def cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___CpuCoreSample]: ...
+    @_builtins.property
+    def network(self) -> _containers.RepeatedCompositeFieldContainer[Global___NetInterfaceSample]:
+        """loopback left out"""
+
+    @_builtins.property
+    def disks(self) -> _containers.RepeatedCompositeFieldContainer[Global___DiskSample]:
+        """whole disks, not partitions"""
+
+    @_builtins.property
+    def infiniband(self) -> _containers.RepeatedCompositeFieldContainer[Global___InfinibandPortSample]:
+        """InfiniBand and RoCE ports"""
+
+    @_builtins.property
+    def pcie_aer(self) -> _containers.RepeatedCompositeFieldContainer[Global___PcieAerSample]:
+        """AER-capable PCI devices"""
+
     def __init__(
         self,
         *,
@@ -1105,10 +1158,26 @@ class HostSample(_message.Message):
         cpu_governor: _builtins.str | None = ...,
         cpu_frequency_hz: _builtins.float | None = ...,
         uptime_seconds: _builtins.float | None = ...,
+        load5: _builtins.float | None = ...,
+        load15: _builtins.float | None = ...,
+        memory_available_bytes: _builtins.int | None = ...,
+        swap_used_bytes: _builtins.int | None = ...,
+        swap_total_bytes: _builtins.int | None = ...,
+        hugepages_total: _builtins.int | None = ...,
+        hugepages_free: _builtins.int | None = ...,
+        hugepage_size_bytes: _builtins.int | None = ...,
+        transparent_hugepage: _builtins.str | None = ...,
+        numa_balancing: _builtins.bool | None = ...,
+        kernel: _builtins.str | None = ...,
+        cpus: _abc.Iterable[Global___CpuCoreSample] | None = ...,
+        network: _abc.Iterable[Global___NetInterfaceSample] | None = ...,
+        disks: _abc.Iterable[Global___DiskSample] | None = ...,
+        infiniband: _abc.Iterable[Global___InfinibandPortSample] | None = ...,
+        pcie_aer: _abc.Iterable[Global___PcieAerSample] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_load1", b"_load1", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "load1", b"load1", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "numa_balancing", b"numa_balancing", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_load1", b"_load1", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "load1", b"load1", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "cpus", b"cpus", "disks", b"disks", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband", b"infiniband", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "network", b"network", "numa_balancing", b"numa_balancing", "pcie_aer", b"pcie_aer", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_frequency_hz: _TypeAlias = _typing.Literal["cpu_frequency_hz"]  # noqa: Y015
     _WhichOneofArgType__cpu_frequency_hz: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz"]  # noqa: Y015
@@ -1116,12 +1185,34 @@ class HostSample(_message.Message):
     _WhichOneofArgType__cpu_governor: _TypeAlias = _typing.Literal["_cpu_governor", b"_cpu_governor"]  # noqa: Y015
     _WhichOneofReturnType__cpu_utilization_ratio: _TypeAlias = _typing.Literal["cpu_utilization_ratio"]  # noqa: Y015
     _WhichOneofArgType__cpu_utilization_ratio: _TypeAlias = _typing.Literal["_cpu_utilization_ratio", b"_cpu_utilization_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__hugepage_size_bytes: _TypeAlias = _typing.Literal["hugepage_size_bytes"]  # noqa: Y015
+    _WhichOneofArgType__hugepage_size_bytes: _TypeAlias = _typing.Literal["_hugepage_size_bytes", b"_hugepage_size_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__hugepages_free: _TypeAlias = _typing.Literal["hugepages_free"]  # noqa: Y015
+    _WhichOneofArgType__hugepages_free: _TypeAlias = _typing.Literal["_hugepages_free", b"_hugepages_free"]  # noqa: Y015
+    _WhichOneofReturnType__hugepages_total: _TypeAlias = _typing.Literal["hugepages_total"]  # noqa: Y015
+    _WhichOneofArgType__hugepages_total: _TypeAlias = _typing.Literal["_hugepages_total", b"_hugepages_total"]  # noqa: Y015
+    _WhichOneofReturnType__kernel: _TypeAlias = _typing.Literal["kernel"]  # noqa: Y015
+    _WhichOneofArgType__kernel: _TypeAlias = _typing.Literal["_kernel", b"_kernel"]  # noqa: Y015
     _WhichOneofReturnType__load1: _TypeAlias = _typing.Literal["load1"]  # noqa: Y015
     _WhichOneofArgType__load1: _TypeAlias = _typing.Literal["_load1", b"_load1"]  # noqa: Y015
+    _WhichOneofReturnType__load15: _TypeAlias = _typing.Literal["load15"]  # noqa: Y015
+    _WhichOneofArgType__load15: _TypeAlias = _typing.Literal["_load15", b"_load15"]  # noqa: Y015
+    _WhichOneofReturnType__load5: _TypeAlias = _typing.Literal["load5"]  # noqa: Y015
+    _WhichOneofArgType__load5: _TypeAlias = _typing.Literal["_load5", b"_load5"]  # noqa: Y015
+    _WhichOneofReturnType__memory_available_bytes: _TypeAlias = _typing.Literal["memory_available_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_available_bytes: _TypeAlias = _typing.Literal["_memory_available_bytes", b"_memory_available_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_used_bytes: _TypeAlias = _typing.Literal["memory_used_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_used_bytes: _TypeAlias = _typing.Literal["_memory_used_bytes", b"_memory_used_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__numa_balancing: _TypeAlias = _typing.Literal["numa_balancing"]  # noqa: Y015
+    _WhichOneofArgType__numa_balancing: _TypeAlias = _typing.Literal["_numa_balancing", b"_numa_balancing"]  # noqa: Y015
+    _WhichOneofReturnType__swap_total_bytes: _TypeAlias = _typing.Literal["swap_total_bytes"]  # noqa: Y015
+    _WhichOneofArgType__swap_total_bytes: _TypeAlias = _typing.Literal["_swap_total_bytes", b"_swap_total_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__swap_used_bytes: _TypeAlias = _typing.Literal["swap_used_bytes"]  # noqa: Y015
+    _WhichOneofArgType__swap_used_bytes: _TypeAlias = _typing.Literal["_swap_used_bytes", b"_swap_used_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__transparent_hugepage: _TypeAlias = _typing.Literal["transparent_hugepage"]  # noqa: Y015
+    _WhichOneofArgType__transparent_hugepage: _TypeAlias = _typing.Literal["_transparent_hugepage", b"_transparent_hugepage"]  # noqa: Y015
     _WhichOneofReturnType__uptime_seconds: _TypeAlias = _typing.Literal["uptime_seconds"]  # noqa: Y015
     _WhichOneofArgType__uptime_seconds: _TypeAlias = _typing.Literal["_uptime_seconds", b"_uptime_seconds"]  # noqa: Y015
     @_typing.overload
@@ -1131,15 +1222,344 @@ class HostSample(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_utilization_ratio) -> _WhichOneofReturnType__cpu_utilization_ratio | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hugepage_size_bytes) -> _WhichOneofReturnType__hugepage_size_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hugepages_free) -> _WhichOneofReturnType__hugepages_free | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hugepages_total) -> _WhichOneofReturnType__hugepages_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kernel) -> _WhichOneofReturnType__kernel | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__load1) -> _WhichOneofReturnType__load1 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__load15) -> _WhichOneofReturnType__load15 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__load5) -> _WhichOneofReturnType__load5 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_available_bytes) -> _WhichOneofReturnType__memory_available_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_used_bytes) -> _WhichOneofReturnType__memory_used_bytes | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__numa_balancing) -> _WhichOneofReturnType__numa_balancing | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__swap_total_bytes) -> _WhichOneofReturnType__swap_total_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__swap_used_bytes) -> _WhichOneofReturnType__swap_used_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__transparent_hugepage) -> _WhichOneofReturnType__transparent_hugepage | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__uptime_seconds) -> _WhichOneofReturnType__uptime_seconds | None: ...
 
 Global___HostSample: _TypeAlias = HostSample  # noqa: Y015
+
+@_typing.final
+class CpuCoreSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_FIELD_NUMBER: _builtins.int
+    UTILIZATION_RATIO_FIELD_NUMBER: _builtins.int
+    FREQUENCY_HZ_FIELD_NUMBER: _builtins.int
+    GOVERNOR_FIELD_NUMBER: _builtins.int
+    cpu: _builtins.int
+    """the kernel's CPU number (cpuN)"""
+    utilization_ratio: _builtins.float
+    """busy share since the previous sample"""
+    frequency_hz: _builtins.float
+    """cpufreq scaling_cur_freq"""
+    governor: _builtins.str
+    """scaling_governor; empty without cpufreq"""
+    def __init__(
+        self,
+        *,
+        cpu: _builtins.int = ...,
+        utilization_ratio: _builtins.float | None = ...,
+        frequency_hz: _builtins.float | None = ...,
+        governor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frequency_hz", b"_frequency_hz", "_utilization_ratio", b"_utilization_ratio", "frequency_hz", b"frequency_hz", "utilization_ratio", b"utilization_ratio"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frequency_hz", b"_frequency_hz", "_utilization_ratio", b"_utilization_ratio", "cpu", b"cpu", "frequency_hz", b"frequency_hz", "governor", b"governor", "utilization_ratio", b"utilization_ratio"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frequency_hz: _TypeAlias = _typing.Literal["frequency_hz"]  # noqa: Y015
+    _WhichOneofArgType__frequency_hz: _TypeAlias = _typing.Literal["_frequency_hz", b"_frequency_hz"]  # noqa: Y015
+    _WhichOneofReturnType__utilization_ratio: _TypeAlias = _typing.Literal["utilization_ratio"]  # noqa: Y015
+    _WhichOneofArgType__utilization_ratio: _TypeAlias = _typing.Literal["_utilization_ratio", b"_utilization_ratio"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frequency_hz) -> _WhichOneofReturnType__frequency_hz | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__utilization_ratio) -> _WhichOneofReturnType__utilization_ratio | None: ...
+
+Global___CpuCoreSample: _TypeAlias = CpuCoreSample  # noqa: Y015
+
+@_typing.final
+class NetInterfaceSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    TX_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    RX_PACKETS_TOTAL_FIELD_NUMBER: _builtins.int
+    TX_PACKETS_TOTAL_FIELD_NUMBER: _builtins.int
+    RX_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
+    TX_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
+    RX_DROPPED_TOTAL_FIELD_NUMBER: _builtins.int
+    TX_DROPPED_TOTAL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    rx_bytes_total: _builtins.int
+    tx_bytes_total: _builtins.int
+    rx_packets_total: _builtins.int
+    tx_packets_total: _builtins.int
+    rx_errors_total: _builtins.int
+    tx_errors_total: _builtins.int
+    rx_dropped_total: _builtins.int
+    tx_dropped_total: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        rx_bytes_total: _builtins.int | None = ...,
+        tx_bytes_total: _builtins.int | None = ...,
+        rx_packets_total: _builtins.int | None = ...,
+        tx_packets_total: _builtins.int | None = ...,
+        rx_errors_total: _builtins.int | None = ...,
+        tx_errors_total: _builtins.int | None = ...,
+        rx_dropped_total: _builtins.int | None = ...,
+        tx_dropped_total: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_rx_bytes_total", b"_rx_bytes_total", "_rx_dropped_total", b"_rx_dropped_total", "_rx_errors_total", b"_rx_errors_total", "_rx_packets_total", b"_rx_packets_total", "_tx_bytes_total", b"_tx_bytes_total", "_tx_dropped_total", b"_tx_dropped_total", "_tx_errors_total", b"_tx_errors_total", "_tx_packets_total", b"_tx_packets_total", "rx_bytes_total", b"rx_bytes_total", "rx_dropped_total", b"rx_dropped_total", "rx_errors_total", b"rx_errors_total", "rx_packets_total", b"rx_packets_total", "tx_bytes_total", b"tx_bytes_total", "tx_dropped_total", b"tx_dropped_total", "tx_errors_total", b"tx_errors_total", "tx_packets_total", b"tx_packets_total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rx_bytes_total", b"_rx_bytes_total", "_rx_dropped_total", b"_rx_dropped_total", "_rx_errors_total", b"_rx_errors_total", "_rx_packets_total", b"_rx_packets_total", "_tx_bytes_total", b"_tx_bytes_total", "_tx_dropped_total", b"_tx_dropped_total", "_tx_errors_total", b"_tx_errors_total", "_tx_packets_total", b"_tx_packets_total", "name", b"name", "rx_bytes_total", b"rx_bytes_total", "rx_dropped_total", b"rx_dropped_total", "rx_errors_total", b"rx_errors_total", "rx_packets_total", b"rx_packets_total", "tx_bytes_total", b"tx_bytes_total", "tx_dropped_total", b"tx_dropped_total", "tx_errors_total", b"tx_errors_total", "tx_packets_total", b"tx_packets_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__rx_bytes_total: _TypeAlias = _typing.Literal["rx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__rx_bytes_total: _TypeAlias = _typing.Literal["_rx_bytes_total", b"_rx_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__rx_dropped_total: _TypeAlias = _typing.Literal["rx_dropped_total"]  # noqa: Y015
+    _WhichOneofArgType__rx_dropped_total: _TypeAlias = _typing.Literal["_rx_dropped_total", b"_rx_dropped_total"]  # noqa: Y015
+    _WhichOneofReturnType__rx_errors_total: _TypeAlias = _typing.Literal["rx_errors_total"]  # noqa: Y015
+    _WhichOneofArgType__rx_errors_total: _TypeAlias = _typing.Literal["_rx_errors_total", b"_rx_errors_total"]  # noqa: Y015
+    _WhichOneofReturnType__rx_packets_total: _TypeAlias = _typing.Literal["rx_packets_total"]  # noqa: Y015
+    _WhichOneofArgType__rx_packets_total: _TypeAlias = _typing.Literal["_rx_packets_total", b"_rx_packets_total"]  # noqa: Y015
+    _WhichOneofReturnType__tx_bytes_total: _TypeAlias = _typing.Literal["tx_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__tx_bytes_total: _TypeAlias = _typing.Literal["_tx_bytes_total", b"_tx_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__tx_dropped_total: _TypeAlias = _typing.Literal["tx_dropped_total"]  # noqa: Y015
+    _WhichOneofArgType__tx_dropped_total: _TypeAlias = _typing.Literal["_tx_dropped_total", b"_tx_dropped_total"]  # noqa: Y015
+    _WhichOneofReturnType__tx_errors_total: _TypeAlias = _typing.Literal["tx_errors_total"]  # noqa: Y015
+    _WhichOneofArgType__tx_errors_total: _TypeAlias = _typing.Literal["_tx_errors_total", b"_tx_errors_total"]  # noqa: Y015
+    _WhichOneofReturnType__tx_packets_total: _TypeAlias = _typing.Literal["tx_packets_total"]  # noqa: Y015
+    _WhichOneofArgType__tx_packets_total: _TypeAlias = _typing.Literal["_tx_packets_total", b"_tx_packets_total"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rx_bytes_total) -> _WhichOneofReturnType__rx_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rx_dropped_total) -> _WhichOneofReturnType__rx_dropped_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rx_errors_total) -> _WhichOneofReturnType__rx_errors_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rx_packets_total) -> _WhichOneofReturnType__rx_packets_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tx_bytes_total) -> _WhichOneofReturnType__tx_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tx_dropped_total) -> _WhichOneofReturnType__tx_dropped_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tx_errors_total) -> _WhichOneofReturnType__tx_errors_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tx_packets_total) -> _WhichOneofReturnType__tx_packets_total | None: ...
+
+Global___NetInterfaceSample: _TypeAlias = NetInterfaceSample  # noqa: Y015
+
+@_typing.final
+class DiskSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    READ_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    WRITTEN_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    READS_TOTAL_FIELD_NUMBER: _builtins.int
+    WRITES_TOTAL_FIELD_NUMBER: _builtins.int
+    IO_TIME_SECONDS_TOTAL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """sda, nvme0n1"""
+    read_bytes_total: _builtins.int
+    written_bytes_total: _builtins.int
+    reads_total: _builtins.int
+    writes_total: _builtins.int
+    io_time_seconds_total: _builtins.float
+    """time the device had I/O in flight"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        read_bytes_total: _builtins.int | None = ...,
+        written_bytes_total: _builtins.int | None = ...,
+        reads_total: _builtins.int | None = ...,
+        writes_total: _builtins.int | None = ...,
+        io_time_seconds_total: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_io_time_seconds_total", b"_io_time_seconds_total", "_read_bytes_total", b"_read_bytes_total", "_reads_total", b"_reads_total", "_writes_total", b"_writes_total", "_written_bytes_total", b"_written_bytes_total", "io_time_seconds_total", b"io_time_seconds_total", "read_bytes_total", b"read_bytes_total", "reads_total", b"reads_total", "writes_total", b"writes_total", "written_bytes_total", b"written_bytes_total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_io_time_seconds_total", b"_io_time_seconds_total", "_read_bytes_total", b"_read_bytes_total", "_reads_total", b"_reads_total", "_writes_total", b"_writes_total", "_written_bytes_total", b"_written_bytes_total", "io_time_seconds_total", b"io_time_seconds_total", "name", b"name", "read_bytes_total", b"read_bytes_total", "reads_total", b"reads_total", "writes_total", b"writes_total", "written_bytes_total", b"written_bytes_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__io_time_seconds_total: _TypeAlias = _typing.Literal["io_time_seconds_total"]  # noqa: Y015
+    _WhichOneofArgType__io_time_seconds_total: _TypeAlias = _typing.Literal["_io_time_seconds_total", b"_io_time_seconds_total"]  # noqa: Y015
+    _WhichOneofReturnType__read_bytes_total: _TypeAlias = _typing.Literal["read_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__read_bytes_total: _TypeAlias = _typing.Literal["_read_bytes_total", b"_read_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__reads_total: _TypeAlias = _typing.Literal["reads_total"]  # noqa: Y015
+    _WhichOneofArgType__reads_total: _TypeAlias = _typing.Literal["_reads_total", b"_reads_total"]  # noqa: Y015
+    _WhichOneofReturnType__writes_total: _TypeAlias = _typing.Literal["writes_total"]  # noqa: Y015
+    _WhichOneofArgType__writes_total: _TypeAlias = _typing.Literal["_writes_total", b"_writes_total"]  # noqa: Y015
+    _WhichOneofReturnType__written_bytes_total: _TypeAlias = _typing.Literal["written_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__written_bytes_total: _TypeAlias = _typing.Literal["_written_bytes_total", b"_written_bytes_total"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__io_time_seconds_total) -> _WhichOneofReturnType__io_time_seconds_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_bytes_total) -> _WhichOneofReturnType__read_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reads_total) -> _WhichOneofReturnType__reads_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__writes_total) -> _WhichOneofReturnType__writes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__written_bytes_total) -> _WhichOneofReturnType__written_bytes_total | None: ...
+
+Global___DiskSample: _TypeAlias = DiskSample  # noqa: Y015
+
+@_typing.final
+class InfinibandPortSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    LINK_LAYER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PHYSICAL_STATE_FIELD_NUMBER: _builtins.int
+    RATE_GBPS_FIELD_NUMBER: _builtins.int
+    LINK_DOWNED_TOTAL_FIELD_NUMBER: _builtins.int
+    SYMBOL_ERROR_TOTAL_FIELD_NUMBER: _builtins.int
+    PORT_RCV_ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
+    LINK_ERROR_RECOVERY_TOTAL_FIELD_NUMBER: _builtins.int
+    PORT_XMIT_DISCARDS_TOTAL_FIELD_NUMBER: _builtins.int
+    PORT_RCV_DATA_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    PORT_XMIT_DATA_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    device: _builtins.str
+    """HCA name, e.g. mlx5_0"""
+    port: _builtins.int
+    link_layer: _builtins.str
+    """"infiniband" or "ethernet" (RoCE)"""
+    state: _builtins.str
+    """"active", "down", "init", "armed" """
+    physical_state: _builtins.str
+    """"link_up", "polling", "disabled" """
+    rate_gbps: _builtins.float
+    """current signalling rate, Gb/s"""
+    link_downed_total: _builtins.int
+    symbol_error_total: _builtins.int
+    port_rcv_errors_total: _builtins.int
+    link_error_recovery_total: _builtins.int
+    port_xmit_discards_total: _builtins.int
+    port_rcv_data_bytes_total: _builtins.int
+    """bytes (the port counts 4-byte words)"""
+    port_xmit_data_bytes_total: _builtins.int
+    def __init__(
+        self,
+        *,
+        device: _builtins.str = ...,
+        port: _builtins.int = ...,
+        link_layer: _builtins.str = ...,
+        state: _builtins.str = ...,
+        physical_state: _builtins.str = ...,
+        rate_gbps: _builtins.float | None = ...,
+        link_downed_total: _builtins.int | None = ...,
+        symbol_error_total: _builtins.int | None = ...,
+        port_rcv_errors_total: _builtins.int | None = ...,
+        link_error_recovery_total: _builtins.int | None = ...,
+        port_xmit_discards_total: _builtins.int | None = ...,
+        port_rcv_data_bytes_total: _builtins.int | None = ...,
+        port_xmit_data_bytes_total: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_link_downed_total", b"_link_downed_total", "_link_error_recovery_total", b"_link_error_recovery_total", "_port_rcv_data_bytes_total", b"_port_rcv_data_bytes_total", "_port_rcv_errors_total", b"_port_rcv_errors_total", "_port_xmit_data_bytes_total", b"_port_xmit_data_bytes_total", "_port_xmit_discards_total", b"_port_xmit_discards_total", "_rate_gbps", b"_rate_gbps", "_symbol_error_total", b"_symbol_error_total", "link_downed_total", b"link_downed_total", "link_error_recovery_total", b"link_error_recovery_total", "port_rcv_data_bytes_total", b"port_rcv_data_bytes_total", "port_rcv_errors_total", b"port_rcv_errors_total", "port_xmit_data_bytes_total", b"port_xmit_data_bytes_total", "port_xmit_discards_total", b"port_xmit_discards_total", "rate_gbps", b"rate_gbps", "symbol_error_total", b"symbol_error_total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_link_downed_total", b"_link_downed_total", "_link_error_recovery_total", b"_link_error_recovery_total", "_port_rcv_data_bytes_total", b"_port_rcv_data_bytes_total", "_port_rcv_errors_total", b"_port_rcv_errors_total", "_port_xmit_data_bytes_total", b"_port_xmit_data_bytes_total", "_port_xmit_discards_total", b"_port_xmit_discards_total", "_rate_gbps", b"_rate_gbps", "_symbol_error_total", b"_symbol_error_total", "device", b"device", "link_downed_total", b"link_downed_total", "link_error_recovery_total", b"link_error_recovery_total", "link_layer", b"link_layer", "physical_state", b"physical_state", "port", b"port", "port_rcv_data_bytes_total", b"port_rcv_data_bytes_total", "port_rcv_errors_total", b"port_rcv_errors_total", "port_xmit_data_bytes_total", b"port_xmit_data_bytes_total", "port_xmit_discards_total", b"port_xmit_discards_total", "rate_gbps", b"rate_gbps", "state", b"state", "symbol_error_total", b"symbol_error_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__link_downed_total: _TypeAlias = _typing.Literal["link_downed_total"]  # noqa: Y015
+    _WhichOneofArgType__link_downed_total: _TypeAlias = _typing.Literal["_link_downed_total", b"_link_downed_total"]  # noqa: Y015
+    _WhichOneofReturnType__link_error_recovery_total: _TypeAlias = _typing.Literal["link_error_recovery_total"]  # noqa: Y015
+    _WhichOneofArgType__link_error_recovery_total: _TypeAlias = _typing.Literal["_link_error_recovery_total", b"_link_error_recovery_total"]  # noqa: Y015
+    _WhichOneofReturnType__port_rcv_data_bytes_total: _TypeAlias = _typing.Literal["port_rcv_data_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__port_rcv_data_bytes_total: _TypeAlias = _typing.Literal["_port_rcv_data_bytes_total", b"_port_rcv_data_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__port_rcv_errors_total: _TypeAlias = _typing.Literal["port_rcv_errors_total"]  # noqa: Y015
+    _WhichOneofArgType__port_rcv_errors_total: _TypeAlias = _typing.Literal["_port_rcv_errors_total", b"_port_rcv_errors_total"]  # noqa: Y015
+    _WhichOneofReturnType__port_xmit_data_bytes_total: _TypeAlias = _typing.Literal["port_xmit_data_bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__port_xmit_data_bytes_total: _TypeAlias = _typing.Literal["_port_xmit_data_bytes_total", b"_port_xmit_data_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__port_xmit_discards_total: _TypeAlias = _typing.Literal["port_xmit_discards_total"]  # noqa: Y015
+    _WhichOneofArgType__port_xmit_discards_total: _TypeAlias = _typing.Literal["_port_xmit_discards_total", b"_port_xmit_discards_total"]  # noqa: Y015
+    _WhichOneofReturnType__rate_gbps: _TypeAlias = _typing.Literal["rate_gbps"]  # noqa: Y015
+    _WhichOneofArgType__rate_gbps: _TypeAlias = _typing.Literal["_rate_gbps", b"_rate_gbps"]  # noqa: Y015
+    _WhichOneofReturnType__symbol_error_total: _TypeAlias = _typing.Literal["symbol_error_total"]  # noqa: Y015
+    _WhichOneofArgType__symbol_error_total: _TypeAlias = _typing.Literal["_symbol_error_total", b"_symbol_error_total"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__link_downed_total) -> _WhichOneofReturnType__link_downed_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__link_error_recovery_total) -> _WhichOneofReturnType__link_error_recovery_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port_rcv_data_bytes_total) -> _WhichOneofReturnType__port_rcv_data_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port_rcv_errors_total) -> _WhichOneofReturnType__port_rcv_errors_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port_xmit_data_bytes_total) -> _WhichOneofReturnType__port_xmit_data_bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port_xmit_discards_total) -> _WhichOneofReturnType__port_xmit_discards_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rate_gbps) -> _WhichOneofReturnType__rate_gbps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__symbol_error_total) -> _WhichOneofReturnType__symbol_error_total | None: ...
+
+Global___InfinibandPortSample: _TypeAlias = InfinibandPortSample  # noqa: Y015
+
+@_typing.final
+class PcieAerSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    CORRECTABLE_TOTAL_FIELD_NUMBER: _builtins.int
+    NONFATAL_TOTAL_FIELD_NUMBER: _builtins.int
+    FATAL_TOTAL_FIELD_NUMBER: _builtins.int
+    NVIDIA_GPU_FIELD_NUMBER: _builtins.int
+    device: _builtins.str
+    """PCI address as sysfs names it, e.g. 0000:18:00.0"""
+    correctable_total: _builtins.int
+    """TOTAL_ERR_COR"""
+    nonfatal_total: _builtins.int
+    """TOTAL_ERR_NONFATAL"""
+    fatal_total: _builtins.int
+    """TOTAL_ERR_FATAL"""
+    nvidia_gpu: _builtins.bool
+    """an NVIDIA GPU (vendor 0x10de, class 0x0300/0x0302)"""
+    def __init__(
+        self,
+        *,
+        device: _builtins.str = ...,
+        correctable_total: _builtins.int | None = ...,
+        nonfatal_total: _builtins.int | None = ...,
+        fatal_total: _builtins.int | None = ...,
+        nvidia_gpu: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_correctable_total", b"_correctable_total", "_fatal_total", b"_fatal_total", "_nonfatal_total", b"_nonfatal_total", "correctable_total", b"correctable_total", "fatal_total", b"fatal_total", "nonfatal_total", b"nonfatal_total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_correctable_total", b"_correctable_total", "_fatal_total", b"_fatal_total", "_nonfatal_total", b"_nonfatal_total", "correctable_total", b"correctable_total", "device", b"device", "fatal_total", b"fatal_total", "nonfatal_total", b"nonfatal_total", "nvidia_gpu", b"nvidia_gpu"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__correctable_total: _TypeAlias = _typing.Literal["correctable_total"]  # noqa: Y015
+    _WhichOneofArgType__correctable_total: _TypeAlias = _typing.Literal["_correctable_total", b"_correctable_total"]  # noqa: Y015
+    _WhichOneofReturnType__fatal_total: _TypeAlias = _typing.Literal["fatal_total"]  # noqa: Y015
+    _WhichOneofArgType__fatal_total: _TypeAlias = _typing.Literal["_fatal_total", b"_fatal_total"]  # noqa: Y015
+    _WhichOneofReturnType__nonfatal_total: _TypeAlias = _typing.Literal["nonfatal_total"]  # noqa: Y015
+    _WhichOneofArgType__nonfatal_total: _TypeAlias = _typing.Literal["_nonfatal_total", b"_nonfatal_total"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__correctable_total) -> _WhichOneofReturnType__correctable_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fatal_total) -> _WhichOneofReturnType__fatal_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nonfatal_total) -> _WhichOneofReturnType__nonfatal_total | None: ...
+
+Global___PcieAerSample: _TypeAlias = PcieAerSample  # noqa: Y015
 
 @_typing.final
 class ProbeResult(_message.Message):
