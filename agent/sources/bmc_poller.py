@@ -1,0 +1,105 @@
+"""Polls the BMC in its own thread on its own cadence (default 60 s), off the GPU sampling path:
+a slow or dead BMC never delays a GPU reading. The sampling loop only takes the latest sample.
+
+A BMC that cannot be reached is retried with capped exponential backoff (interval, 2x, 4x, ... up
+to `backoff_max`, jittered), and logged once per backoff step rather than once per cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+
+from agent.sources.bmc import BmcSample, BmcSource
+from agent.sources.gpu import GpuInfo
+
+log = logging.getLogger("gpufleet.agent.bmc")
+
+
+class BmcPoller:
+    def __init__(
+        self,
+        source: BmcSource,
+        *,
+        interval_seconds: float = 60.0,
+        backoff_max_seconds: float = 600.0,
+        gpus: Sequence[GpuInfo] = (),
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.source = source
+        self.interval = interval_seconds
+        self.backoff_max = max(backoff_max_seconds, interval_seconds)
+        self.gpus = list(gpus)
+        self.jitter = jitter
+        self.failures = 0  # whole polls failed in a row
+        self._lock = threading.Lock()
+        self._latest: BmcSample | None = None
+        self._taken: BmcSample | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> BmcSample:
+        """One poll now, in the caller's thread (`gpufleet agent --once`, tests); kept as the latest."""
+        sample = self.source.poll(self.gpus)
+        with self._lock:
+            self._latest = sample
+        return sample
+
+    def take(self) -> tuple[BmcSample | None, bool]:
+        """The latest sample, and whether it is new since the previous take (a frame carries it then)."""
+        with self._lock:
+            latest = self._latest
+            new = latest is not None and latest is not self._taken
+            self._taken = latest
+        return latest, new
+
+    def next_delay(self, sample: BmcSample) -> float:
+        """Seconds until the next poll: the interval, or the backoff after a failed poll."""
+        if not sample.error:
+            if self.failures:
+                log.info("BMC %s answers again after %d failed polls", self.source.endpoint, self.failures)
+            self.failures = 0
+            return self.interval
+        self.failures += 1
+        delay = min(self.interval * 2.0 ** (self.failures - 1), self.backoff_max)
+        delay *= 0.9 + 0.2 * self.jitter()  # BMCs of a rack that failed together do not retry together
+        log.warning(
+            "BMC %s poll failed (%d in a row): %s; next try in %.0f s",
+            self.source.endpoint,
+            self.failures,
+            sample.error,
+            delay,
+        )
+        return delay
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bmc-poller", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sample = self.poll_once()
+            except Exception:  # a source bug must not end BMC polling for the agent's lifetime
+                log.exception("BMC %s poll raised; polling goes on", self.source.endpoint)
+                delay = self.interval
+            else:
+                delay = self.next_delay(sample)
+            self._stop.wait(delay)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop polling and log out. A poll still waiting on the BMC after `timeout` is left to its
+        timeouts (the thread is a daemon) and the session to expire, rather than hold up shutdown."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning(
+                    "BMC %s: a poll is still in flight at shutdown; not logging out", self.source.endpoint
+                )
+                return
+        self.source.close()
