@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from agent.snapshot import Snapshot
+from agent.sources.bmc_poller import BmcPoller
 from agent.sources.gpu import GpuSource
-from agent.sources.host import HostSource
+from agent.sources.host import HostReader
 
 
 @dataclass(slots=True)
@@ -23,7 +24,12 @@ class CollectorContext:
     """What collectors may read. Sources are shared and owned by the daemon."""
 
     gpu: GpuSource
-    host: HostSource | None
+    host: HostReader | None
+    bmc: BmcPoller | None = None  # None: no BMC configured
+
+
+class PartialRead(Exception):
+    """Part of a collector's section was read and kept in the snapshot; the rest failed."""
 
 
 class Collector(ABC):
@@ -31,6 +37,11 @@ class Collector(ABC):
 
     def __init__(self, ctx: CollectorContext) -> None:
         self.ctx = ctx
+
+    @classmethod
+    def applies(cls, ctx: CollectorContext) -> bool:
+        """Whether this node has what the collector reads (no BMC configured: no BMC collector)."""
+        return True
 
     @abstractmethod
     def collect(self, snapshot: Snapshot) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.collectors.base import Collector, register
+from agent.collectors.base import Collector, PartialRead, register
 from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
 
@@ -19,7 +19,3 @@ class GpuCollector(Collector):
         if errors:
             # Partial success: the GPUs that answered are kept; the rest are named in the status.
             raise PartialRead("; ".join(errors))
-
-
-class PartialRead(Exception):
-    """Some GPUs were read and kept in the snapshot, others failed."""

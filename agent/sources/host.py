@@ -1,20 +1,43 @@
-"""Host OS facts and readings: psutil plus files under a configurable host root (/host in a pod).
+"""Host OS facts and readings: the files under a configurable host root (/host in a pod), and psutil.
 
-Issue-level coverage here is basic (CPU, load, memory, governor, uptime); InfiniBand, AER and the
-rest arrive with the observability work.
+`HostSource` reads /proc and /sys under `root`: CPU (total and per core), load, memory, swap,
+hugepages, transparent hugepages, NUMA balancing, uptime, kernel, cpufreq, network interfaces,
+disks, InfiniBand/RoCE ports and PCIe AER counters. The parsers are in host_proc (/proc) and
+host_sys (/sys); this module holds the contract, the `HostReader` protocol and the source.
+`agent.sources.sim.host.SimHost` is the simulated host with the same protocol.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import psutil
 
 from agent.sources.errors import SourceError
+from agent.sources.host_proc import (
+    CpuTimes,
+    parse_bracketed,
+    parse_cpuinfo_mhz,
+    parse_cpuinfo_model,
+    parse_diskstats,
+    parse_loadavg,
+    parse_meminfo,
+    parse_net_dev,
+    parse_numa_balancing,
+    parse_stat,
+    parse_uptime,
+    utilization,
+)
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -30,55 +53,164 @@ class HostFacts:
 
 
 @dataclass(slots=True)
+class CpuCoreReading:
+    cpu: int  # the kernel's CPU number (cpuN)
+    utilization_ratio: float | None = None  # busy share of the time since the previous read
+    frequency_hz: float | None = None  # scaling_cur_freq
+    governor: str = ""  # scaling_governor, empty where cpufreq is absent
+
+
+@dataclass(slots=True)
+class NetInterfaceReading:
+    name: str
+    rx_bytes_total: int | None = None
+    tx_bytes_total: int | None = None
+    rx_packets_total: int | None = None
+    tx_packets_total: int | None = None
+    rx_errors_total: int | None = None
+    tx_errors_total: int | None = None
+    rx_dropped_total: int | None = None
+    tx_dropped_total: int | None = None
+
+
+@dataclass(slots=True)
+class DiskReading:
+    name: str  # whole devices only (sda, nvme0n1), not partitions
+    read_bytes_total: int | None = None
+    written_bytes_total: int | None = None
+    reads_total: int | None = None
+    writes_total: int | None = None
+    io_time_seconds_total: float | None = None
+
+
+@dataclass(slots=True)
+class InfinibandPortReading:
+    device: str  # HCA name, e.g. mlx5_0
+    port: int
+    link_layer: str = ""  # "infiniband" or "ethernet" (RoCE)
+    state: str = ""  # lower case: "active", "down", "init", "armed"
+    physical_state: str = ""  # lower case, underscores: "link_up", "polling", "disabled"
+    rate_gbps: float | None = None  # current signalling rate, e.g. 400 for "400 Gb/sec (4X NDR)"
+    link_downed_total: int | None = None
+    symbol_error_total: int | None = None
+    port_rcv_errors_total: int | None = None
+    link_error_recovery_total: int | None = None
+    port_xmit_discards_total: int | None = None
+    port_rcv_data_bytes_total: int | None = None  # the counter is in 4-byte words; already multiplied
+    port_xmit_data_bytes_total: int | None = None
+
+
+@dataclass(slots=True)
+class PcieAerReading:
+    device: str  # PCI address, e.g. 0000:17:00.0
+    correctable_total: int | None = None  # TOTAL_ERR_COR of aer_dev_correctable
+    nonfatal_total: int | None = None  # TOTAL_ERR_NONFATAL of aer_dev_nonfatal
+    fatal_total: int | None = None  # TOTAL_ERR_FATAL of aer_dev_fatal
+    nvidia_gpu: bool = False  # the device is an NVIDIA GPU (or the bridge above one is not)
+
+
+@dataclass(slots=True)
 class HostReading:
     cpu_utilization_ratio: float | None = None
     load1: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
-    cpu_governor: str | None = None
-    cpu_frequency_hz: float | None = None
+    cpu_governor: str | None = None  # cpu0's, as the summary; per core in `cpus`
+    cpu_frequency_hz: float | None = None  # mean over cores
     uptime_seconds: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    memory_available_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    hugepages_total: int | None = None
+    hugepages_free: int | None = None
+    hugepage_size_bytes: int | None = None
+    transparent_hugepage: str | None = None  # the selected mode: "always", "madvise" or "never"
+    numa_balancing: bool | None = None  # kernel.numa_balancing
+    kernel: str | None = None
+    cpus: list[CpuCoreReading] = field(default_factory=list)
+    network: list[NetInterfaceReading] = field(default_factory=list)
+    disks: list[DiskReading] = field(default_factory=list)
+    infiniband: list[InfinibandPortReading] = field(default_factory=list)
+    pcie_aer: list[PcieAerReading] = field(default_factory=list)
 
 
 NVIDIA_PCI_VENDOR = "0x10de"
 GPU_PCI_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers
+MEMINFO_KEYS = (
+    "MemTotal",
+    "MemAvailable",
+    "SwapTotal",
+    "SwapFree",
+    "HugePages_Total",
+    "HugePages_Free",
+    "Hugepagesize",
+)
+
+
+class HostReader(Protocol):
+    """The host as collectors and the daemon see it: the real machine (HostSource) or SimHost."""
+
+    def facts(self) -> HostFacts:
+        """What stays put while the agent runs: names, versions, sizes."""
+        ...
+
+    def read(self) -> HostReading:
+        """The readings now; SourceError only when nothing at all can be read."""
+        ...
+
+    def nvidia_gpu_pci_count(self) -> int | None:
+        """NVIDIA GPUs on the PCI bus, whatever NVML says (None: the bus cannot be read)."""
+        ...
+
+    def last_errors(self) -> list[str]:
+        """Problems of the latest read() that left fields unset (files the kernel would not write)."""
+        ...
 
 
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
 
 
 class HostSource:
-    """Reads the host through psutil and the /proc and /sys trees under `root` ("/" by default)."""
+    """Reads the host through the /proc and /sys trees under `root` ("/" by default).
 
-    def __init__(self, root: str | Path = "/") -> None:
+    Any one file missing or unreadable leaves its field unset; one the kernel would not write
+    leaves it unset and is named in last_errors(). Only a root with nothing readable in proc/ (the
+    host's / not mounted where the config says) fails the read. Where `root` is this machine's own
+    /, psutil stands in for a missing proc file (non-Linux development machines have none).
+    Utilisation is measured between reads; the constructor takes the first baseline.
+    """
+
+    def __init__(self, root: str | Path = "/", *, psutil_fallback: bool | None = None) -> None:
+        """`psutil_fallback`: let psutil stand in for missing proc files (default: when root is /)."""
         self.root = Path(root)
-        # The first cpu_percent call only primes psutil's counters; later calls measure since the last.
-        psutil.cpu_percent(interval=None)
+        self._local = self.root.resolve() == Path("/") if psutil_fallback is None else psutil_fallback
+        self._problems: list[str] = []
+        self._cpu_before, _ = self._cpu_times([])
+
+    # Facts
 
     def facts(self) -> HostFacts:
-        cpu_model = ""
-        cpuinfo = _read_text(self.root / "proc/cpuinfo") or ""
-        for line in cpuinfo.splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
         os_name = ""
-        os_release = _read_text(self.root / "etc/os-release") or ""
-        for line in os_release.splitlines():
+        for line in (_read_text(self.root / "etc/os-release") or "").splitlines():
             if line.startswith("PRETTY_NAME="):
                 os_name = line.split("=", 1)[1].strip().strip("\"'")
+        stat, _ = self._proc("proc/stat", parse_stat, [])
+        meminfo, _ = self._proc("proc/meminfo", lambda t: parse_meminfo(t, ("MemTotal",)), [])
+        memory_total = (meminfo or {}).get("MemTotal")
         return HostFacts(
             hostname=socket.gethostname(),
             kernel=_read_text(self.root / "proc/sys/kernel/osrelease") or platform.release(),
             os=os_name,
-            cpu_count=os.cpu_count() or 0,
-            memory_total_bytes=int(psutil.virtual_memory().total),
+            cpu_count=len(stat) - 1 if stat else os.cpu_count() or 0,
+            memory_total_bytes=memory_total or int(psutil.virtual_memory().total),
             host_boot_id=_read_text(self.root / "proc/sys/kernel/random/boot_id") or "",
-            cpu_model=cpu_model,
+            cpu_model=parse_cpuinfo_model(_read_text(self.root / "proc/cpuinfo") or ""),
             nvidia_gpu_pci_count=self.nvidia_gpu_pci_count(),
         )
 
@@ -102,21 +234,206 @@ class HostSource:
                 count += 1
         return count
 
+    # Readings
+
+    def last_errors(self) -> list[str]:
+        return list(self._problems)
+
     def read(self) -> HostReading:
-        try:
-            mem = psutil.virtual_memory()
-            freq = psutil.cpu_freq()
-            reading = HostReading(
-                cpu_utilization_ratio=psutil.cpu_percent(interval=None) / 100.0,
-                load1=os.getloadavg()[0],
-                memory_used_bytes=int(mem.total - mem.available),
-                memory_total_bytes=int(mem.total),
-                cpu_frequency_hz=freq.current * 1e6 if freq else None,
+        # host_sys builds this module's reading types, so it is imported here, not at the top.
+        from agent.sources import host_sys
+
+        problems: list[str] = []
+        self._problems = problems
+        reading = HostReading()
+        found = [
+            self._read_cpu(reading, problems),
+            self._read_load(reading, problems),
+            self._read_memory(reading, problems),
+            self._read_uptime(reading, problems),
+        ]
+        if not any(found):
+            raise SourceError(
+                "host", f"nothing readable in {self.root / 'proc'}: is the host's / mounted at {self.root}?"
             )
-        except (OSError, psutil.Error) as exc:
-            raise SourceError("host", str(exc)) from exc
-        reading.cpu_governor = _read_text(self.root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-        uptime = _read_text(self.root / "proc/uptime")
-        if uptime:
-            reading.uptime_seconds = float(uptime.split()[0])
+        root = self.root
+        reading.kernel = host_sys.parsed(
+            root / "proc/sys/kernel/osrelease", root, host_sys.parse_word, problems
+        )
+        if reading.kernel is None and self._local:
+            reading.kernel = platform.release()
+        reading.numa_balancing = host_sys.parsed(
+            root / "proc/sys/kernel/numa_balancing", root, parse_numa_balancing, problems
+        )
+        reading.transparent_hugepage = host_sys.parsed(
+            root / "sys/kernel/mm/transparent_hugepage/enabled", root, parse_bracketed, problems
+        )
+        reading.network = self._read_network(problems)
+        reading.disks = self._read_disks(problems)
+        reading.infiniband = host_sys.infiniband(root, problems)
+        reading.pcie_aer = host_sys.pcie_aer(root, problems)
         return reading
+
+    def _proc(self, relative: str, parse: Callable[[str], T], problems: list[str]) -> tuple[T | None, bool]:
+        """(parsed value or None, whether the file could be read at all)."""
+        try:
+            text = (self.root / relative).read_text()
+        except (OSError, UnicodeDecodeError):
+            return None, False
+        try:
+            return parse(text), True
+        except ValueError as exc:
+            problems.append(f"{relative}: {exc}")
+            return None, True
+
+    def _cpu_times(self, problems: list[str]) -> tuple[dict[str, CpuTimes], bool]:
+        stat, found = self._proc("proc/stat", parse_stat, problems)
+        if not found and self._local:
+            stat = _psutil_cpu_times()
+            found = stat is not None
+        return stat or {}, found
+
+    def _read_cpu(self, reading: HostReading, problems: list[str]) -> bool:
+        from agent.sources import host_sys
+
+        before, (now, found) = self._cpu_before, self._cpu_times(problems)
+        if now:  # a bad read keeps the last good baseline
+            self._cpu_before = now
+        if "cpu" in now and "cpu" in before:
+            reading.cpu_utilization_ratio = utilization(before["cpu"], now["cpu"])
+        numbers = sorted(int(name[3:]) for name in now if name != "cpu")
+        if not numbers:  # no proc/stat: the cores sysfs knows
+            numbers = sorted(
+                int(p.name[3:])
+                for p in host_sys.list_dir(self.root / "sys/devices/system/cpu")
+                if p.name[3:].isdigit() and p.name.startswith("cpu")
+            )
+        mhz: dict[int, float] | None = None
+        for cpu in numbers:
+            hz, governor = host_sys.cpufreq(self.root, cpu, problems)
+            if hz is None:  # no cpufreq (VMs): x86 cpuinfo's "cpu MHz" is the current frequency
+                if mhz is None:
+                    mhz, _ = self._proc("proc/cpuinfo", parse_cpuinfo_mhz, problems)
+                    mhz = mhz or {}
+                hz = mhz[cpu] * 1e6 if cpu in mhz else None
+            key = f"cpu{cpu}"
+            busy = utilization(before[key], now[key]) if key in before and key in now else None
+            reading.cpus.append(CpuCoreReading(cpu, busy, hz, governor))
+        governors = [c.governor for c in reading.cpus if c.governor]
+        reading.cpu_governor = governors[0] if governors else None
+        freqs = [c.frequency_hz for c in reading.cpus if c.frequency_hz is not None]
+        reading.cpu_frequency_hz = round(sum(freqs) / len(freqs), 1) if freqs else None
+        return found
+
+    def _read_load(self, reading: HostReading, problems: list[str]) -> bool:
+        load, found = self._proc("proc/loadavg", parse_loadavg, problems)
+        if not found and self._local:
+            with contextlib.suppress(OSError):
+                load, found = os.getloadavg(), True
+        if load is not None:
+            reading.load1, reading.load5, reading.load15 = load
+        return found
+
+    def _read_memory(self, reading: HostReading, problems: list[str]) -> bool:
+        mem, found = self._proc("proc/meminfo", lambda t: parse_meminfo(t, MEMINFO_KEYS), problems)
+        if not found and self._local:
+            mem = _psutil_meminfo()
+            found = mem is not None
+        if not mem:
+            return found
+        total, available = mem.get("MemTotal"), mem.get("MemAvailable")
+        reading.memory_total_bytes, reading.memory_available_bytes = total, available
+        if total is not None and available is not None:
+            reading.memory_used_bytes = max(0, total - available)
+        swap_total, swap_free = mem.get("SwapTotal"), mem.get("SwapFree")
+        reading.swap_total_bytes = swap_total
+        if swap_total is not None and swap_free is not None:
+            reading.swap_used_bytes = max(0, swap_total - swap_free)
+        reading.hugepages_total = mem.get("HugePages_Total")
+        reading.hugepages_free = mem.get("HugePages_Free")
+        reading.hugepage_size_bytes = mem.get("Hugepagesize")
+        return found
+
+    def _read_uptime(self, reading: HostReading, problems: list[str]) -> bool:
+        reading.uptime_seconds, found = self._proc("proc/uptime", parse_uptime, problems)
+        if not found and self._local:
+            with contextlib.suppress(OSError, psutil.Error):
+                reading.uptime_seconds, found = round(time.time() - psutil.boot_time(), 2), True
+        return found
+
+    def _read_network(self, problems: list[str]) -> list[NetInterfaceReading]:
+        parsed, _ = self._proc("proc/net/dev", parse_net_dev, problems)
+        if parsed is None:
+            return []
+        interfaces, bad = parsed
+        problems.extend(f"proc/net/dev: {p}" for p in bad)
+        return [
+            NetInterfaceReading(
+                name=i.name,
+                rx_bytes_total=i.rx_bytes,
+                tx_bytes_total=i.tx_bytes,
+                rx_packets_total=i.rx_packets,
+                tx_packets_total=i.tx_packets,
+                rx_errors_total=i.rx_errors,
+                tx_errors_total=i.tx_errors,
+                rx_dropped_total=i.rx_dropped,
+                tx_dropped_total=i.tx_dropped,
+            )
+            for i in sorted(interfaces, key=lambda i: i.name)
+        ]
+
+    def _read_disks(self, problems: list[str]) -> list[DiskReading]:
+        from agent.sources import host_sys
+
+        whole = host_sys.whole_disks(self.root)
+        if not whole:
+            return []
+        parsed, _ = self._proc("proc/diskstats", lambda t: parse_diskstats(t, whole), problems)
+        if parsed is None:
+            return []
+        disks, bad = parsed
+        problems.extend(f"proc/diskstats: {p}" for p in bad)
+        return [
+            DiskReading(
+                name=d.name,
+                read_bytes_total=d.read_bytes,
+                written_bytes_total=d.written_bytes,
+                reads_total=d.reads,
+                writes_total=d.writes,
+                io_time_seconds_total=d.io_time_seconds,
+            )
+            for d in sorted(disks, key=lambda d: host_sys.natural_key(d.name))
+        ]
+
+
+def _psutil_cpu_times() -> dict[str, CpuTimes] | None:
+    """psutil's CPU times as /proc/stat's, in 1/100 s ticks (this machine only)."""
+    try:
+        total = psutil.cpu_times()
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (OSError, psutil.Error):
+        return None
+    out = {"cpu": _ticks(total)}
+    out.update({f"cpu{i}": _ticks(t) for i, t in enumerate(per_cpu)})
+    return out
+
+
+def _ticks(times: Any) -> CpuTimes:
+    values = {k: v for k, v in times._asdict().items() if k not in ("guest", "guest_nice")}
+    idle = values.get("idle", 0.0) + values.get("iowait", 0.0)
+    total = sum(values.values())
+    return CpuTimes(busy=round((total - idle) * 100), total=round(total * 100))
+
+
+def _psutil_meminfo() -> dict[str, int] | None:
+    """psutil's memory and swap figures under /proc/meminfo's names (this machine only)."""
+    try:
+        mem, swap = psutil.virtual_memory(), psutil.swap_memory()
+    except (OSError, psutil.Error):
+        return None
+    return {
+        "MemTotal": int(mem.total),
+        "MemAvailable": int(mem.available),
+        "SwapTotal": int(swap.total),
+        "SwapFree": int(swap.free),
+    }

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from agent.sources.errors import SourceError
 from agent.sources.host import HostSource
 
 BOOT_ID = "0e6f8a3c-59c1-4d0b-9d7e-2b7a7cbd1f42"
@@ -74,17 +76,25 @@ def test_facts_come_from_the_tree(host_root: Path) -> None:
     assert facts.memory_total_bytes == psutil.virtual_memory().total > 0
 
 
+def test_facts_prefer_the_tree_over_this_machine(host_root: Path) -> None:
+    write(
+        host_root,
+        "proc/stat",
+        "cpu  1 0 1 8 0 0 0 0 0 0\n" + "".join(f"cpu{i} 1 0 1 8\n" for i in range(224)),
+    )
+    write(host_root, "proc/meminfo", "MemTotal:       2113524916 kB\nMemFree:        2000000000 kB\n")
+    facts = HostSource(host_root).facts()
+    assert facts.cpu_count == 224
+    assert facts.memory_total_bytes == 2113524916 * 1024
+
+
 def test_readings_come_from_the_tree(host_root: Path) -> None:
     reading = HostSource(host_root).read()
     assert reading.cpu_governor == "performance"
     assert reading.uptime_seconds == 350735.47
-    # The rest is psutil's: present and plausible.
-    assert reading.cpu_utilization_ratio is not None and 0.0 <= reading.cpu_utilization_ratio <= 1.0
-    assert reading.load1 is not None and reading.load1 >= 0.0
-    assert reading.memory_total_bytes == psutil.virtual_memory().total
-    assert (
-        reading.memory_used_bytes is not None and 0 < reading.memory_used_bytes <= reading.memory_total_bytes
-    )
+    assert reading.kernel == "5.15.0-105-generic"
+    # Nothing else is in this tree, and it is not this machine's /: psutil does not fill in.
+    assert (reading.load1, reading.memory_total_bytes, reading.cpu_utilization_ratio) == (None, None, None)
 
 
 def test_each_read_sees_the_files_as_they_are_now(host_root: Path) -> None:
@@ -97,32 +107,64 @@ def test_each_read_sees_the_files_as_they_are_now(host_root: Path) -> None:
     assert reading.uptime_seconds == 350745.5
 
 
-def test_an_empty_root_gives_blanks_not_a_crash(tmp_path: Path) -> None:
+def test_an_empty_root_gives_blank_facts_and_a_failed_read(tmp_path: Path) -> None:
     source = HostSource(tmp_path)
     facts = source.facts()
     assert (facts.cpu_model, facts.os, facts.host_boot_id) == ("", "", "")
     assert facts.kernel == platform.release()  # the running kernel when the tree does not say
-    reading = source.read()
-    assert reading.cpu_governor is None
-    assert reading.uptime_seconds is None
-    assert reading.memory_total_bytes is not None  # psutil's readings do not depend on the tree
+    assert facts.memory_total_bytes == psutil.virtual_memory().total  # facts fall back to this machine
+    with pytest.raises(SourceError, match=r"nothing readable in .*proc: is the host's / mounted at"):
+        source.read()
 
 
-def test_a_root_that_does_not_exist_gives_blanks(tmp_path: Path) -> None:
+def test_a_root_that_does_not_exist_fails_the_read_only(tmp_path: Path) -> None:
     source = HostSource(tmp_path / "not-mounted")
     assert source.facts().host_boot_id == ""
-    assert source.read().cpu_governor is None
+    with pytest.raises(SourceError, match="not-mounted"):
+        source.read()
 
 
-def test_unreadable_entries_count_as_missing(tmp_path: Path) -> None:
+def test_an_empty_proc_fails_the_read(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()  # mounted, but nothing in it
+    with pytest.raises(SourceError):
+        HostSource(tmp_path).read()
+
+
+def test_unreadable_entries_count_as_missing(host_root: Path) -> None:
     # A directory where a file should be (a wrong mount) raises IsADirectoryError on read.
-    for relative in ("proc/cpuinfo", "proc/sys/kernel/random/boot_id", GOVERNOR, "proc/uptime"):
-        (tmp_path / relative).mkdir(parents=True)
-    source = HostSource(tmp_path)
+    for relative in ("proc/cpuinfo", "proc/sys/kernel/random/boot_id", GOVERNOR):
+        path = host_root / relative
+        path.unlink()
+        path.mkdir()
+    source = HostSource(host_root)
     facts = source.facts()
     assert (facts.cpu_model, facts.host_boot_id) == ("", "")
     reading = source.read()
-    assert (reading.cpu_governor, reading.uptime_seconds) == (None, None)
+    assert reading.cpu_governor is None
+    assert reading.uptime_seconds == 350735.47
+    assert source.last_errors() == []  # unreadable is not garbage: nothing to report
+
+
+def test_psutil_stands_in_for_missing_proc_files_on_this_machine(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    source = HostSource(tmp_path, psutil_fallback=True)  # what root="/" gets
+    time.sleep(0.05)
+    reading = source.read()
+    assert reading.memory_total_bytes == psutil.virtual_memory().total
+    assert (
+        reading.memory_used_bytes is not None and 0 < reading.memory_used_bytes < reading.memory_total_bytes
+    )
+    assert reading.load1 is not None and reading.load15 is not None and reading.load1 >= 0.0
+    assert reading.uptime_seconds is not None and reading.uptime_seconds > 0
+    assert len(reading.cpus) == len(psutil.cpu_times(percpu=True))
+    assert reading.kernel == platform.release()
+
+
+def test_the_root_slash_reads_this_machine() -> None:
+    reading = HostSource("/").read()
+    assert reading.memory_total_bytes is not None and reading.memory_total_bytes > 0
+    assert reading.load1 is not None and reading.uptime_seconds is not None
+    assert len(reading.cpus) == len(psutil.cpu_times(percpu=True))  # the online CPUs
 
 
 def test_an_empty_uptime_file_gives_none(host_root: Path) -> None:
