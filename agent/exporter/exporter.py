@@ -1,0 +1,110 @@
+"""The agent's Prometheus exporter: a custom collector over the latest Snapshot.
+
+The sampler hands each Snapshot to `observe`; a scrape renders what was observed last and never
+touches hardware. Some of what the page shows outlives one snapshot, so the exporter keeps it:
+the latest probe result per (probe, variant, gpu) (a snapshot carries only new results) and the
+latest XID code per GPU (a reading carries only the XIDs since the previous one).
+
+The page changes only when a snapshot is observed, so it is rendered once per snapshot and kept:
+a second scraper (an HA pair of Prometheus servers, a curl) costs nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
+from agent.exporter import families
+from agent.exporter.catalogue import Catalogue, load
+from agent.exporter.view import ExportView, ProbeKey
+from agent.probes.base import ProbeOutcome
+from agent.snapshot import Snapshot
+from agent.sources.gpu import Inventory
+from agent.sources.host import HostFacts
+
+
+class Exporter:
+    """The /metrics page of one agent: native gpufleet_* families, and dcgm-exporter's with `dcgm_compat`.
+
+    `observe` and `render` may run in different threads. Each exporter has its own registry (never
+    prometheus_client's global one), so several can live in one process.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        inventory: Inventory,
+        host_facts: HostFacts | None = None,
+        *,
+        dcgm_compat: bool = False,
+        catalogue: Catalogue | None = None,
+    ) -> None:
+        self.node = node
+        self.inventory = inventory
+        self.host_facts = host_facts
+        self.dcgm_compat = dcgm_compat
+        self.catalogue = catalogue or load()
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._probes: dict[ProbeKey, ProbeOutcome] = {}
+        self._xid_last: dict[str, int] = {}
+        self._generation = 0  # observations so far: the kept page is for one of them
+        self._page: tuple[int, bytes] | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        # prometheus_client writes a counter's TYPE and HELP as NAME_total whatever the samples are
+        # called; dcgm-exporter's counters have no _total, so those two lines are put right.
+        self._fixes = [
+            (f"# {kind} {spec.name}_total ".encode(), f"# {kind} {spec.name} ".encode())
+            for spec in self.catalogue.dcgm
+            if spec.type == "counter"
+            for kind in ("HELP", "TYPE")
+        ]
+
+    def observe(self, snapshot: Snapshot) -> None:
+        """Take the sampler's latest snapshot; keep its probe results and XIDs beyond it."""
+        with self._lock:
+            self._generation += 1
+            self._snapshot = snapshot
+            for outcome in snapshot.probes:
+                self._probes[(outcome.probe, outcome.variant, outcome.gpu)] = outcome
+            for reading in snapshot.gpus:
+                if reading.xid_events:  # in the order they happened
+                    self._xid_last[reading.uuid] = reading.xid_events[-1].code
+
+    def view(self) -> ExportView:
+        with self._lock:
+            return ExportView(
+                node=self.node,
+                inventory=self.inventory,
+                host_facts=self.host_facts,
+                snapshot=self._snapshot,
+                probes=dict(self._probes),
+                xid_last=dict(self._xid_last),
+            )
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's Collector contract: the families of one consistent view."""
+        view = self.view()
+        yield from families.native(self.catalogue.metrics, view)
+        if self.dcgm_compat:
+            yield from families.dcgm(self.catalogue.dcgm, view)
+
+    def render(self) -> bytes:
+        """The page in the Prometheus text format 0.0.4 (kept until the next snapshot is observed)."""
+        with self._lock:
+            generation, kept = self._generation, self._page
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        page = generate_latest(self.registry)  # may see a newer snapshot: then it is kept for that one
+        if self.dcgm_compat:
+            for wrong, right in self._fixes:
+                page = page.replace(wrong, right, 1)
+        with self._lock:
+            if self._generation == generation:
+                self._page = (generation, page)
+        return page

@@ -1,0 +1,85 @@
+"""Metric families from catalogue specs over one ExportView.
+
+A None reading gives no sample, and neither does NaN or an infinity: a series that is missing says
+"not read", a number on the page is always a real reading.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.exporter.catalogue import MetricSpec
+from agent.exporter.derive import DERIVES, HEALTH
+from agent.exporter.view import ExportView, Labels, Row
+
+
+def _value(spec: MetricSpec, raw: Any) -> float | None:
+    if raw is None:
+        return None
+    if spec.equals is not None:
+        return (1.0 if raw == spec.equals else 0.0) if raw != "" else None
+    if spec.transform == "health":
+        return HEALTH.get(raw)
+    value = float(raw)  # bool too: True 1, False 0
+    if spec.scale is not None:
+        value *= spec.scale
+    return value
+
+
+def _samples(spec: MetricSpec, view: ExportView, rows: list[Row]) -> Iterable[tuple[Labels, float]]:
+    if spec.skip_failed:
+        rows = [(labels, obj) for labels, obj in rows if not obj.error]
+    if spec.derive is not None:
+        yield from DERIVES[spec.derive].fn(view, rows)
+        return
+    field = spec.field
+    for labels, obj in rows:
+        value = _value(spec, getattr(obj, field))
+        if value is not None:
+            yield labels, value
+
+
+def family(
+    spec: MetricSpec, view: ExportView, rows: list[Row], *, bare_counter: bool = False
+) -> Metric | None:
+    """The family of `spec` over `rows`, or None when it has no sample.
+
+    `bare_counter` (dcgm-exporter's names) keeps a counter's name as written, without `_total`.
+    """
+    names = spec.labels
+    fam: Metric
+    add: Callable[[Labels, float], None]
+    if spec.type == "counter" and bare_counter:
+        fam = Metric(spec.name, spec.help, "counter")
+        add = lambda labels, value: fam.add_sample(spec.name, {n: labels[n] for n in names}, value)  # noqa: E731
+    elif spec.type == "counter":
+        counter = fam = CounterMetricFamily(spec.name, spec.help, labels=names)
+        add = lambda labels, value: counter.add_metric([labels[n] for n in names], value)  # noqa: E731
+    else:
+        gauge = fam = GaugeMetricFamily(spec.name, spec.help, labels=names)
+        add = lambda labels, value: gauge.add_metric([labels[n] for n in names], value)  # noqa: E731
+    count = 0
+    for labels, value in _samples(spec, view, rows):
+        if math.isfinite(value):
+            add(labels, value)
+            count += 1
+    return fam if count else None
+
+
+def native(specs: Iterable[MetricSpec], view: ExportView) -> Iterator[Metric]:
+    for spec in specs:
+        fam = family(spec, view, view.rows(spec.scope))
+        if fam is not None:
+            yield fam
+
+
+def dcgm(specs: Iterable[MetricSpec], view: ExportView) -> Iterator[Metric]:
+    rows = view.dcgm_rows()
+    for spec in specs:
+        fam = family(spec, view, rows, bare_counter=True)
+        if fam is not None:
+            yield fam
