@@ -19,6 +19,7 @@ from controller.detect.runner import PassReport, run_detectors
 from controller.fleet.findings import StoredFinding, reconcile
 from controller.fleet.ingest import Ingest
 from controller.fleet.model import Fleet
+from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -37,6 +38,9 @@ class ControllerApp:
         self.connections: dict[str, int] = {}
         self.detectors = config.detect.enabled(sorted(discover()))
         self.last_pass: PassReport | None = None
+        self.last_pass_time: float | None = None  # the clock time the last successful pass judged
+        self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
+        self.failed_passes = 0
         self._probe_asked: set[tuple[str, str]] = set()
 
     async def start(self) -> None:
@@ -44,6 +48,10 @@ class ControllerApp:
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
+        for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
+            newest = max([g.time for g in node.gpus.values()] + [node.host_time])
+            if newest > 0:
+                self.ingest.last_frame[node.name] = newest
         log.info(
             "store %s: %d nodes, %d active findings", self.config.db, len(self.fleet.nodes), len(self.active)
         )
@@ -56,6 +64,11 @@ class ControllerApp:
     def connected(self, node: str) -> None:
         self.connections[node] = self.connections.get(node, 0) + 1
         self.fleet.nodes[node].connected = True
+
+    @property
+    def connected_agents(self) -> int:
+        """Nodes with at least one open telemetry stream."""
+        return sum(1 for n in self.connections.values() if n > 0)
 
     def disconnected(self, node: str) -> None:
         left = self.connections.get(node, 1) - 1
@@ -78,6 +91,7 @@ class ControllerApp:
     # Detection
 
     async def detection_pass(self) -> PassReport:
+        started = time.perf_counter()
         now = self.clock()
         report = run_detectors(DetectContext(self.fleet, self.config.detect, now), self.detectors)
         upserts, resolved = reconcile(self.active, report.findings, now)
@@ -91,6 +105,8 @@ class ControllerApp:
             log.info("resolved: %s gpu %s %s", stored.finding.node, stored.finding.gpu, stored.finding.cause)
             del self.active[stored.finding.key]
         self.last_pass = report
+        self.last_pass_time = now
+        self.pass_duration.observe(time.perf_counter() - started)
         return report
 
     async def detect_forever(self, stop: asyncio.Event) -> None:
@@ -102,6 +118,7 @@ class ControllerApp:
                     last_prune = self.clock()
                     await self.store.prune_history(last_prune - PROBE_HISTORY_DAYS * 86400)
             except Exception:  # a failed pass (store down) is logged and retried next interval
+                self.failed_passes += 1
                 log.exception("detection pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.detect.interval_seconds)

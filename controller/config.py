@@ -52,6 +52,8 @@ class ProbeConfig(_Config):
 
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
+    # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
+    metrics_address: str | None = "0.0.0.0:9401"
     db: str = "gpufleet.db"  # SQLite file; ":memory:" for tests
     db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
     max_message_bytes: int = 4 * 1024 * 1024
@@ -61,11 +63,21 @@ class ControllerConfig(_Config):
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"listen must be HOST:PORT, not {self.listen!r}")
+        check_address(self.listen, "listen")
+        if self.metrics_address is not None and self.metrics_address.lower() == "none":
+            self.metrics_address = None
+        if self.metrics_address is not None:
+            check_address(self.metrics_address, "metrics_address")
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
+
+
+def check_address(text: str, what: str) -> str:
+    """HOST:PORT with a numeric port in 0..65535; raises ValueError naming `what`."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} must be HOST:PORT, not {text!r}")
+    return text
 
 
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> ControllerConfig:

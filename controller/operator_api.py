@@ -11,6 +11,7 @@ from controller.app import ControllerApp
 from controller.detect.finding import Evidence
 from controller.errors import NotFound
 from controller.fleet.findings import StoredFinding
+from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import cause_value, severity_name, severity_value
@@ -57,15 +58,6 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
     def __init__(self, app: ControllerApp) -> None:
         self.app = app
 
-    def _health(self, node: NodeState, findings: list[StoredFinding]) -> operator_pb2.NodeHealth.ValueType:
-        now = self.app.clock()
-        if not node.connected and now - node.last_seen > self.app.config.stale_after_seconds:
-            return operator_pb2.NODE_HEALTH_STALE
-        severities = {s.finding.severity for s in findings}
-        if "critical" in severities:
-            return operator_pb2.NODE_HEALTH_CRITICAL
-        return operator_pb2.NODE_HEALTH_DEGRADED if findings else operator_pb2.NODE_HEALTH_HEALTHY
-
     def _findings_of(self, node: str) -> list[StoredFinding]:
         return [s for key, s in self.app.active.items() if key[0] == node]
 
@@ -80,7 +72,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             connected=node.connected,
             last_seen=_ts(node.last_seen),
             acked_seq=self.app.fleet.acked.get((node.name, node.boot_id), 0),
-            health=self._health(node, findings),
+            health=node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds),
             active_findings=len(findings),
             source=node.hello.inventory.source,
         )
@@ -110,6 +102,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         )
         if node.host is not None:
             detail.host.CopyFrom(node.host)
+        if node.bmc is not None:
+            detail.bmc.CopyFrom(node.bmc)
         return detail
 
     async def ListFindings(

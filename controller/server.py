@@ -15,6 +15,8 @@ import grpc
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.interceptors import ErrorInterceptor
+from controller.metrics import controller_registry
+from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
@@ -60,11 +62,20 @@ def write_ready_file(path: str, address: str) -> None:
 async def serve(config: ControllerConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
     app = ControllerApp(config)
     await app.start()
+    metrics: MetricsServer | None = None
     try:
         server, address = await build_server(app)
     except OSError:
         app.close()
         raise
+    if config.metrics_address is not None:
+        metrics = MetricsServer(controller_registry(app))
+        try:
+            log.info("metrics on http://%s/metrics", await metrics.start(config.metrics_address))
+        except OSError:
+            await server.stop(None)
+            app.close()
+            raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -75,6 +86,8 @@ async def serve(config: ControllerConfig, *, on_ready: Callable[[str], None] | N
     detection = asyncio.create_task(app.detect_forever(stop))
     await stop.wait()
     log.info("controller stopping")
+    if metrics is not None:
+        await metrics.stop()
     await server.stop(grace=2.0)
     await detection
     app.close()

@@ -1,7 +1,8 @@
 """The `gpufleet` command: a thin dispatcher.
 
-`gpufleet agent` hands over to the agent's own command line in a fresh interpreter (the controller
-never imports the agent); every other command lives in the controller package.
+`gpufleet agent` and `gpufleet bmc` hand over to the agent's own command lines in a fresh
+interpreter (the controller never imports the agent); every other command lives in the controller
+package.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import sys
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
-AGENT_COMMANDS = ("agent",)
+AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli"}  # command -> module run with -m
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,11 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = sub.add_parser("controller", help="run the controller")
     ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
     ctl.add_argument("--db", metavar="PATH", help="SQLite file (default gpufleet.db)")
+    ctl.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT|none",
+        help="Prometheus /metrics address (default 0.0.0.0:9401); none: no metrics server",
+    )
     ctl.add_argument("--config", metavar="FILE", help="YAML config file")
     ctl.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     ctl.add_argument("--ready-file", help=argparse.SUPPRESS)
 
     sub.add_parser("agent", help="run the per-node agent (see gpufleet agent --help)", add_help=False)
+    sub.add_parser("bmc", help="read a BMC through Redfish (see gpufleet bmc --help)", add_help=False)
 
     for name, text in (
         ("nodes", "list nodes and their health"),
@@ -63,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in AGENT_COMMANDS:
         # A fresh interpreter keeps the agent's import graph its own.
-        os.execv(sys.executable, [sys.executable, "-m", "agent", *argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", AGENT_COMMANDS[argv[0]], *argv[1:]])
     args = build_parser().parse_args(argv)
     if args.command == "controller":
         from controller.cli.run_controller import run_controller

@@ -15,6 +15,7 @@ import grpc
 from rich.console import Console
 
 from controller.cli import tables
+from controller.cli.bmc_view import bmc_section
 from controller.cli.jsonify import finding_to_dict, message_to_dict
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.names import clock_event_reason_names
@@ -100,6 +101,8 @@ def node(target: str, name: str, output: str) -> int:
             h = detail.hello.host
             console.print(f"host {h.hostname}: {h.os}, kernel {h.kernel}, {h.cpu_count} CPUs ({h.cpu_model})")
         console.print(tables.gpus_table(detail.gpus))
+        if detail.HasField("bmc"):
+            console.print(bmc_section(detail.bmc, detail.gpus))
         if detail.probes:
             console.print(tables.probes_table(detail.probes))
         console.print(tables.findings_table(detail.findings, title="Active findings"))

@@ -16,6 +16,8 @@ def run_controller(args: argparse.Namespace) -> int:
     for flag, key in (("listen", "listen"), ("db", "db"), ("log_level", "log_level")):
         if getattr(args, flag):
             overrides[key] = getattr(args, flag)
+    if args.metrics_address is not None:  # "none" turns the server off; the config reads it so
+        overrides["metrics_address"] = args.metrics_address
     try:
         config = load(args.config, overrides)
     except ConfigError as exc:

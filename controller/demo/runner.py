@@ -54,6 +54,7 @@ def _start_controller(tmp: Path) -> tuple[Child, str]:
         tmp / "controller.yaml",
         {
             "listen": "127.0.0.1:0",
+            "metrics_address": None,  # a demo binds nothing beyond loopback gRPC
             "db": str(tmp / "gpufleet.db"),
             "stale_after_seconds": 10,
             "detect": {
@@ -88,6 +89,7 @@ def _start_agents(
                 "interval_seconds": AGENT_INTERVAL_SECONDS,
                 "sim": {"gpus": gpus, "seed": seed, "faults": faults},
                 "stream": {"controller": address, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 2.0},
+                "metrics": {"address": None},  # many agents on one machine: no /metrics ports
             },
         )
         children.append(spawn(name, ["agent", "--config", str(config)], tmp))

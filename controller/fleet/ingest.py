@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from controller.errors import InvalidMessage, SequenceGap
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -31,6 +32,8 @@ class Ingest:
         self.store = store
         self.clock = clock
         self.counters = IngestCounters()
+        self.lag = SecondsHistogram(LAG_BUCKETS)  # ingest time minus the frame's time, accepted frames
+        self.last_frame: dict[str, float] = {}  # node -> newest accepted frame's time (clamped to now)
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, node: str) -> asyncio.Lock:
@@ -69,10 +72,15 @@ class Ingest:
                 )
             if frame.seq > expected:
                 raise SequenceGap(f"boot {frame.boot_id}: expected frame {expected}, got {frame.seq}")
-            write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, self.clock())
+            now = self.clock()
+            write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, now)
             await self.store.save_frame(write)
             apply_frame(self.fleet, write)
             self.counters.frames += 1
+            if frame.HasField("time"):
+                # A clock running ahead would give a negative lag; a histogram has no bucket for it.
+                self.lag.observe(max(0.0, now - frame.time.ToNanoseconds() / 1e9))
+            self.last_frame[stream_node] = max(self.last_frame.get(stream_node, 0.0), write.time)
             if non_finite:
                 self.counters.non_finite += non_finite
                 log.warning(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 ProbeKey = tuple[str, int | None, str, str]  # node, gpu (None: node-level), probe, variant
@@ -51,6 +52,8 @@ class NodeState:
     gpus: dict[int, GpuState] = field(default_factory=dict)
     host: pb.HostSample | None = None
     host_time: float = 0.0
+    bmc: bmc_pb2.BmcSample | None = None  # the latest BMC poll; frames carry one only after a poll
+    bmc_time: float = 0.0  # that poll's start (unix seconds), to refuse older samples
     connected: bool = False
 
     @property

@@ -19,7 +19,8 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
     """The state changes of one accepted frame, and how many non-finite readings it carried.
 
     Latest-state rows change only when the frame is newer than what is held (a replay of an older
-    boot's spool must not overwrite fresher readings); probe results always count, by their time.
+    boot's spool must not overwrite fresher readings); the BMC sample likewise, by its poll time;
+    probe results always count, by their time.
     """
     at = min(frame.time.ToNanoseconds() / 1e9 if frame.HasField("time") else now, now)
     probes: list[ProbeRecord] = []
@@ -37,6 +38,8 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
     dropped += sum(clear_non_finite(sample) for sample in frame.gpus)
     if frame.HasField("host"):
         dropped += clear_non_finite(frame.host)
+    if frame.HasField("bmc"):
+        dropped += clear_non_finite(frame.bmc)
     write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes)
     for sample in frame.gpus:
         previous = node.gpus.get(sample.index)
@@ -46,6 +49,12 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
         write.gpus.append(GpuState(sample.index, sample, at, held))
     if frame.HasField("host") and node.host_time <= at:
         write.host = frame.host
+    if frame.HasField("bmc"):
+        # Ordered by the poll's start, not the frame's time; clamped to now like the frame's, so one
+        # sample from a clock running ahead cannot hold off every later poll.
+        polled = min(frame.bmc.time.ToNanoseconds() / 1e9 if frame.bmc.HasField("time") else at, now)
+        if node.bmc_time <= polled:
+            write.bmc, write.bmc_time = frame.bmc, polled
     return write, dropped
 
 
@@ -56,6 +65,8 @@ def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
         node.gpus[gpu.index] = gpu
     if write.host is not None:
         node.host, node.host_time = write.host, write.time
+    if write.bmc is not None:
+        node.bmc, node.bmc_time = write.bmc, write.bmc_time
     for record in write.probes:
         current = fleet.probes.get(record.key)
         if current is None or current.time <= record.time:

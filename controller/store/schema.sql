@@ -25,6 +25,11 @@ CREATE TABLE IF NOT EXISTS host_state (
     time        REAL NOT NULL,
     sample      BLOB NOT NULL           -- gpufleet.v1.HostSample
 );
+CREATE TABLE IF NOT EXISTS bmc_state (   -- added within version 1: IF NOT EXISTS creates it in older files
+    node        TEXT PRIMARY KEY,
+    time        REAL NOT NULL,          -- the poll's start (unix seconds)
+    sample      BLOB NOT NULL           -- gpufleet.v1.BmcSample, sanitized
+);
 CREATE TABLE IF NOT EXISTS probe_results (
     node        TEXT NOT NULL,
     gpu         INTEGER NOT NULL,       -- -1: node-level

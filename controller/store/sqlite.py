@@ -1,4 +1,4 @@
-"""The SQLite store: nodes, boots (ack positions), latest GPU/host state, probe results, findings.
+"""The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings.
 
 All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
 the controller uses.
@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from time import perf_counter
+from typing import TypeVar
 
 import msgspec
 
 from controller.detect.finding import Finding
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.store.writer import StoreThread
+from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
+OPERATIONS = ("init", "load", "save_hello", "save_frame", "save_findings", "list_findings", "prune_history")
 
 
 @dataclass(slots=True)
@@ -34,6 +41,8 @@ class FrameWrite:
     gpus: list[GpuState] = field(default_factory=list)
     host: pb.HostSample | None = None
     probes: list[ProbeRecord] = field(default_factory=list)
+    bmc: bmc_pb2.BmcSample | None = None
+    bmc_time: float = 0.0  # the BMC poll's start, which is not the frame's time
 
 
 class Store:
@@ -41,6 +50,8 @@ class Store:
         self.path = path
         self.synchronous = synchronous.upper()
         self._thread = StoreThread(self._connect)
+        # Seconds from a call to its commit (queueing and group commit included), per operation.
+        self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
 
     def _connect(self) -> sqlite3.Connection:
         if self.path != ":memory:":
@@ -52,34 +63,42 @@ class Store:
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
 
+    async def _call(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        start = perf_counter()
+        try:
+            return await self._thread.call(fn)
+        finally:
+            self.latency.observe(operation, perf_counter() - start)
+
     async def open(self) -> None:
         self._thread.start()
-        await self._thread.call(_init)
+        await self._call("init", _init)
 
     def close(self) -> None:
         self._thread.stop()
 
     async def load(self) -> tuple[Fleet, list[StoredFinding]]:
-        return await self._thread.call(_load)
+        return await self._call("load", _load)
 
     async def save_hello(self, hello: pb.Hello, now: float) -> int:
         """Record the node's Hello; return the acked seq of its boot (0 if new)."""
-        return await self._thread.call(lambda c: _save_hello(c, hello, now))
+        return await self._call("save_hello", lambda c: _save_hello(c, hello, now))
 
     async def save_frame(self, write: FrameWrite) -> None:
-        await self._thread.call(lambda c: _save_frame(c, write))
+        await self._call("save_frame", lambda c: _save_frame(c, write))
 
     async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:
-        await self._thread.call(lambda c: _save_findings(c, upserts + resolved))
+        await self._call("save_findings", lambda c: _save_findings(c, upserts + resolved))
 
     async def list_findings(
         self, node: str = "", include_resolved: bool = False, limit: int = 1000
     ) -> list[StoredFinding]:
-        return await self._thread.call(lambda c: _list_findings(c, node, include_resolved, limit))
+        return await self._call("list_findings", lambda c: _list_findings(c, node, include_resolved, limit))
 
     async def prune_history(self, before: float) -> int:
-        return await self._thread.call(
-            lambda c: c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
+        return await self._call(
+            "prune_history",
+            lambda c: c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount,
         )
 
 
@@ -121,6 +140,11 @@ def _save_frame(conn: sqlite3.Connection, w: FrameWrite) -> None:
         conn.execute(
             "INSERT OR REPLACE INTO host_state (node, time, sample) VALUES (?, ?, ?)",
             (w.node, w.time, w.host.SerializeToString()),
+        )
+    if w.bmc is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO bmc_state (node, time, sample) VALUES (?, ?, ?)",
+            (w.node, w.bmc_time, w.bmc.SerializeToString()),
         )
     rows = [(p.node, -1 if p.gpu is None else p.gpu, p.probe, p.variant, p.time, p.value) for p in w.probes]
     conn.executemany(
@@ -195,6 +219,10 @@ def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
         if node in fleet.nodes:
             fleet.nodes[node].host = pb.HostSample.FromString(sample)
             fleet.nodes[node].host_time = time
+    for node, time, sample in conn.execute("SELECT node, time, sample FROM bmc_state"):
+        if node in fleet.nodes:
+            fleet.nodes[node].bmc = bmc_pb2.BmcSample.FromString(sample)
+            fleet.nodes[node].bmc_time = time
     for node, gpu, probe, variant, time, value, unit, result in conn.execute(
         "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results"
     ):

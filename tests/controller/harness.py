@@ -20,6 +20,7 @@ from controller.config import ControllerConfig
 from controller.detect.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
 from controller.server import build_server
+from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 T = TypeVar("T")
@@ -142,6 +143,40 @@ def frame(seq: int, node: str = "n1", boot: str = "b1", t: float = T0) -> pb.Tel
     msg.time.FromSeconds(int(t) - 10 + seq)
     msg.gpus.add(index=0, power_watts=400.0 + seq, temperature_celsius=60.0)
     msg.probes.add(probe="gemm", variant="bf16", gpu=0, value=700.0 + seq, unit="TFLOP/s")
+    return msg
+
+
+def bmc_sample(t: float = T0, node: str = "n1") -> bmc_pb2.BmcSample:
+    """A partial poll of an HGX-like node: two chassis, a failed fan, a degraded PSU, an empty PSU
+    bay, one pending BIOS setting, a failed logs section, and GPU sensors mapped to GPUs 0 and 1."""
+    msg = bmc_pb2.BmcSample(
+        endpoint=f"https://bmc-{node}.example",
+        poll_duration_seconds=1.4,
+        success=False,
+        system_health="ok",
+        chassis_health="critical",
+        power_consumed_watts=5230.0,
+        bios_version="2.1.4",
+        bios_attributes={"ProcCStates": "Disabled", "SriovGlobalEnable": "Enabled"},
+        bios_pending={"ProcCStates": "Enabled"},
+        bmc_firmware_version="7.10.30",
+    )
+    msg.time.FromNanoseconds(int(t * 1e9))
+    msg.sections.add(name="thermal", success=True, duration_seconds=0.3)
+    msg.sections.add(name="logs", success=False, error="HTTP 500")
+    msg.temperatures.add(name="Inlet 1", context="intake", reading_celsius=24.0, chassis="1")
+    msg.temperatures.add(name="Inlet 2", context="intake", reading_celsius=26.0, chassis="2")
+    msg.temperatures.add(name="Exhaust", context="exhaust", reading_celsius=41.0, upper_critical_celsius=70.0)
+    msg.temperatures.add(name="CPU 1", context="cpu", reading_celsius=55.0)
+    msg.fans.add(name="Fan 1", speed_rpm=9000.0, health="ok")
+    msg.fans.add(name="Fan 4", speed_rpm=0.0, health="critical")
+    msg.fans.add(name="Fan 9", state="absent")
+    msg.power_supplies.add(name="PSU 1", health="ok", input_watts=1800.0)
+    msg.power_supplies.add(name="PSU 2", health="ok", input_watts=1750.0)
+    msg.power_supplies.add(name="PSU 3", health="warning", input_watts=1680.0)
+    msg.power_supplies.add(name="PSU 4", state="absent")
+    msg.gpus.add(index=0, chassis="HGX_GPU_SXM_1", temperature_celsius=63.0, power_watts=415.0, health="ok")
+    msg.gpus.add(index=1, chassis="HGX_GPU_SXM_2", temperature_celsius=71.0, health="warning")
     return msg
 
 

@@ -24,6 +24,7 @@ def test_defaults_without_a_file() -> None:
     assert config.max_message_bytes == 4 * 1024 * 1024 and config.stale_after_seconds == 60.0
     assert config.detect.margin == 0.05 and config.detect.min_peers == 4
     assert config.probes.on_connect is True
+    assert config.metrics_address == "0.0.0.0:9401"
 
 
 def test_empty_file_is_defaults(tmp_path: Path) -> None:
@@ -77,6 +78,10 @@ probes:
         ("detect: {interval_seconds: 0}\n", "interval_seconds must be > 0"),
         ("detect: {detectors: {throttle: {enabled: maybe}}}\n", "enabled"),
         ("listne: 127.0.0.1:1\n", "listne"),
+        ("metrics_address: nonsense\n", "metrics_address must be HOST:PORT, not 'nonsense'"),
+        ("metrics_address: ':9401'\n", "metrics_address must be HOST:PORT"),
+        ("metrics_address: 'host:99999'\n", "metrics_address must be HOST:PORT"),
+        ("metrics_address: 9401\n", "metrics_address"),
         ("detect: {marginn: 0.1}\n", "marginn"),
     ],
 )
@@ -86,6 +91,25 @@ def test_bad_values_name_what_is_wrong(tmp_path: Path, text: str, where: str) ->
         load(path)
     message = str(caught.value)
     assert where in message and str(path) in message, message
+
+
+@pytest.mark.parametrize(
+    ("text", "override", "expected"),
+    [
+        ("metrics_address: 127.0.0.1:9500\n", None, "127.0.0.1:9500"),
+        ("metrics_address: '[::1]:0'\n", None, "[::1]:0"),
+        ("metrics_address: null\n", None, None),
+        ("metrics_address: none\n", None, None),
+        ("metrics_address: 127.0.0.1:9500\n", "none", None),  # the flag turns it off
+        ("metrics_address: null\n", "127.0.0.1:9600", "127.0.0.1:9600"),
+        ("", "NONE", None),
+    ],
+)
+def test_metrics_address_from_file_and_flag(
+    tmp_path: Path, text: str, override: str | None, expected: str | None
+) -> None:
+    overrides = {} if override is None else {"metrics_address": override}
+    assert load(write(tmp_path, text), overrides).metrics_address == expected
 
 
 def test_a_bad_override_is_reported_too() -> None:

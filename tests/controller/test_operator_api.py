@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 import pytest
 
 from controller.fleet.findings import StoredFinding
-from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.gpufleet.v1 import bmc_pb2, findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import cause_name, health_name, severity_name
 from tests.controller.harness import (
     FINDINGS,
@@ -19,8 +21,10 @@ from tests.controller.harness import (
     T0,
     Clock,
     Running,
+    bmc_sample,
     config,
     frame,
+    hello,
     populate,
     running_controller,
 )
@@ -198,3 +202,43 @@ def test_finding_ids_are_stable_on_the_wire() -> None:
             assert f.last_seen.ToNanoseconds() == int(stored.last_seen * 1e9)
 
     serve(body)
+
+
+def test_get_node_returns_the_latest_bmc_sample_across_a_restart(tmp_path: Path) -> None:
+    cfg = config(db=str(tmp_path / "fleet.db"))
+    sample = bmc_sample(T0 - 5, "n1")
+
+    async def get(running: Running, name: str) -> operator_pb2.NodeDetail:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            return await operator_pb2_grpc.OperatorStub(channel).GetNode(
+                operator_pb2.GetNodeRequest(name=name)
+            )
+
+    async def first() -> None:
+        async with running_controller(cfg) as running:
+            for name in ("n1", "n2"):
+                await running.app.ingest.hello(hello(name))
+            f = frame(1, "n1")
+            f.bmc.CopyFrom(sample)
+            f.bmc.fans[0].speed_rpm = math.nan  # cleared at ingest, so absent on the wire
+            await running.app.ingest.frame("n1", f)
+            await running.app.ingest.frame("n1", frame(2, "n1"))  # no BMC section: the sample stays
+            await running.app.ingest.frame("n2", frame(1, "n2"))
+            detail = await get(running, "n1")
+            assert detail.HasField("bmc") and detail.bmc.endpoint == "https://bmc-n1.example"
+            assert not detail.bmc.fans[0].HasField("speed_rpm")
+            assert not (await get(running, "n2")).HasField("bmc")  # no BMC read: none shown
+
+    async def after_restart() -> None:
+        async with running_controller(cfg) as running:
+            detail = await get(running, "n1")
+            expected = bmc_pb2.BmcSample()
+            expected.CopyFrom(sample)
+            expected.fans[0].ClearField("speed_rpm")
+            assert detail.bmc == expected
+            assert detail.bmc.time.ToNanoseconds() == int((T0 - 5) * 1e9)
+            assert [(g.index, g.temperature_celsius) for g in detail.bmc.gpus] == [(0, 63.0), (1, 71.0)]
+            assert not (await get(running, "n2")).HasField("bmc")
+
+    asyncio.run(first())
+    asyncio.run(after_restart())

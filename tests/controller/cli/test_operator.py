@@ -17,16 +17,17 @@ from controller.app import ControllerApp
 from controller.cli import operator
 from controller.cli.main import main
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.conftest import free_port
 from tests.controller.harness import (
     STALE_AFTER,
     Clock,
     ControllerThread,
+    bmc_sample,
     config,
     frame,
     hello,
     populate,
 )
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 Capture = pytest.CaptureFixture[str]
@@ -48,6 +49,7 @@ def controller() -> Iterator[ControllerThread]:
             f.gpus[0].clock_event_reasons = 4 | 64
             f.gpus.add(index=1, power_watts=300.0, clock_event_reasons=0)
             f.host.load1 = 2.5
+            f.bmc.CopyFrom(bmc_sample(clock.now - 30, "c-critical"))
             assert await app.ingest.frame("c-critical", f) == 2
 
         c.call(setup)
@@ -105,7 +107,7 @@ def test_node_json(controller: ControllerThread, capsys: Capture) -> None:
     doc = json_out(capsys)
     assert {"summary", "hello", "gpus", "host", "probes", "findings"} <= set(doc)
     assert doc["summary"]["name"] == "c-critical" and doc["summary"]["acked_seq"] == 2
-    assert doc["hello"]["host"]["cpu_count"] == 64 and doc["host"] == {"load1": 2.5}
+    assert doc["hello"]["host"]["cpu_count"] == 64 and doc["host"]["load1"] == 2.5
     gpu0, gpu1 = doc["gpus"]
     assert gpu0["clock_event_reasons"] == 68
     assert gpu0["clock_event_reason_names"] == ["sw_power_cap", "hw_thermal_slowdown"]
@@ -127,6 +129,75 @@ def test_node_table(controller: ControllerThread, capsys: Capture, wide: None) -
     for cause in ("nvlink_down", "ecc_row_remap_pending", "thermal_throttle"):
         assert cause in out
     assert "power_cap " not in out  # b-degraded's finding is not c-critical's
+
+
+def test_node_json_shows_the_bmc_sample(controller: ControllerThread, capsys: Capture) -> None:
+    assert operator.node(controller.address, "c-critical", "json") == 0
+    bmc = json_out(capsys)["bmc"]
+    assert bmc["time"] == "2027-01-15T08:00:31Z"  # RFC 3339, like every timestamp
+    assert bmc["endpoint"] == "https://bmc-c-critical.example" and bmc["success"] is False
+    assert bmc["bios_attributes"] == {"ProcCStates": "Disabled", "SriovGlobalEnable": "Enabled"}
+    assert bmc["bios_pending"] == {"ProcCStates": "Enabled"}
+    assert bmc["power_consumed_watts"] == 5230.0
+    assert bmc["temperatures"][0] == {
+        "name": "Inlet 1",
+        "context": "intake",
+        "reading_celsius": 24.0,
+        "health": "",
+        "chassis": "1",
+        "source": "",
+        "state": "",
+    }
+    exhaust = bmc["temperatures"][2]
+    assert exhaust["upper_critical_celsius"] == 70.0 and "upper_caution_celsius" not in exhaust
+    assert bmc["fans"][1]["speed_rpm"] == 0.0 and "speed_rpm" not in bmc["fans"][2]  # 0 kept, unset left out
+    assert [(g["index"], g["temperature_celsius"], g.get("power_watts")) for g in bmc["gpus"]] == [
+        (0, 63.0, 415.0),
+        (1, 71.0, None),
+    ]
+    assert "power_watts" not in bmc["gpus"][1]
+    assert bmc["sections"][1] == {
+        "name": "logs",
+        "success": False,
+        "duration_seconds": 0.0,
+        "error": "HTTP 500",
+    }
+
+    assert operator.node(controller.address, "a-healthy", "json") == 0
+    assert "bmc" not in json_out(capsys)  # its agent reads no BMC
+
+
+def table_rows(out: str, title: str) -> list[list[str]]:
+    """The header and body rows of the rich table titled `title`, as cell texts."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == title)
+    stop = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+    rows = [line.strip()[1:-1] for line in lines[start:stop] if line.startswith(("┃", "│"))]
+    return [[cell.strip() for cell in row.replace("┃", "│").split("│")] for row in rows]
+
+
+def test_node_table_shows_the_bmc_section(controller: ControllerThread, capsys: Capture, wide: None) -> None:
+    assert operator.node(controller.address, "c-critical", "table") == 0
+    out, err = output(capsys)
+    assert err == ""
+    lines = [line.strip() for line in out.splitlines()]
+    (header,) = [line for line in lines if line.startswith("BMC ")]
+    assert header.startswith("BMC https://bmc-c-critical.example polled 2027-01-15 08:00:31Z (")
+    assert header.endswith(", took 1.4s): partial")
+    assert "system ok, chassis critical; power 5230 W; intake 24-26 C, exhaust 41 C" in lines
+    assert "PSUs 3, not ok: PSU 3 warning; fans 2, not ok: Fan 4 critical" in lines
+    assert "BIOS 2.1.4, 1 pending BIOS setting; BMC firmware 7.10.30" in lines
+    assert "failed sections: logs" in lines
+    assert table_rows(out, "GPUs, NVML beside BMC") == [
+        ["GPU", "NVML TEMP C", "BMC TEMP C", "NVML POWER W", "BMC POWER W", "BMC HEALTH"],
+        ["0", "60", "63", "402", "415", "ok"],
+        ["1", "-", "71", "300", "-", "warning"],
+    ]
+
+    assert operator.node(controller.address, "a-healthy", "table") == 0
+    out, _ = output(capsys)
+    assert "GPUs (latest readings)" in out
+    assert "BMC" not in out  # no BMC sample: no section at all
 
 
 def test_unknown_node_is_one_line_and_exit_1(controller: ControllerThread, capsys: Capture) -> None:

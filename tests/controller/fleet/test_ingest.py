@@ -13,6 +13,7 @@ from controller.fleet.ingest import Ingest
 from controller.fleet.model import Fleet
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.harness import bmc_sample
 
 
 def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
@@ -143,5 +144,59 @@ def test_store_failure_acks_nothing() -> None:
             await ingest.frame("n1", frame(1))
         assert ingest.fleet.acked[("n1", "b1")] == 0
         assert ingest.fleet.nodes["n1"].gpus == {}
+
+    with_ingest(body)
+
+
+def with_bmc(f: pb.TelemetryFrame, polled: float, endpoint: str) -> pb.TelemetryFrame:
+    f.bmc.CopyFrom(bmc_sample(polled))
+    f.bmc.endpoint = endpoint  # tells the samples apart
+    return f
+
+
+def test_bmc_sample_is_kept_until_a_newer_poll_arrives() -> None:
+    async def body(ingest: Ingest) -> None:
+        await ingest.hello(hello(boot="new"))
+        node = ingest.fleet.nodes["n1"]
+        await ingest.frame("n1", with_bmc(frame(1, boot="new", t=2000.0), 1990.0, "first"))
+        assert node.bmc is not None and node.bmc.endpoint == "first" and node.bmc_time == 1990.0
+        await ingest.frame("n1", frame(2, boot="new", t=2000.0))  # most frames carry no BMC section
+        await ingest.frame("n1", with_bmc(frame(3, boot="new", t=2000.0), 1980.0, "older poll"))
+        # A replayed older boot: its frames and its poll are older than what is held.
+        await ingest.frame("n1", with_bmc(frame(7, boot="old", floor=7, t=100.0), 95.0, "old boot"))
+        assert node.bmc.endpoint == "first" and node.bmc_time == 1990.0
+        fleet, _ = await ingest.store.load()
+        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == 1990.0
+
+        await ingest.frame("n1", with_bmc(frame(4, boot="new", t=2000.0), 2050.0, "newer"))
+        assert node.bmc.endpoint == "newer" and node.bmc_time == 2050.0
+        await ingest.frame("n1", with_bmc(frame(5, boot="new", t=2000.0), 9e9, "clock ahead"))
+        assert node.bmc_time == 5000.0  # clamped to the controller's now, so later polls still land
+        fleet, _ = await ingest.store.load()
+        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == 5000.0
+
+    with_ingest(body)
+
+
+def test_nan_in_bmc_readings_is_missing_and_counted() -> None:
+    async def body(ingest: Ingest) -> None:
+        await ingest.hello(hello())
+        f = with_bmc(frame(1), 1000.0, "e")
+        f.bmc.temperatures[0].reading_celsius = math.nan
+        f.bmc.fans[0].speed_rpm = math.inf
+        f.bmc.gpus[0].power_watts = -math.inf
+        f.bmc.power_consumed_watts = math.nan
+        await ingest.frame("n1", f)
+        assert ingest.counters.non_finite == 4
+        fleet, _ = await ingest.store.load()
+        for node in (ingest.fleet.nodes["n1"], fleet.nodes["n1"]):  # in memory and as stored
+            bmc = node.bmc
+            assert bmc is not None
+            assert not bmc.temperatures[0].HasField("reading_celsius")
+            assert bmc.temperatures[1].reading_celsius == 26.0
+            assert not bmc.fans[0].HasField("speed_rpm") and bmc.fans[1].speed_rpm == 0.0
+            assert not bmc.gpus[0].HasField("power_watts") and bmc.gpus[0].temperature_celsius == 63.0
+            assert not bmc.HasField("power_consumed_watts")
+            assert dict(bmc.bios_attributes) == {"ProcCStates": "Disabled", "SriovGlobalEnable": "Enabled"}
 
     with_ingest(body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Coroutine
 from pathlib import Path
@@ -16,6 +17,7 @@ from controller.fleet.findings import StoredFinding
 from controller.fleet.model import GpuState, ProbeRecord
 from controller.store.sqlite import FrameWrite, Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.harness import bmc_sample
 
 T = TypeVar("T")
 
@@ -160,3 +162,65 @@ def test_list_findings_filters(tmp_path: Path) -> None:
         store.close()
 
     run(go())
+
+
+def test_bmc_sample_is_stored_with_its_frame_and_reloads(tmp_path: Path) -> None:
+    path = str(tmp_path / "fleet.db")
+    sample = bmc_sample(990.0)
+
+    async def first() -> None:
+        store = Store(path)
+        await store.open()
+        await store.save_hello(hello(), 1.0)
+        with_bmc = write(1)
+        with_bmc.bmc, with_bmc.bmc_time = sample, 990.0
+        await store.save_frame(with_bmc)
+        await store.save_frame(write(2))  # a frame without a BMC section keeps the stored one
+        store.close()
+
+    async def second() -> None:
+        store = Store(path)
+        await store.open()
+        fleet, _ = await store.load()
+        store.close()
+        node = fleet.nodes["n1"]
+        assert node.bmc == sample and node.bmc_time == 990.0
+        assert node.bmc is not None and node.bmc.bios_pending["ProcCStates"] == "Enabled"
+        assert node.host_time == 1002.0  # the frame's time, not the poll's
+
+    run(first())
+    run(second())
+
+
+def test_a_file_written_before_bmc_state_existed_still_opens(tmp_path: Path) -> None:
+    path = str(tmp_path / "fleet.db")
+
+    async def older() -> None:
+        store = Store(path)
+        await store.open()
+        await store.save_hello(hello(), 1.0)
+        await store.save_frame(write(1))
+        store.close()
+
+    run(older())
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("DROP TABLE bmc_state")  # as a controller from before the BMC section left it
+        conn.commit()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'bmc_state'").fetchone()[0] == 0
+
+    async def newer() -> None:
+        store = Store(path)
+        await store.open()
+        fleet, _ = await store.load()
+        assert fleet.acked[("n1", "b1")] == 1 and fleet.nodes["n1"].bmc is None
+        with_bmc = write(2)
+        with_bmc.bmc, with_bmc.bmc_time = bmc_sample(1001.0), 1001.0
+        await store.save_frame(with_bmc)
+        fleet, _ = await store.load()
+        store.close()
+        assert fleet.nodes["n1"].bmc == bmc_sample(1001.0)
+
+    run(newer())
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1

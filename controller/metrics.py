@@ -1,0 +1,181 @@
+"""The controller's Prometheus metrics: a custom Collector that reads ControllerApp state at scrape time.
+
+Each app gets its own CollectorRegistry (`controller_registry`), never the process-wide one, so
+several controllers can live in one process (tests do). Names are fixed by the dashboards and
+alert rules (dashboards/): add new ones freely, never rename these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from controller.app import ControllerApp
+from controller.detect.finding import SEVERITIES
+from controller.fleet.health import node_health
+from controller.metrics_record import SecondsHistogram
+from protos.gpufleet.v1 import operator_pb2
+from protos.names import CAUSES, enum_names, health_name
+
+PREFIX = "gpufleet_controller_"
+HEALTH_STATES: tuple[str, ...] = tuple(enum_names(operator_pb2.NodeHealth))  # healthy, degraded, ...
+SLOW_DETECTOR = "probe_outlier"  # a finding it raised says the GPU measured slow, not only misconfigured
+
+
+def controller_registry(app: ControllerApp) -> CollectorRegistry:
+    """A fresh registry holding only this app's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControllerCollector(app))
+    return registry
+
+
+class ControllerCollector(Collector):
+    """Reads the app as it is at scrape time; keeps no state of its own between scrapes."""
+
+    def __init__(self, app: ControllerApp) -> None:
+        self.app = app
+        # `gpufleet nodes` decides a node's health here; the metric must never disagree with it.
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._fleet()
+        yield from self._ingest()
+        yield _histogram(
+            "store_latency_seconds",
+            "Seconds from a store call to its commit, queueing and group commit included.",
+            {op: h for op, h in sorted(self.app.store.latency.by_label.items())},
+            label="operation",
+        )
+        yield from self._findings()
+        yield from self._nodes()
+        yield from self._detection()
+
+    def _fleet(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            PREFIX + "connected_agents",
+            "Nodes with an open telemetry stream.",
+            value=self.app.connected_agents,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "nodes", "Nodes known to the controller.", value=len(self.app.fleet.nodes)
+        )
+
+    def _ingest(self) -> Iterator[Metric]:
+        counters = self.app.ingest.counters
+        yield CounterMetricFamily(
+            PREFIX + "frames_ingested_total", "Telemetry frames stored and acked.", value=counters.frames
+        )
+        yield CounterMetricFamily(
+            PREFIX + "duplicate_frames_total",
+            "Frames dropped as already stored (an agent resending after a lost ack).",
+            value=counters.duplicates,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "non_finite_readings_total",
+            "NaN or infinite readings received and stored as missing.",
+            value=counters.non_finite,
+        )
+        yield _histogram(
+            "ingest_lag_seconds",
+            "Seconds from a frame's time on the agent to its ingest here (clock skew included).",
+            {"": self.app.ingest.lag},
+        )
+
+    def _findings(self) -> Iterator[Metric]:
+        active = [s.finding for s in self.app.active.values()]
+        counts = {(cause, severity): 0 for cause in CAUSES for severity in SEVERITIES}
+        for f in active:
+            counts[(f.cause, f.severity)] = counts.get((f.cause, f.severity), 0) + 1
+        by_kind = GaugeMetricFamily(
+            PREFIX + "findings", "Active findings by cause and severity.", labels=["cause", "severity"]
+        )
+        for (cause, severity), n in sorted(counts.items()):
+            by_kind.add_metric([cause, severity], n)
+        yield by_kind
+        each = GaugeMetricFamily(
+            PREFIX + "finding_active",
+            "1 per active finding; gpu empty: node-level; slow true: a probe measured it slow.",
+            labels=["node", "gpu", "cause", "severity", "slow"],
+        )
+        for f in sorted(active, key=lambda f: (f.node, -1 if f.gpu is None else f.gpu, f.cause)):
+            gpu = "" if f.gpu is None else str(f.gpu)
+            slow = "true" if SLOW_DETECTOR in f.detectors else "false"
+            each.add_metric([f.node, gpu, f.cause, f.severity, slow], 1)
+        yield each
+
+    def _nodes(self) -> Iterator[Metric]:
+        health = GaugeMetricFamily(
+            PREFIX + "node_health",
+            f"1 on the node's current state ({', '.join(HEALTH_STATES)}), as `gpufleet nodes` shows it.",
+            labels=["node", "state"],
+        )
+        last_frame = GaugeMetricFamily(
+            PREFIX + "node_last_frame_timestamp_seconds",
+            "Unix time of the newest frame stored for the node.",
+            labels=["node"],
+        )
+        for name in sorted(self.app.fleet.nodes):
+            node = self.app.fleet.nodes[name]
+            findings = [s for key, s in self.app.active.items() if key[0] == name]
+            current = health_name(
+                node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds)
+            )
+            for state in HEALTH_STATES:
+                health.add_metric([name, state], 1 if state == current else 0)
+            seen = self.app.ingest.last_frame.get(name)
+            if seen is not None:
+                last_frame.add_metric([name], seen)
+        yield health
+        yield last_frame
+
+    def _detection(self) -> Iterator[Metric]:
+        yield _histogram(
+            "detector_pass_duration_seconds",
+            "Wall seconds of a detection pass: every detector, then storing what changed.",
+            {"": self.app.pass_duration},
+        )
+        stamp = GaugeMetricFamily(
+            PREFIX + "detector_pass_timestamp_seconds", "Unix time of the last successful detection pass."
+        )
+        if self.app.last_pass_time is not None:
+            stamp.add_metric([], self.app.last_pass_time)
+        yield stamp
+        yield CounterMetricFamily(
+            PREFIX + "detector_pass_failures_total",
+            "Detection passes that failed (the store unavailable, for one).",
+            value=self.app.failed_passes,
+        )
+        took = GaugeMetricFamily(
+            PREFIX + "detector_duration_seconds",
+            "Seconds each detector took in the last pass.",
+            labels=["detector"],
+        )
+        ok = GaugeMetricFamily(
+            PREFIX + "detector_success",
+            "1 when the detector ran without error in the last pass.",
+            labels=["detector"],
+        )
+        report = self.app.last_pass
+        if report is not None:
+            for name in sorted(report.durations):
+                took.add_metric([name], report.durations[name])
+                ok.add_metric([name], 0 if name in report.failed else 1)
+        yield took
+        yield ok
+
+
+def _histogram(
+    name: str, documentation: str, histograms: dict[str, SecondsHistogram], label: str = ""
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(PREFIX + name, documentation, labels=[label] if label else None)
+    for value, h in histograms.items():
+        buckets = [("+Inf" if math.isinf(bound) else repr(bound), float(n)) for bound, n in h.cumulative()]
+        family.add_metric([value] if label else [], buckets, h.sum)
+    return family
