@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?= --seconds 60
 
-.PHONY: demo test lint protos clean
+.PHONY: demo test lint protos dashboards clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: lint
 
 protos: $(VENV)/.installed-test
 	$(BIN)/python -m protos.generate
+
+# Regenerate the Grafana dashboard JSON from dashboards/*.py (plain Python, no dependencies).
+dashboards: | $(BIN)/python
+	$(BIN)/python -m dashboards.build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

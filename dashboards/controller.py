@@ -1,0 +1,213 @@
+"""Controller: agents and nodes it knows, frames ingested, ingest lag, store latency, findings,
+node health and detector passes."""
+
+from __future__ import annotations
+
+from dashboards.grafana import (
+    JSON,
+    Layout,
+    bargauge,
+    dashboard,
+    heatmap,
+    stat,
+    status_history,
+    target,
+    thresholds,
+    timeseries,
+)
+from dashboards.promql import node_health_code, node_health_mapping, rate
+
+QUANTILES = ((0.5, "median"), (0.9, "p90"), (0.99, "p99"))
+
+
+def _histogram_quantile(q: float, metric: str, by: str = "") -> str:
+    return f"histogram_quantile({q}, sum by (le{by}) ({rate(metric + '_bucket')}))"
+
+
+def _summary(layout: Layout) -> None:
+    layout.add(
+        stat(
+            "Connected agents",
+            [target("sum(gpufleet_controller_connected_agents)")],
+            "none",
+            description="Agents with an open telemetry stream.",
+        ),
+        6,
+        4,
+    )
+    layout.add(stat("Nodes", [target("sum(gpufleet_controller_nodes)")], "none"), 6, 4)
+    layout.add(
+        stat("Frames ingested", [target(f"sum({rate('gpufleet_controller_frames_ingested_total')})")], "cps"),
+        6,
+        4,
+    )
+    layout.add(
+        stat(
+            "Since the last detector pass",
+            [target("time() - max(gpufleet_controller_detector_pass_timestamp_seconds)")],
+            "s",
+            description="Should stay below the detect interval (10 s by default).",
+            steps=thresholds((None, "green"), (60, "red")),
+        ),
+        6,
+        4,
+    )
+
+
+def _ingest(layout: Layout) -> None:
+    layout.row("Ingest")
+    layout.add(
+        timeseries(
+            "Frames",
+            [
+                target(f"sum({rate('gpufleet_controller_frames_ingested_total')})", "ingested"),
+                target(f"sum({rate('gpufleet_controller_duplicate_frames_total')})", "duplicates dropped"),
+                target(
+                    f"sum({rate('gpufleet_controller_non_finite_readings_total')})", "non-finite readings"
+                ),
+            ],
+            "cps",
+            description="Duplicates are frames an agent resent after a reconnect (already stored).",
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Ingest lag",
+            [
+                target(_histogram_quantile(q, "gpufleet_controller_ingest_lag_seconds"), name)
+                for q, name in QUANTILES
+            ],
+            "s",
+            description="Ingest time minus the frame's own time: network, agent spool and controller "
+            "delay together (clock skew between hosts shows here too).",
+        ),
+        8,
+    )
+    layout.add(
+        heatmap(
+            "Ingest lag distribution",
+            [
+                target(
+                    "sum by (le) (increase(gpufleet_controller_ingest_lag_seconds_bucket[$__rate_interval]))",
+                    "{{le}}",
+                )
+            ],
+            "s",
+            buckets=True,
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Store latency (p99) per operation",
+            [
+                target(
+                    _histogram_quantile(0.99, "gpufleet_controller_store_latency_seconds", ", operation"),
+                    "{{operation}}",
+                )
+            ],
+            "s",
+        ),
+        12,
+    )
+    layout.add(
+        timeseries(
+            "Store operations",
+            [
+                target(
+                    f"sum by (operation) ({rate('gpufleet_controller_store_latency_seconds_count')})",
+                    "{{operation}}",
+                )
+            ],
+            "ops",
+        ),
+        12,
+    )
+
+
+def _findings(layout: Layout) -> None:
+    layout.row("Findings and node health")
+    layout.add(
+        timeseries(
+            "Active findings by cause",
+            [target("sum by (cause) (gpufleet_controller_findings)", "{{cause}}")],
+            "none",
+            stack=True,
+        ),
+        12,
+    )
+    layout.add(
+        bargauge(
+            "Active findings by severity",
+            [target("sum by (severity) (gpufleet_controller_findings)", "{{severity}}")],
+            "none",
+            steps=thresholds((None, "green"), (1, "orange")),
+        ),
+        12,
+    )
+    layout.add(
+        status_history(
+            "Node health",
+            [target(node_health_code('node=~".+"'), "{{node}}")],
+            mappings=node_health_mapping(),
+        ),
+        12,
+        10,
+    )
+    layout.add(
+        timeseries(
+            "Nodes per health state",
+            [target("sum by (state) (gpufleet_controller_node_health)", "{{state}}")],
+            "none",
+            stack=True,
+        ),
+        6,
+        10,
+    )
+    layout.add(
+        timeseries(
+            "Since each node's last frame",
+            [target("time() - gpufleet_controller_node_last_frame_timestamp_seconds", "{{node}}")],
+            "s",
+        ),
+        6,
+        10,
+    )
+
+
+def _detectors(layout: Layout) -> None:
+    layout.row("Detectors")
+    metric = "gpufleet_controller_detector_pass_duration_seconds"
+    layout.add(
+        timeseries(
+            "Detector pass duration",
+            [
+                *(target(_histogram_quantile(q, metric), name) for q, name in QUANTILES),
+                target(f"sum({rate(metric + '_sum')}) / sum({rate(metric + '_count')})", "mean"),
+            ],
+            "s",
+            description="One pass runs every detector over the whole fleet.",
+        ),
+        12,
+    )
+    layout.add(
+        timeseries("Detector passes", [target(f"sum({rate(metric + '_count')})", "passes")], "cps"),
+        12,
+    )
+
+
+def build() -> JSON:
+    layout = Layout()
+    _summary(layout)
+    _ingest(layout)
+    _findings(layout)
+    _detectors(layout)
+    return dashboard(
+        "gpufleet-controller",
+        "gpufleet / Controller",
+        "The controller itself: streams, ingest rate and lag, store latency, findings, node health, "
+        "detector passes.",
+        layout,
+        [],
+    )
