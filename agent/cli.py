@@ -7,18 +7,20 @@ import asyncio
 import dataclasses
 import json
 import logging
-import math
 import signal
 import sys
 from typing import Any
 
 from agent import version
+from agent.bmc_setup import build_bmc
 from agent.config import AgentConfig, ConfigError, load
+from agent.exporter import Exporter, MetricsServer, MetricsServerError
+from agent.jsonout import finite
 from agent.probes.base import NoProbes, ProbeRunner
 from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuSource, Inventory
-from agent.sources.host import HostSource
+from agent.sources.host import HostReader, HostSource
 from agent.sources.sim.faults import FAULTS, FaultSpec
 from protos.gpufleet.v1 import telemetry_pb2
 from protos.names import clock_event_reason_names, enum_name
@@ -40,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 10)")
     parser.add_argument("--spool-dir", metavar="DIR", help="keep unacked frames here across restarts")
     parser.add_argument(
+        "--bmc-url",
+        metavar="URL",
+        help="read this BMC through Redfish (credentials: bmc section of --config, or the environment)",
+    )
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -50,6 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="with --sim: random seed (default 0)")
     parser.add_argument("--once", action="store_true", help="take one snapshot, print it and exit")
     parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT|none",
+        help="serve Prometheus /metrics here (default 0.0.0.0:9400; none: no server)",
+    )
+    parser.add_argument(
+        "--dcgm-compat",
+        action="store_true",
+        help="also serve dcgm-exporter's DCGM_FI_* metrics (names, types, labels) on /metrics",
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--version", action="version", version=f"gpufleet agent {version()}")
     return parser
@@ -72,6 +89,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         stream["spool_dir"] = args.spool_dir
     if stream:
         out["stream"] = stream
+    metrics: dict[str, Any] = {}
+    if args.metrics_address is not None:
+        metrics["address"] = None if args.metrics_address.strip().lower() == "none" else args.metrics_address
+    if args.dcgm_compat:
+        metrics["dcgm_compat"] = True
+    if metrics:
+        out["metrics"] = metrics
+    if args.bmc_url:
+        out["bmc"] = {"url": args.bmc_url}
     sim: dict[str, Any] = {}
     if args.gpus is not None:
         sim["gpus"] = args.gpus
@@ -82,11 +108,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def build_sources(config: AgentConfig) -> tuple[GpuSource, ProbeRunner]:
-    """The GPU source and probe runner the config asks for; SourceError if NVML cannot start."""
+def build_sources(config: AgentConfig) -> tuple[GpuSource, HostReader, ProbeRunner]:
+    """The GPU source, host and probe runner the config asks for; SourceError if NVML cannot start.
+
+    The simulator brings its own host (SimHost, driven by the node's load); NVML goes with the real
+    host under `host_root`.
+    """
     if config.source == "sim":
         from agent.probes.modelled import ModelledProbes
-        from agent.sources.sim import SimNode
+        from agent.sources.sim import SimHost, SimNode
 
         sim = config.sim
         node = SimNode(
@@ -96,11 +126,12 @@ def build_sources(config: AgentConfig) -> tuple[GpuSource, ProbeRunner]:
             load=sim.load,
             faults=[FaultSpec(f.fault, f.gpu) for f in sim.faults],
         )
-        return node, ModelledProbes(node)
+        return node, SimHost(node, seed=sim.seed), ModelledProbes(node)
     from agent.sources.nvml import NvmlSource
 
     source = NvmlSource(slow_every=config.nvml.slow_every_cycles, xid_events=config.nvml.xid_events)
-    return source, NoProbes("real probes need the probes extra (torch); see the probe issue")
+    probes = NoProbes("real probes need the probes extra (torch); see the probe issue")
+    return source, HostSource(config.host_root), probes
 
 
 def _snapshot_json(agent_inventory: Inventory, snapshot: Snapshot, node: str) -> str:
@@ -122,7 +153,7 @@ def _snapshot_json(agent_inventory: Inventory, snapshot: Snapshot, node: str) ->
         "inventory": dataclasses.asdict(agent_inventory),
         "snapshot": {**dataclasses.asdict(snapshot), "gpus": readings},
     }
-    return json.dumps(_finite(body), indent=2, sort_keys=True, allow_nan=False, default=str)
+    return json.dumps(finite(body), indent=2, sort_keys=True, allow_nan=False, default=str)
 
 
 def _enum_name(enum: Any, value: int | None) -> str | None:
@@ -133,17 +164,6 @@ def _enum_name(enum: Any, value: int | None) -> str | None:
         return enum_name(enum, value)
     except ValueError:
         return f"unknown_{value}"
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,15 +184,22 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        gpu, probes = build_sources(config)
+        gpu, host, probes = build_sources(config)
     except (SourceError, ValueError) as exc:
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 1
+    try:
+        bmc = build_bmc(config, gpu)
+    except SourceError as exc:  # the BMC's credentials: a config problem, said before anything runs
+        gpu.close()
+        print(f"gpufleet agent: {exc}", file=sys.stderr)
+        return 2
     from agent.daemon import Agent
 
-    host = HostSource(config.host_root)
-    agent = Agent(config, gpu, host, probes)
+    agent = Agent(config, gpu, host, probes, bmc=bmc)
     if args.once:
+        if agent.bmc is not None:
+            agent.bmc.poll_once()  # in this thread: one snapshot should show the BMC too
         snapshot = agent.sample()
         agent.close()
         if args.json:
@@ -184,7 +211,25 @@ def main(argv: list[str] | None = None) -> int:
                     f"{reading.power_watts or 0:.0f} W {reading.temperature_celsius or 0:.0f} C"
                 )
         return 0 if all(s.success for s in snapshot.collectors.values()) else 1
-    return asyncio.run(_serve(agent))
+    try:
+        server = _metrics_server(agent, config)
+    except MetricsServerError as exc:  # before sampling: the agent never half-starts
+        agent.close()
+        print(f"gpufleet agent: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(agent, server))
+
+
+def _metrics_server(agent: Any, config: AgentConfig) -> MetricsServer | None:
+    """Bind /metrics where the config says (None: not served) and attach its exporter to `agent`."""
+    if config.metrics.address is None:
+        return None
+    exporter = Exporter(
+        config.node, agent.inventory, agent.host_facts, dcgm_compat=config.metrics.dcgm_compat
+    )
+    server = MetricsServer(config.metrics.address, exporter.render, title=f"gpufleet agent on {config.node}")
+    agent.exporter = exporter
+    return server
 
 
 def _parse_faults(specs: list[str], gpus: int) -> list[Any]:
@@ -202,11 +247,19 @@ def _parse_faults(specs: list[str], gpus: int) -> list[Any]:
     return out
 
 
-async def _serve(agent: Any) -> int:
+async def _serve(agent: Any, server: MetricsServer | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await agent.run(stop)
+    if server is not None:
+        server.start()
+        compat = " with dcgm-exporter's metrics" if agent.exporter.dcgm_compat else ""
+        log.info("serving metrics on %s%s", server.url, compat)
+    try:
+        await agent.run(stop)
+    finally:
+        if server is not None:
+            server.stop()
     log.info("agent stopped")
     return 0

@@ -69,6 +69,40 @@ class StreamConfig(_Config):
             raise ValueError("need 0 < stream.backoff_initial_seconds <= stream.backoff_max_seconds")
 
 
+class BmcConfig(_Config):
+    """Where the node's BMC is and how to reach it. Credentials never come from the command line."""
+
+    url: str | None = None  # e.g. https://10.0.0.12; None: no BMC polling
+    username: str | None = None  # else from the credentials file/dir or the environment
+    password_file: str | None = None  # a file holding only the password
+    credentials_dir: str | None = None  # a mounted Kubernetes secret: files `username` and `password`
+    ca_bundle: str | None = None  # PEM bundle to verify the BMC's certificate
+    insecure: bool = False  # skip TLS verification (only when asked)
+    interval_seconds: float = 60.0
+    connect_timeout_seconds: float = 5.0
+    read_timeout_seconds: float = 20.0
+    backoff_max_seconds: float = 600.0  # a failing BMC is retried at most this far apart
+    log_entries: int = 20  # most recent log entries per poll
+    # BIOS attributes and firmware inventory change rarely and cost many requests on a big BMC:
+    # read them every `inventory_every_polls` polls (10 minutes at the default interval).
+    inventory_every_polls: int = 10
+    simulated: bool = True  # with source "sim" and no url: a simulated BMC beside the simulated GPUs
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"bmc.url must start with http:// or https://, not {self.url!r}")
+        if self.insecure and self.ca_bundle:
+            raise ValueError("bmc.insecure and bmc.ca_bundle exclude each other")
+        if self.interval_seconds < 1 or self.connect_timeout_seconds <= 0 or self.read_timeout_seconds <= 0:
+            raise ValueError("bmc.interval_seconds must be >= 1 and the timeouts > 0")
+        if self.backoff_max_seconds < self.interval_seconds:
+            raise ValueError("bmc.backoff_max_seconds must be >= bmc.interval_seconds")
+        if not 0 <= self.log_entries <= 1000:
+            raise ValueError("bmc.log_entries must be within 0..1000")
+        if self.inventory_every_polls < 1:
+            raise ValueError("bmc.inventory_every_polls must be >= 1")
+
+
 class CollectorConfig(_Config):
     enabled: bool = True
 
@@ -84,6 +118,19 @@ class NvmlConfig(_Config):
             raise ValueError("nvml.slow_every_cycles must be >= 1")
 
 
+class MetricsConfig(_Config):
+    """The Prometheus /metrics server."""
+
+    address: str | None = "0.0.0.0:9400"  # HOST:PORT (dcgm-exporter's port); None or "none": no server
+    dcgm_compat: bool = False  # also serve dcgm-exporter's DCGM_FI_* names, types and labels
+
+    def __post_init__(self) -> None:
+        if self.address is not None and self.address.strip().lower() == "none":
+            self.address = None
+        if self.address is not None:
+            check_address(self.address, "metrics.address")
+
+
 class AgentConfig(_Config):
     node: str = ""  # empty: the host name
     source: Literal["nvml", "sim"] = "nvml"
@@ -94,7 +141,9 @@ class AgentConfig(_Config):
     collectors: dict[str, CollectorConfig] = msgspec.field(default_factory=dict)
     sim: SimConfig = msgspec.field(default_factory=SimConfig)
     nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
+    bmc: BmcConfig = msgspec.field(default_factory=BmcConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_seconds <= 3600:

@@ -17,11 +17,14 @@ from collections.abc import Callable
 from agent import version
 from agent.collectors.base import Collector, CollectorContext, discover
 from agent.config import AgentConfig
+from agent.exporter import Exporter
 from agent.probes.base import ProbeOutcome, ProbeRunner
 from agent.snapshot import CollectorStatus, Snapshot
+from agent.sources.bmc import BmcSource
+from agent.sources.bmc_poller import BmcPoller
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuSource, Inventory
-from agent.sources.host import HostFacts, HostSource
+from agent.sources.host import HostFacts, HostReader
 from agent.stream import frames
 from agent.stream.backoff import Backoff
 from agent.stream.client import StreamClient
@@ -36,9 +39,10 @@ class Agent:
         self,
         config: AgentConfig,
         gpu: GpuSource,
-        host: HostSource | None,
+        host: HostReader | None,
         probes: ProbeRunner,
         *,
+        bmc: BmcSource | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -51,12 +55,24 @@ class Agent:
         self.inventory: Inventory = gpu.inventory()
         self.host_facts: HostFacts | None = host.facts() if host else None
         self.inventory.expected_gpu_count = self._expected_gpus()
+        self.bmc: BmcPoller | None = None
+        if bmc is not None:
+            self.bmc = BmcPoller(
+                bmc,
+                interval_seconds=config.bmc.interval_seconds,
+                backoff_max_seconds=config.bmc.backoff_max_seconds,
+                gpus=self.inventory.gpus,
+            )
         registry = discover()
-        ctx = CollectorContext(gpu=gpu, host=host)
+        ctx = CollectorContext(gpu=gpu, host=host, bmc=self.bmc)
         self.collectors: list[Collector] = [
-            registry[name](ctx) for name in config.enabled_collectors(sorted(registry))
+            registry[name](ctx)
+            for name in config.enabled_collectors(sorted(registry))
+            if registry[name].applies(ctx)
         ]
+        self._failing: dict[str, str] = {}  # collector -> error last logged
         self.latest: Snapshot | None = None
+        self.exporter: Exporter | None = None  # set where /metrics is served: it sees every snapshot
         self.seq = 0
         self._pending_probes: list[ProbeOutcome] = []
         self._pending_lock = threading.Lock()  # sample() runs in a worker thread
@@ -85,12 +101,25 @@ class Agent:
                 status = CollectorStatus(collector.name, True, time.perf_counter() - start)
             except Exception as exc:  # noqa: BLE001 - one bad collector never breaks the cycle; it is reported
                 status = CollectorStatus(collector.name, False, time.perf_counter() - start, str(exc))
-                log.warning("collector %s failed: %s", collector.name, exc)
+            self._log_change(status)
             snapshot.collectors[collector.name] = status
         with self._pending_lock:
             snapshot.probes, self._pending_probes = self._pending_probes, []
         self.latest = snapshot
+        if self.exporter is not None:
+            self.exporter.observe(snapshot)
         return snapshot
+
+    def _log_change(self, status: CollectorStatus) -> None:
+        """Log a collector failing, its error changing and its recovery; not the same error every cycle."""
+        previous = self._failing.get(status.name)
+        if status.success:
+            if previous is not None:
+                log.info("collector %s works again", status.name)
+                del self._failing[status.name]
+        elif status.error != previous:
+            log.warning("collector %s failed: %s", status.name, status.error)
+            self._failing[status.name] = status.error
 
     def hello(self) -> pb.Hello:
         return frames.hello(
@@ -127,6 +156,13 @@ class Agent:
             self.config.interval_seconds,
             f"streaming to {stream_cfg.controller}" if stream_cfg.controller else "not streaming",
         )
+        if self.bmc is not None:
+            self.bmc.start()
+            log.info(
+                "reading BMC %s every %.0fs in its own thread",
+                self.bmc.source.endpoint,
+                self.config.bmc.interval_seconds,
+            )
         try:
             await self._sample_loop(stop, wake)
         finally:
@@ -183,7 +219,9 @@ class Agent:
         return pb.CommandResult(command_id=command.id, ok=not failed, error="; ".join(failed))
 
     def close(self) -> None:
-        """Release collectors and the GPU source; a failure to release is logged, never raised."""
+        """Release collectors, the BMC (logout) and the GPU source; failures are logged, never raised."""
+        if self.bmc is not None:
+            self.bmc.stop()
         for collector in self.collectors:
             try:
                 collector.close()

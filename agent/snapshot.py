@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.probes.base import ProbeOutcome
+from agent.sources.bmc import BmcSample
 from agent.sources.gpu import GpuReading
 from agent.sources.host import HostReading
 
@@ -25,3 +26,5 @@ class Snapshot:
     host: HostReading | None = None
     probes: list[ProbeOutcome] = field(default_factory=list)
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
+    bmc: BmcSample | None = None  # the latest completed BMC poll
+    bmc_new: bool = False  # that poll completed since the previous snapshot: the frame carries it

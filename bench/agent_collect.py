@@ -37,7 +37,6 @@ from agent.cli import build_sources
 from agent.config import ConfigError, load
 from agent.daemon import Agent
 from agent.sources.errors import SourceError
-from agent.sources.host import HostSource
 from agent.stream import frames
 
 REFERENCE_INTERVAL_S = 10.0  # the default sampling interval the budgets are stated for
@@ -135,8 +134,8 @@ def measure(source: str, config_path: str | None, cycles: int, interval: float) 
     series = _Series(cycles)
     rss_start = process.memory_info().rss
     config = load(config_path, {"source": source})
-    gpu, probes = build_sources(config)
-    agent = Agent(config, gpu, HostSource(config.host_root), probes)
+    gpu, host, probes = build_sources(config)
+    agent = Agent(config, gpu, host, probes)
     try:
         calls_at_start = nvml_calls(gpu)
         _cycle(agent, 0)  # warm-up: first-use costs (lazy imports, caches) are not the steady state

@@ -1,24 +1,19 @@
-"""Shared test helpers: CI strictness for optional peers, and free loopback ports."""
+"""Fixtures for every test: the Redfish servers (tests/redfish_servers.py) are imported here so
+pytest sees them; `require` and `free_port` live in tests/support.py and are re-exported."""
 
 from __future__ import annotations
 
-import os
-import socket
+from tests.prometheus_server import prometheus_server  # noqa: F401 - imported to register the fixture
+from tests.redfish_servers import (  # noqa: F401 - imported to register the fixtures
+    dmtf_mockup,
+    fake_bmc,
+    hgx_bmc,
+    slow_bmc,
+    sushy_emulator,
+    sushy_static_server,
+    tls_files,
+    unreachable_url,
+)
+from tests.support import IN_CI, free_port, require
 
-import pytest
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip with `reason` locally; fail under CI=true, where every peer must be installed."""
-    if not condition:
-        if IN_CI:
-            pytest.fail(f"required in CI: {reason}")
-        pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["IN_CI", "free_port", "require"]

@@ -94,6 +94,9 @@ def test_demo_stops_every_child_on_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # closed even when the test failed midway
+            if pipe is not None:
+                pipe.close()
     assert proc.returncode == 0
     summary = json.loads(stdout)
     assert summary["nodes"] == 3 and len(summary["injected"]) == 1

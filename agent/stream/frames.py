@@ -14,8 +14,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent.probes.base import ProbeOutcome
 from agent.snapshot import Snapshot
+from agent.sources.bmc import BmcSample
 from agent.sources.gpu import Inventory
 from agent.sources.host import HostFacts
+from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -54,6 +56,13 @@ def probe_result(outcome: ProbeOutcome) -> pb.ProbeResult:
     return msg
 
 
+def bmc_sample(sample: BmcSample) -> bmc_pb2.BmcSample:
+    msg = bmc_pb2.BmcSample()
+    fill(msg, dataclasses.replace(sample, time=None))  # type: ignore[arg-type]
+    msg.time.CopyFrom(timestamp(sample.time))
+    return msg
+
+
 def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
     msg = pb.TelemetryFrame(node=snapshot.node, boot_id=boot_id, seq=seq, time=timestamp(snapshot.time))
     for reading in snapshot.gpus:
@@ -63,6 +72,8 @@ def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
     msg.probes.extend(probe_result(o) for o in snapshot.probes)
     for status in snapshot.collectors.values():
         fill(msg.collectors.add(), status)
+    if snapshot.bmc is not None and snapshot.bmc_new:
+        msg.bmc.CopyFrom(bmc_sample(snapshot.bmc))
     return msg
 
 

@@ -303,3 +303,66 @@ def test_once_without_json_prints_one_line_per_gpu(capsys: pytest.CaptureFixture
     lines = out.splitlines()
     assert [line.split()[:2] for line in lines] == [["gpu", "0"], ["gpu", "1"], ["gpu", "2"]]
     assert all(" MHz " in line and line.endswith(" C") for line in lines)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def test_metrics_defaults_to_dcgm_exporters_port_without_compat() -> None:
+    config = load(None)
+    assert config.metrics.address == "0.0.0.0:9400"
+    assert config.metrics.dcgm_compat is False
+
+
+@pytest.mark.parametrize(
+    ("text", "address", "compat"),
+    [
+        ("metrics:\n  address: 127.0.0.1:9500\n  dcgm_compat: true\n", "127.0.0.1:9500", True),
+        ("metrics:\n  address: null\n", None, False),
+        ("metrics:\n  address: none\n", None, False),
+        ("metrics:\n  address: '[::]:9400'\n", "[::]:9400", False),
+    ],
+)
+def test_metrics_from_yaml(tmp_path: Path, text: str, address: str | None, compat: bool) -> None:
+    config = load(write(tmp_path, text))
+    assert (config.metrics.address, config.metrics.dcgm_compat) == (address, compat)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"metrics": {"address": "nonsense"}}, "metrics.address must be HOST:PORT"),
+        ({"metrics": {"address": "host:99999"}}, "metrics.address must be HOST:PORT"),
+        ({"metrics": {"address": ":9400"}}, "metrics.address must be HOST:PORT"),
+        ({"metrics": {"dcgm_compat": "yes"}}, "$.metrics.dcgm_compat"),
+        ({"metrics": {"adress": "a:1"}}, "unknown field `adress`"),
+    ],
+)
+def test_bad_metrics_config(overrides: dict[str, Any], expected: str) -> None:
+    assert expected in config_error(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("argv", "address", "compat"),
+    [
+        ([], "0.0.0.0:9400", False),
+        (["--metrics-address=127.0.0.1:9555"], "127.0.0.1:9555", False),
+        (["--metrics-address", "none", "--dcgm-compat"], None, True),
+        (["--metrics-address=NONE"], None, False),
+    ],
+)
+def test_metrics_flags(argv: list[str], address: str | None, compat: bool) -> None:
+    config = flags_config(["--sim", *argv])
+    assert (config.metrics.address, config.metrics.dcgm_compat) == (address, compat)
+
+
+def test_metrics_flags_override_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "metrics:\n  address: 127.0.0.1:9500\n  dcgm_compat: true\n")
+    config = flags_config(["--metrics-address=none"], path)
+    assert config.metrics.address is None and config.metrics.dcgm_compat is True  # no flag: the file's
+
+
+def test_bad_metrics_address_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["--sim", "--metrics-address=nonsense"], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("gpufleet agent: ") and "metrics.address must be HOST:PORT" in err

@@ -18,8 +18,9 @@ from agent.probes.base import NoProbes, ProbeOutcome, ProbeRunner
 from agent.probes.modelled import ModelledProbes
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuReading, Inventory
-from agent.sources.host import HostReading, HostSource
+from agent.sources.host import HostReader, HostReading, HostSource
 from agent.sources.sim import SimNode
+from agent.sources.sim.host import SimHost
 from agent.sources.sim.node import PROBE_VARIANTS
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -85,7 +86,7 @@ class FailingProbes:
 def make_agent(
     tmp_path: Path,
     *,
-    host: HostSource | None = None,
+    host: HostReader | None = None,
     probes: ProbeRunner | None = None,
     collectors: dict[str, dict[str, bool]] | None = None,
 ) -> tuple[Agent, FlakyGpu]:
@@ -98,7 +99,7 @@ def make_agent(
     agent = Agent(
         config,
         gpu,
-        HostSource(tmp_path) if host is None else host,
+        SimHost(sim, clock=clock) if host is None else host,
         ModelledProbes(sim) if probes is None else probes,
         clock=clock,
     )
@@ -203,7 +204,7 @@ def test_close_closes_the_gpu_source(tmp_path: Path) -> None:
 def test_hello_describes_the_node(tmp_path: Path) -> None:
     (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
     (tmp_path / "proc/sys/kernel/random/boot_id").write_text("4b1d-boot\n")
-    agent, _ = make_agent(tmp_path)
+    agent, _ = make_agent(tmp_path, host=HostSource(tmp_path, psutil_fallback=True))
     hello = agent.hello()
     assert hello.node == "n1"
     assert hello.boot_id == agent.boot_id and len(agent.boot_id) == 32
@@ -305,7 +306,15 @@ def test_once_json_prints_one_object_and_exits_0() -> None:
     assert [g["uuid"] for g in snapshot["gpus"]] == [g["uuid"] for g in inventory["gpus"]]
     assert all(g["sm_clock_hz"] > 0 and len(g["nvlinks"]) == 18 for g in snapshot["gpus"])
     assert snapshot["host"]["memory_total_bytes"] > 0
-    assert {name: s["success"] for name, s in snapshot["collectors"].items()} == {"gpu": True, "host": True}
+    assert {name: s["success"] for name, s in snapshot["collectors"].items()} == {
+        "gpu": True,
+        "host": True,
+        "bmc": True,
+    }
+    # The simulated BMC is polled once before the snapshot, so --once shows it too.
+    bmc = snapshot["bmc"]
+    assert bmc["success"] and bmc["endpoint"] == "sim://cli-node"
+    assert [g["serial"] for g in bmc["gpus"]] == [g["serial"] for g in inventory["gpus"]]
 
 
 def test_close_logs_a_source_that_fails_to_release(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -326,7 +335,7 @@ def test_expected_gpus_comes_from_config_else_the_largest_view(tmp_path: Path) -
 
     config = load(None, {"node": "n1", "source": "sim", "sim": {"gpus": GPUS}, "expected_gpus": GPUS + 2})
     sim = SimNode("n1", gpus=GPUS)
-    configured = Agent(config, sim, HostSource(tmp_path), ModelledProbes(sim))
+    configured = Agent(config, sim, SimHost(sim), ModelledProbes(sim))
     assert configured.inventory.expected_gpu_count == GPUS + 2
 
 
@@ -349,6 +358,6 @@ def test_a_gpu_missing_from_nvml_is_still_expected_from_the_pci_bus(tmp_path: Pa
         (device / "class").write_text("0x030200\n")
     config = load(None, {"node": "n1", "source": "nvml"})
     sim = SimNode("n1", gpus=GPUS)
-    agent = Agent(config, NvmlLike(sim), HostSource(tmp_path), ModelledProbes(sim))
+    agent = Agent(config, NvmlLike(sim), SimHost(sim), ModelledProbes(sim))
     assert len(agent.inventory.gpus) == GPUS - 1
     assert agent.inventory.expected_gpu_count == GPUS

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,8 +26,16 @@ from agent.sources.gpu import (
     XidCount,
     XidEvent,
 )
-from agent.sources.host import HostFacts, HostReading, HostSource
-from agent.sources.sim import SimNode
+from agent.sources.host import (
+    CpuCoreReading,
+    DiskReading,
+    HostFacts,
+    HostReading,
+    InfinibandPortReading,
+    NetInterfaceReading,
+    PcieAerReading,
+)
+from agent.sources.sim import SimHost, SimNode
 from agent.stream import frames
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -40,6 +47,11 @@ WIRE: dict[type, type[Message]] = {
     GpuReading: pb.GpuSample,
     HostFacts: pb.HostFacts,
     HostReading: pb.HostSample,
+    CpuCoreReading: pb.CpuCoreSample,
+    NetInterfaceReading: pb.NetInterfaceSample,
+    DiskReading: pb.DiskSample,
+    InfinibandPortReading: pb.InfinibandPortSample,
+    PcieAerReading: pb.PcieAerSample,
     ProbeOutcome: pb.ProbeResult,
     CollectorStatus: pb.CollectorStatus,
     ComputeProcess: pb.ComputeProcess,
@@ -210,19 +222,17 @@ def test_probe_result_keeps_time_params_and_node_level_gpu() -> None:
 # -- whole frames ----------------------------------------------------------------------------
 
 
-def simulated_snapshot(tmp_path: Path) -> tuple[Agent, Snapshot]:
-    (tmp_path / "proc").mkdir()
-    (tmp_path / "proc/uptime").write_text("12345.67 99.0\n")
+def simulated_snapshot() -> tuple[Agent, Snapshot]:
     config = load(None, {"node": "n7", "source": "sim", "sim": {"gpus": 4}})
     sim = SimNode("n7", gpus=4, faults=[], clock=lambda: NOW)
-    agent = Agent(config, sim, HostSource(tmp_path), ModelledProbes(sim), clock=lambda: NOW)
+    agent = Agent(config, sim, SimHost(sim), ModelledProbes(sim), clock=lambda: NOW)
     result = asyncio.run(agent.handle_command(pb.Command(id="p", run_probes=pb.RunProbes())))
     assert result.ok
     return agent, agent.sample()
 
 
-def test_a_full_snapshot_round_trips(tmp_path: Path) -> None:
-    agent, snapshot = simulated_snapshot(tmp_path)
+def test_a_full_snapshot_round_trips() -> None:
+    agent, snapshot = simulated_snapshot()
     msg = frames.frame(snapshot, agent.boot_id, 42)
     again = pb.TelemetryFrame.FromString(msg.SerializeToString())
     assert again == msg
@@ -239,8 +249,11 @@ def test_a_full_snapshot_round_trips(tmp_path: Path) -> None:
             (n.link, n.active, n.crc_errors_total) for n in reading.nvlinks
         ]
     assert snapshot.host is not None
-    assert again.host.uptime_seconds == 12345.67
+    assert again.host.uptime_seconds == snapshot.host.uptime_seconds
     assert again.host.memory_total_bytes == snapshot.host.memory_total_bytes
+    assert [p.device for p in again.host.infiniband] == [p.device for p in snapshot.host.infiniband]
+    assert [c.frequency_hz for c in again.host.cpus] == [c.frequency_hz for c in snapshot.host.cpus]
+    assert len(again.host.pcie_aer) == 4 and all(a.nvidia_gpu for a in again.host.pcie_aer)
     assert len(again.probes) == len(snapshot.probes) > 0
     for wire_probe, outcome in zip(again.probes, snapshot.probes, strict=True):
         assert (wire_probe.probe, wire_probe.variant, wire_probe.value) == (
@@ -253,8 +266,8 @@ def test_a_full_snapshot_round_trips(tmp_path: Path) -> None:
     assert [(c.name, c.success) for c in again.collectors] == [("gpu", True), ("host", True)]
 
 
-def test_hello_round_trips_with_inventory_and_host(tmp_path: Path) -> None:
-    agent, _ = simulated_snapshot(tmp_path)
+def test_hello_round_trips_with_inventory_and_host() -> None:
+    agent, _ = simulated_snapshot()
     msg = agent.hello()
     again = pb.Hello.FromString(msg.SerializeToString())
     assert again == msg
