@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 from agent.sources.bmc import BmcSource
+from agent.sources.errors import SourceError
 from agent.stream.frames import bmc_sample
 
 
@@ -31,7 +33,11 @@ def build(args: argparse.Namespace) -> BmcSource:
     from agent.sources.redfish_bmc import RedfishBmc
 
     cfg = BmcConfig(
-        url=args.url, password_file=args.password_file, ca_bundle=args.ca_bundle, insecure=args.insecure
+        url=args.url,
+        username=args.username,
+        password_file=args.password_file,
+        ca_bundle=args.ca_bundle,
+        insecure=args.insecure,
     )
     return RedfishBmc(endpoint(cfg, args.url), inventory_every=args.inventory_every)
 
@@ -43,11 +49,16 @@ def main() -> int:
     where.add_argument("--sim", action="store_true", help="the simulator's BMC")
     parser.add_argument("--polls", type=int, default=10)
     parser.add_argument("--inventory-every", type=int, default=10)
+    parser.add_argument("--username", help="default: $GPUFLEET_BMC_USERNAME")
     parser.add_argument("--password-file")
     parser.add_argument("--ca-bundle")
     parser.add_argument("--insecure", action="store_true")
     args = parser.parse_args()
-    source = build(args)
+    try:
+        source = build(args)
+    except SourceError as exc:  # BmcError: credentials or URL unusable
+        print(f"bmc_poll: {exc}", file=sys.stderr)
+        return 2
     walls, requests, sizes = [], [], []
     try:
         for _ in range(args.polls):
