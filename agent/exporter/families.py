@@ -43,6 +43,11 @@ def _samples(spec: MetricSpec, view: ExportView, rows: list[Row]) -> Iterable[tu
             yield labels, value
 
 
+def finite_samples(spec: MetricSpec, view: ExportView, rows: list[Row]) -> list[tuple[Labels, float]]:
+    """The samples of `spec` over `rows` that are real numbers (no None, NaN or infinity)."""
+    return [(labels, value) for labels, value in _samples(spec, view, rows) if math.isfinite(value)]
+
+
 def family(
     spec: MetricSpec, view: ExportView, rows: list[Row], *, bare_counter: bool = False
 ) -> Metric | None:
@@ -62,12 +67,10 @@ def family(
     else:
         gauge = fam = GaugeMetricFamily(spec.name, spec.help, labels=names)
         add = lambda labels, value: gauge.add_metric([labels[n] for n in names], value)  # noqa: E731
-    count = 0
-    for labels, value in _samples(spec, view, rows):
-        if math.isfinite(value):
-            add(labels, value)
-            count += 1
-    return fam if count else None
+    samples = finite_samples(spec, view, rows)
+    for labels, value in samples:
+        add(labels, value)
+    return fam if samples else None
 
 
 def native(specs: Iterable[MetricSpec], view: ExportView) -> Iterator[Metric]:
