@@ -16,7 +16,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
 
+# The probe tests run on CPU PyTorch: the pinned version is the CPU build this project's machines
+# carry as a local file. (An unpinned torch would fetch the newest CUDA build, several GB.)
+TORCH_CPU ?= torch==2.13.0
+
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check '$(TORCH_CPU)'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@ $(VENV)/.installed
 

@@ -16,7 +16,7 @@ from agent.bmc_setup import build_bmc
 from agent.config import AgentConfig, ConfigError, load
 from agent.exporter import Exporter, MetricsServer, MetricsServerError
 from agent.jsonout import finite
-from agent.probes.base import NoProbes, ProbeRunner
+from agent.probes.base import ProbeRunner
 from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuSource, Inventory
@@ -111,8 +111,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def build_sources(config: AgentConfig) -> tuple[GpuSource, HostReader, ProbeRunner]:
     """The GPU source, host and probe runner the config asks for; SourceError if NVML cannot start.
 
-    The simulator brings its own host (SimHost, driven by the node's load); NVML goes with the real
-    host under `host_root`.
+    The simulator brings its own host (SimHost, driven by the node's load) and modelled probes;
+    NVML goes with the real host under `host_root` and real probes where torch sees the GPUs
+    (else a runner that says why not).
     """
     if config.source == "sim":
         from agent.probes.modelled import ModelledProbes
@@ -125,13 +126,15 @@ def build_sources(config: AgentConfig) -> tuple[GpuSource, HostReader, ProbeRunn
             seed=sim.seed,
             load=sim.load,
             faults=[FaultSpec(f.fault, f.gpu) for f in sim.faults],
+            idle_every_seconds=sim.idle_every_seconds,
+            idle_seconds=sim.idle_seconds,
         )
         return node, SimHost(node, seed=sim.seed), ModelledProbes(node)
+    from agent.probes.setup import real_probes
     from agent.sources.nvml import NvmlSource
 
     source = NvmlSource(slow_every=config.nvml.slow_every_cycles, xid_events=config.nvml.xid_events)
-    probes = NoProbes("real probes need the probes extra (torch); see the probe issue")
-    return source, HostSource(config.host_root), probes
+    return source, HostSource(config.host_root), real_probes(config.probes)
 
 
 def _snapshot_json(agent_inventory: Inventory, snapshot: Snapshot, node: str) -> str:

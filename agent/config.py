@@ -40,12 +40,18 @@ class SimConfig(_Config):
     seed: int = 0
     load: float = 0.95
     faults: list[FaultConfig] = msgspec.field(default_factory=list)
+    # Idle gaps between jobs: load 0 for `idle_seconds` once every `idle_every_seconds` (a per-node
+    # phase). None: the job never stops.
+    idle_every_seconds: float | None = None
+    idle_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus <= 64:
             raise ValueError("sim.gpus must be within 1..64")
         if not 0.0 <= self.load <= 1.0:
             raise ValueError("sim.load must be within 0..1")
+        if self.idle_every_seconds is not None and not 0.0 < self.idle_seconds < self.idle_every_seconds:
+            raise ValueError("sim.idle_seconds must be > 0 and below sim.idle_every_seconds")
         for fault in self.faults:
             if fault.gpu is not None and fault.gpu >= self.gpus:
                 raise ValueError(
@@ -118,6 +124,32 @@ class NvmlConfig(_Config):
             raise ValueError("nvml.slow_every_cycles must be >= 1")
 
 
+class ProbesConfig(_Config):
+    """Real probes (source nvml, with the probes extra): safety, time budget, timeouts.
+
+    The simulator models its probes and ignores this section.
+    """
+
+    enabled: bool = True  # False: the agent offers no probes
+    max_utilization: float = 0.10  # a GPU busier than this is refused (unless forced or drained)
+    drained: bool = False  # the node is drained: probe whatever runs there, no refusals
+    short_budget_seconds: float = 10.0  # GPU time per GPU for a short-suite run
+    full_budget_seconds: float = 60.0  # and for a full-suite run
+    timeout_seconds: float = 60.0  # how far past its budget a probe may run before it is killed
+    startup_timeout_seconds: float = 120.0  # the probe process: importing torch, starting CUDA
+    sample_interval_seconds: float = 0.1  # GPU readings while a probe runs
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_utilization <= 1.0:
+            raise ValueError("probes.max_utilization must be within 0..1 (a ratio, 0.1 = 10%)")
+        if not 0 < self.short_budget_seconds <= self.full_budget_seconds <= 3600:
+            raise ValueError("need 0 < probes.short_budget_seconds <= probes.full_budget_seconds <= 3600")
+        if self.timeout_seconds <= 0 or self.startup_timeout_seconds <= 0:
+            raise ValueError("probes.timeout_seconds and probes.startup_timeout_seconds must be > 0")
+        if not 0.01 <= self.sample_interval_seconds <= 10:
+            raise ValueError("probes.sample_interval_seconds must be within 0.01..10")
+
+
 class MetricsConfig(_Config):
     """The Prometheus /metrics server."""
 
@@ -144,6 +176,7 @@ class AgentConfig(_Config):
     bmc: BmcConfig = msgspec.field(default_factory=BmcConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    probes: ProbesConfig = msgspec.field(default_factory=ProbesConfig)
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_seconds <= 3600:

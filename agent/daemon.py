@@ -206,12 +206,25 @@ class Agent:
                 command_id=command.id, ok=False, error="a probe run is already in progress"
             )
         self._probing = True
+        request = command.run_probes
         try:
-            names = list(command.run_probes.probes)
-            log.info("running probes %s (command %s)", ", ".join(names) or "default suite", command.id)
-            outcomes = await asyncio.to_thread(self.probes.run, names, force=command.run_probes.force)
+            names = list(request.probes)
+            gpus = list(request.gpus)
+            suite = request.suite or "short"
+            log.info(
+                "running probes %s (%s suite) on %s (command %s)",
+                ", ".join(names) or "default suite",
+                suite,
+                f"GPUs {', '.join(map(str, gpus))}" if gpus else "every GPU",
+                command.id,
+            )
+            outcomes = await asyncio.to_thread(
+                self.probes.run, names, force=request.force, gpus=gpus, suite=suite, command_id=command.id
+            )
         finally:
             self._probing = False
+        for outcome in outcomes:  # whatever the runner did: the controller matches results by it
+            outcome.command_id = command.id
         with self._pending_lock:
             self._pending_probes.extend(outcomes)
         self._wake_sampler.set()  # send the results now rather than at the next tick

@@ -25,6 +25,11 @@ class ProbeOutcome:
     peak_ratio: float | None = None
     during: GpuReading | None = None
     simulated: bool = False
+    mode: str = ""  # "concurrent" (the node's GPUs at once) or "isolated" (one at a time)
+    check_passed: bool | None = None  # correctness check against a higher-precision reference
+    check_relative_error: float | None = None
+    device: str = ""  # what ran it: "cuda:0", "cpu"
+    command_id: str = ""  # the RunProbes command this answers
 
 
 class ProbeRunner(Protocol):
@@ -34,8 +39,21 @@ class ProbeRunner(Protocol):
         """Registered names of the probes this node can run (empty: none, e.g. torch missing)."""
         ...
 
-    def run(self, probes: Sequence[str], *, force: bool = False) -> list[ProbeOutcome]:
-        """Run the named probes (empty: the default suite). Failures come back as outcomes with `error`."""
+    def run(
+        self,
+        probes: Sequence[str],
+        *,
+        force: bool = False,
+        gpus: Sequence[int] | None = None,
+        suite: str = "short",
+        command_id: str = "",
+    ) -> list[ProbeOutcome]:
+        """Run the named probes (empty: the default suite) on `gpus` (None or empty: every GPU).
+
+        `suite` is "short" (the periodic one: at most 10 s of GPU time per GPU) or "full"; `force`
+        probes GPUs the safety checks would refuse. Every outcome carries `command_id`. Failures and
+        refusals come back as outcomes with `error`; unknown probes, GPUs or suites raise ValueError.
+        """
         ...
 
 
@@ -48,5 +66,13 @@ class NoProbes:
     def available(self) -> list[str]:
         return []
 
-    def run(self, probes: Sequence[str], *, force: bool = False) -> list[ProbeOutcome]:
+    def run(
+        self,
+        probes: Sequence[str],
+        *,
+        force: bool = False,
+        gpus: Sequence[int] | None = None,
+        suite: str = "short",
+        command_id: str = "",
+    ) -> list[ProbeOutcome]:
         raise RuntimeError(f"probes unavailable: {self.reason}")

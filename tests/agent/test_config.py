@@ -366,3 +366,39 @@ def test_bad_metrics_address_flag_exits_2(capsys: pytest.CaptureFixture[str]) ->
     code, out, err = run_main(["--sim", "--metrics-address=nonsense"], capsys)
     assert code == 2 and out == ""
     assert err.startswith("gpufleet agent: ") and "metrics.address must be HOST:PORT" in err
+
+
+# -- probes -----------------------------------------------------------------------------------
+
+
+def test_probe_defaults_and_yaml(tmp_path: Path) -> None:
+    probes = load(None).probes
+    assert (probes.enabled, probes.max_utilization, probes.drained) == (True, 0.10, False)
+    assert (probes.short_budget_seconds, probes.full_budget_seconds) == (10.0, 60.0)
+    text = "probes:\n  drained: true\n  max_utilization: 0.25\n  short_budget_seconds: 5\n"
+    probes = load(write(tmp_path, text)).probes
+    assert (probes.drained, probes.max_utilization, probes.short_budget_seconds) == (True, 0.25, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"max_utilization": 10}, "probes.max_utilization"),
+        ({"short_budget_seconds": 0}, "short_budget_seconds"),
+        ({"short_budget_seconds": 90}, "full_budget_seconds"),
+        ({"timeout_seconds": 0}, "probes.timeout_seconds"),
+        ({"sample_interval_seconds": 0}, "sample_interval_seconds"),
+    ],
+)
+def test_bad_probe_config(overrides: dict[str, Any], expected: str) -> None:
+    assert expected in config_error(None, {"probes": overrides})
+
+
+def test_disabled_probes_say_so() -> None:
+    from agent.config import ProbesConfig
+    from agent.probes.setup import real_probes
+
+    runner = real_probes(ProbesConfig(enabled=False))
+    assert runner.available() == []
+    with pytest.raises(RuntimeError, match=r"probes\.enabled: false"):
+        runner.run([])

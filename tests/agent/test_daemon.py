@@ -77,7 +77,15 @@ class FailingProbes:
     def available(self) -> list[str]:
         return ["gemm"]
 
-    def run(self, probes: Sequence[str], *, force: bool = False) -> list[ProbeOutcome]:
+    def run(
+        self,
+        probes: Sequence[str],
+        *,
+        force: bool = False,
+        gpus: Sequence[int] | None = None,
+        suite: str = "short",
+        command_id: str = "",
+    ) -> list[ProbeOutcome]:
         ok = ProbeOutcome("gemm", "bf16", 0, 700.0, "TFLOP/s", 1.0, START)
         bad = ProbeOutcome("gemm", "fp8", 1, 0.0, "TFLOP/s", 0.1, START, error="out of memory")
         return [ok, bad]
@@ -246,6 +254,50 @@ def test_failed_probe_outcomes_make_the_command_fail_and_are_still_sent(tmp_path
     assert not result.ok
     assert result.error == "gemm/fp8: out of memory"
     assert [(o.variant, o.error) for o in agent.sample().probes] == [("bf16", ""), ("fp8", "out of memory")]
+
+
+class RecordingProbes(FailingProbes):
+    """Records what the daemon asked for; its outcomes carry no command id of their own."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], bool, list[int] | None, str, str]] = []
+
+    def run(
+        self,
+        probes: Sequence[str],
+        *,
+        force: bool = False,
+        gpus: Sequence[int] | None = None,
+        suite: str = "short",
+        command_id: str = "",
+    ) -> list[ProbeOutcome]:
+        self.calls.append((list(probes), force, None if gpus is None else list(gpus), suite, command_id))
+        return [ProbeOutcome("membw", "d2d", g, 3000.0, "GB/s", 0.5, START) for g in gpus or [0]]
+
+
+def test_run_probes_passes_gpus_suite_force_and_stamps_the_command_id(tmp_path: Path) -> None:
+    recorder = RecordingProbes()
+    agent, _ = make_agent(tmp_path, probes=recorder)
+    command = pb.Command(
+        id="cmd-42", run_probes=pb.RunProbes(probes=["membw"], force=True, gpus=[2, 0], suite="full")
+    )
+    assert asyncio.run(agent.handle_command(command)).ok
+    assert recorder.calls == [(["membw"], True, [2, 0], "full", "cmd-42")]
+    sent = agent.sample().probes
+    assert [(o.gpu, o.command_id) for o in sent] == [(2, "cmd-42"), (0, "cmd-42")]
+    assert run_probes(agent, "membw", command_id="cmd-43").ok  # the defaults: every GPU, short
+    assert recorder.calls[-1] == (["membw"], False, [], "short", "cmd-43")
+
+
+def test_modelled_probes_answer_for_the_gpus_asked_for(tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path)
+    command = pb.Command(id="c5", run_probes=pb.RunProbes(probes=["gemm", "nccl"], gpus=[0, 2]))
+    assert asyncio.run(agent.handle_command(command)).ok
+    sent = agent.sample().probes
+    assert {o.gpu for o in sent if o.probe == "gemm"} == {0, 2}
+    (nccl,) = [o for o in sent if o.probe == "nccl"]
+    assert nccl.params["ranks"] == "2"
+    assert all(o.command_id == "c5" for o in sent)
 
 
 def test_unsupported_command_is_refused(tmp_path: Path) -> None:

@@ -59,7 +59,12 @@ def _ratio(value: float) -> float:
 
 
 class SimNode:
-    """One simulated node of `gpus` GPUs running a steady job at `load` (0 = idle)."""
+    """One simulated node of `gpus` GPUs running a steady job at `load` (0 = idle).
+
+    With `idle_every_seconds`, the job stops for `idle_seconds` once per period, as a cluster's
+    nodes sit idle between jobs (load 0: no process, idle clocks and power). Each node has its own
+    phase (seeded), so a fleet's gaps do not line up.
+    """
 
     source = "sim"
 
@@ -74,14 +79,22 @@ class SimNode:
         profile: GpuProfile = H100_SXM,
         clock: Callable[[], float] = time.time,
         job: Workload = TRAINING_JOB,
+        idle_every_seconds: float | None = None,
+        idle_seconds: float = 0.0,
     ) -> None:
         if gpus < 1:
             raise ValueError("a simulated node needs at least one GPU")
         if not 0.0 <= load <= 1.0:
             raise ValueError(f"load must be within 0..1, not {load}")
+        if idle_every_seconds is not None and not 0.0 < idle_seconds < idle_every_seconds:
+            raise ValueError("idle gaps need 0 < idle_seconds < idle_every_seconds")
         self.node = node
         self.profile = profile
-        self.load = load
+        self.job_load = load
+        self.idle_every_seconds = idle_every_seconds
+        self.idle_seconds = idle_seconds
+        # Its own stream, so that the gaps move none of the draws below.
+        self._idle_phase = random.Random(f"{seed}:{node}:jobs").uniform(0.0, idle_every_seconds or 0.0)
         self.job = job
         self.clock = clock
         rng = random.Random(f"{seed}:{node}")
@@ -140,13 +153,25 @@ class SimNode:
             expected_gpu_count=len(self.gpus),
         )
 
+    @property
+    def load(self) -> float:
+        """The job's load now: `job_load`, or 0 within an idle gap between jobs."""
+        return self.load_at(self.clock())
+
+    def load_at(self, now: float) -> float:
+        every = self.idle_every_seconds
+        if every is not None and (now + self._idle_phase) % every < self.idle_seconds:
+            return 0.0
+        return self.job_load
+
     def read(self) -> list[GpuReading]:
         now = self.clock()
         elapsed = 0.0 if self._last_read is None else max(0.0, now - self._last_read)
         self._last_read = now
+        job_load = self.load_at(now)
         readings = []
         for gpu in self.gpus:
-            load = min(1.0, max(0.0, self.load + self._noise.uniform(-0.03, 0.03))) if self.load > 0 else 0.0
+            load = min(1.0, max(0.0, job_load + self._noise.uniform(-0.03, 0.03))) if job_load > 0 else 0.0
             spike = self._noise.uniform(0.08, 0.15) if load > 0 and self._noise.random() < 0.02 else 0.0
             reading = self._instant(gpu, load, now, spike)
             counters = self._counters[gpu.index]
@@ -306,13 +331,21 @@ class SimNode:
 
     # Modelled probes
 
-    def probe(self, probe: str, variant: str, gpu: int | None) -> ProbeOutcome:
-        """A modelled result of `probe`/`variant` on GPU `gpu` (None for the node-level nccl)."""
+    def probe(
+        self, probe: str, variant: str, gpu: int | None, *, ranks: Sequence[int] | None = None
+    ) -> ProbeOutcome:
+        """A modelled result of `probe`/`variant` on GPU `gpu` (None for the node-level nccl).
+
+        nccl runs across `ranks` (GPU indices; None: every GPU of the node).
+        """
         now = self.clock()
         run_noise = 1.0 + bounded_gauss(self._noise, 0.004, 0.01)
         p = self.profile
         if probe == "nccl":
-            return self._nccl(variant, now, run_noise)
+            members = list(range(len(self.gpus))) if ranks is None else list(ranks)
+            if len(members) < 2 or any(not 0 <= r < len(self.gpus) for r in members):
+                raise ValueError(f"nccl needs 2 or more GPUs within 0..{len(self.gpus) - 1}, not {members}")
+            return self._nccl(variant, now, run_noise, [self.gpus[r] for r in members])
         if gpu is None or not 0 <= gpu < len(self.gpus):
             raise ValueError(f"probe {probe} needs a GPU index within 0..{len(self.gpus) - 1}")
         g = self.gpus[gpu]
@@ -355,11 +388,11 @@ class SimNode:
             simulated=True,
         )
 
-    def _nccl(self, variant: str, now: float, run_noise: float) -> ProbeOutcome:
-        p, n = self.profile, len(self.gpus)
+    def _nccl(self, variant: str, now: float, run_noise: float, members: list[SimGpu]) -> ProbeOutcome:
+        p, n = self.profile, len(members)
         inlet = self.inlet_celsius(now)
-        link_ratio = min(g.active_links() for g in self.gpus) / p.nvlink_count
-        clock_ratio = min(g.operating_point(1.0, inlet).sm_clock_hz for g in self.gpus) / p.max_sm_clock_hz
+        link_ratio = min(g.active_links() for g in members) / p.nvlink_count
+        clock_ratio = min(g.operating_point(1.0, inlet).sm_clock_hz for g in members) / p.max_sm_clock_hz
         # NCCL bandwidth is link-bound; clocks matter only for the reduction kernels.
         busbw = p.nccl_busbw_gbps * self._nccl_factor * link_ratio * (0.97 + 0.03 * clock_ratio) * run_noise
         algbw = busbw * n / (2 * (n - 1)) if n > 1 else busbw

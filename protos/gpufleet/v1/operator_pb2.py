@@ -28,29 +28,33 @@ from protos.gpufleet.v1 import findings_pb2 as protos_dot_gpufleet_dot_v1_dot_fi
 from protos.gpufleet.v1 import telemetry_pb2 as protos_dot_gpufleet_dot_v1_dot_telemetry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gpufleet/v1/operator.proto\x12\x0bgpufleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cprotos/gpufleet/v1/bmc.proto\x1a!protos/gpufleet/v1/findings.proto\x1a\"protos/gpufleet/v1/telemetry.proto\"\x12\n\x10ListNodesRequest\"<\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\"\x90\x02\n\x0bNodeSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\tgpu_count\x18\x04 \x01(\r\x12\x11\n\tgpu_model\x18\x05 \x01(\t\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12-\n\tlast_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tacked_seq\x18\x08 \x01(\x04\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gpufleet.v1.NodeHealth\x12\x17\n\x0f\x61\x63tive_findings\x18\n \x01(\r\x12\x0e\n\x06source\x18\x0b \x01(\t\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x9e\x02\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.gpufleet.v1.Hello\x12$\n\x04gpus\x18\x03 \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.gpufleet.v1.HostSample\x12(\n\x06probes\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\x12&\n\x08\x66indings\x18\x06 \x03(\x0b\x32\x14.gpufleet.v1.Finding\x12#\n\x03\x62mc\x18\x07 \x01(\x0b\x32\x16.gpufleet.v1.BmcSample\"j\n\x13ListFindingsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x18\n\x10include_resolved\x18\x02 \x01(\x08\x12+\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Severity\">\n\x14ListFindingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpufleet.v1.Finding*\x8d\x01\n\nNodeHealth\x12\x1b\n\x17NODE_HEALTH_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_HEALTH_HEALTHY\x10\x01\x12\x18\n\x14NODE_HEALTH_DEGRADED\x10\x02\x12\x18\n\x14NODE_HEALTH_CRITICAL\x10\x03\x12\x15\n\x11NODE_HEALTH_STALE\x10\x04\x32\xec\x01\n\x08Operator\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12S\n\x0cListFindings\x12 .gpufleet.v1.ListFindingsRequest\x1a!.gpufleet.v1.ListFindingsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gpufleet/v1/operator.proto\x12\x0bgpufleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cprotos/gpufleet/v1/bmc.proto\x1a!protos/gpufleet/v1/findings.proto\x1a\"protos/gpufleet/v1/telemetry.proto\"t\n\x10ProbeNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06probes\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x0c\n\x04wait\x18\x05 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\"{\n\x11ProbeNodeResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12)\n\x07results\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\"\x12\n\x10ListNodesRequest\"<\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\"\x90\x02\n\x0bNodeSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\tgpu_count\x18\x04 \x01(\r\x12\x11\n\tgpu_model\x18\x05 \x01(\t\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12-\n\tlast_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tacked_seq\x18\x08 \x01(\x04\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gpufleet.v1.NodeHealth\x12\x17\n\x0f\x61\x63tive_findings\x18\n \x01(\r\x12\x0e\n\x06source\x18\x0b \x01(\t\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x9e\x02\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.gpufleet.v1.Hello\x12$\n\x04gpus\x18\x03 \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.gpufleet.v1.HostSample\x12(\n\x06probes\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\x12&\n\x08\x66indings\x18\x06 \x03(\x0b\x32\x14.gpufleet.v1.Finding\x12#\n\x03\x62mc\x18\x07 \x01(\x0b\x32\x16.gpufleet.v1.BmcSample\"j\n\x13ListFindingsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x18\n\x10include_resolved\x18\x02 \x01(\x08\x12+\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Severity\">\n\x14ListFindingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpufleet.v1.Finding*\x8d\x01\n\nNodeHealth\x12\x1b\n\x17NODE_HEALTH_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_HEALTH_HEALTHY\x10\x01\x12\x18\n\x14NODE_HEALTH_DEGRADED\x10\x02\x12\x18\n\x14NODE_HEALTH_CRITICAL\x10\x03\x12\x15\n\x11NODE_HEALTH_STALE\x10\x04\x32\xb8\x02\n\x08Operator\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12S\n\x0cListFindings\x12 .gpufleet.v1.ListFindingsRequest\x1a!.gpufleet.v1.ListFindingsResponse\x12J\n\tProbeNode\x12\x1d.gpufleet.v1.ProbeNodeRequest\x1a\x1e.gpufleet.v1.ProbeNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.gpufleet.v1.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEHEALTH']._serialized_start=1035
-  _globals['_NODEHEALTH']._serialized_end=1176
-  _globals['_LISTNODESREQUEST']._serialized_start=184
-  _globals['_LISTNODESREQUEST']._serialized_end=202
-  _globals['_LISTNODESRESPONSE']._serialized_start=204
-  _globals['_LISTNODESRESPONSE']._serialized_end=264
-  _globals['_NODESUMMARY']._serialized_start=267
-  _globals['_NODESUMMARY']._serialized_end=539
-  _globals['_GETNODEREQUEST']._serialized_start=541
-  _globals['_GETNODEREQUEST']._serialized_end=571
-  _globals['_NODEDETAIL']._serialized_start=574
-  _globals['_NODEDETAIL']._serialized_end=860
-  _globals['_LISTFINDINGSREQUEST']._serialized_start=862
-  _globals['_LISTFINDINGSREQUEST']._serialized_end=968
-  _globals['_LISTFINDINGSRESPONSE']._serialized_start=970
-  _globals['_LISTFINDINGSRESPONSE']._serialized_end=1032
-  _globals['_OPERATOR']._serialized_start=1179
-  _globals['_OPERATOR']._serialized_end=1415
+  _globals['_NODEHEALTH']._serialized_start=1278
+  _globals['_NODEHEALTH']._serialized_end=1419
+  _globals['_PROBENODEREQUEST']._serialized_start=184
+  _globals['_PROBENODEREQUEST']._serialized_end=300
+  _globals['_PROBENODERESPONSE']._serialized_start=302
+  _globals['_PROBENODERESPONSE']._serialized_end=425
+  _globals['_LISTNODESREQUEST']._serialized_start=427
+  _globals['_LISTNODESREQUEST']._serialized_end=445
+  _globals['_LISTNODESRESPONSE']._serialized_start=447
+  _globals['_LISTNODESRESPONSE']._serialized_end=507
+  _globals['_NODESUMMARY']._serialized_start=510
+  _globals['_NODESUMMARY']._serialized_end=782
+  _globals['_GETNODEREQUEST']._serialized_start=784
+  _globals['_GETNODEREQUEST']._serialized_end=814
+  _globals['_NODEDETAIL']._serialized_start=817
+  _globals['_NODEDETAIL']._serialized_end=1103
+  _globals['_LISTFINDINGSREQUEST']._serialized_start=1105
+  _globals['_LISTFINDINGSREQUEST']._serialized_end=1211
+  _globals['_LISTFINDINGSRESPONSE']._serialized_start=1213
+  _globals['_LISTFINDINGSRESPONSE']._serialized_end=1275
+  _globals['_OPERATOR']._serialized_start=1422
+  _globals['_OPERATOR']._serialized_end=1734
 # @@protoc_insertion_point(module_scope)

@@ -53,6 +53,86 @@ NODE_HEALTH_STALE: NodeHealth.ValueType  # 4
 Global___NodeHealth: _TypeAlias = NodeHealth  # noqa: Y015
 
 @_typing.final
+class ProbeNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    PROBES_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    force: _builtins.bool
+    """run even on busy GPUs"""
+    wait: _builtins.bool
+    """wait for the node's CommandResult"""
+    timeout_seconds: _builtins.float
+    """with wait: at most this long (0: 120 s)"""
+    @_builtins.property
+    def probes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: the agent's default suite"""
+
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """empty: every GPU"""
+
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        probes: _abc.Iterable[_builtins.str] | None = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        force: _builtins.bool = ...,
+        wait: _builtins.bool = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "gpus", b"gpus", "node", b"node", "probes", b"probes", "timeout_seconds", b"timeout_seconds", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeNodeRequest: _TypeAlias = ProbeNodeRequest  # noqa: Y015
+
+@_typing.final
+class ProbeNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    command_id: _builtins.str
+    done: _builtins.bool
+    """the node answered"""
+    ok: _builtins.bool
+    """with done: every probe ran"""
+    error: _builtins.str
+    """with done and not ok: what failed"""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.ProbeResult]:
+        """with done: the results the node sent for this command"""
+
+    def __init__(
+        self,
+        *,
+        command_id: _builtins.str = ...,
+        done: _builtins.bool = ...,
+        ok: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        results: _abc.Iterable[_telemetry_pb2.ProbeResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "done", b"done", "error", b"error", "ok", b"ok", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeNodeResponse: _TypeAlias = ProbeNodeResponse  # noqa: Y015
+
+@_typing.final
 class ListNodesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -50,6 +50,11 @@ class OperatorStub:
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsResponse.FromString,
                 _registered_method=True)
+        self.ProbeNode = channel.unary_unary(
+                '/gpufleet.v1.Operator/ProbeNode',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -72,7 +77,16 @@ class OperatorServicer:
 
     def ListFindings(self, request, context):
         """Findings, newest first, optionally for one node.
-        later: DrainNode, RetuneNode, ProbeNode
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeNode(self, request, context):
+        """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
+        node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
+        returns when the node has answered (or the timeout passed: done=false).
+        later: DrainNode, RetuneNode
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,6 +109,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ListFindings,
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsResponse.SerializeToString,
+            ),
+            'ProbeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeNode,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +198,33 @@ class Operator:
             '/gpufleet.v1.Operator/ListFindings',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListFindingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ProbeNode',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,8 +38,12 @@ class OperatorStub:
     GetNode: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetNodeRequest, _operator_pb2.NodeDetail]
     """One node: inventory, latest readings, probe results and active findings; NOT_FOUND if unknown."""
     ListFindings: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListFindingsRequest, _operator_pb2.ListFindingsResponse]
-    """Findings, newest first, optionally for one node.
-    later: DrainNode, RetuneNode, ProbeNode
+    """Findings, newest first, optionally for one node."""
+    ProbeNode: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ProbeNodeRequest, _operator_pb2.ProbeNodeResponse]
+    """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
+    node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
+    returns when the node has answered (or the timeout passed: done=false).
+    later: DrainNode, RetuneNode
     """
 
 @_typing.type_check_only
@@ -52,8 +56,12 @@ class OperatorAsyncStub(OperatorStub):
     GetNode: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetNodeRequest, _operator_pb2.NodeDetail]  # type: ignore[assignment]
     """One node: inventory, latest readings, probe results and active findings; NOT_FOUND if unknown."""
     ListFindings: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListFindingsRequest, _operator_pb2.ListFindingsResponse]  # type: ignore[assignment]
-    """Findings, newest first, optionally for one node.
-    later: DrainNode, RetuneNode, ProbeNode
+    """Findings, newest first, optionally for one node."""
+    ProbeNode: _aio.UnaryUnaryMultiCallable[_operator_pb2.ProbeNodeRequest, _operator_pb2.ProbeNodeResponse]  # type: ignore[assignment]
+    """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
+    node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
+    returns when the node has answered (or the timeout passed: done=false).
+    later: DrainNode, RetuneNode
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -81,8 +89,18 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListFindingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListFindingsResponse, _abc.Awaitable[_operator_pb2.ListFindingsResponse]]:
-        """Findings, newest first, optionally for one node.
-        later: DrainNode, RetuneNode, ProbeNode
+        """Findings, newest first, optionally for one node."""
+
+    @_abc_1.abstractmethod
+    def ProbeNode(
+        self,
+        request: _operator_pb2.ProbeNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ProbeNodeResponse, _abc.Awaitable[_operator_pb2.ProbeNodeResponse]]:
+        """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
+        node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
+        returns when the node has answered (or the timeout passed: done=false).
+        later: DrainNode, RetuneNode
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1599,6 +1599,11 @@ class ProbeResult(_message.Message):
     PEAK_RATIO_FIELD_NUMBER: _builtins.int
     DURING_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    CHECK_PASSED_FIELD_NUMBER: _builtins.int
+    CHECK_RELATIVE_ERROR_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
     probe: _builtins.str
     """registered probe name: "gemm", "membw", "pcie", "nccl" """
     variant: _builtins.str
@@ -1615,6 +1620,16 @@ class ProbeResult(_message.Message):
     """value / datasheet peak for this GPU model"""
     simulated: _builtins.bool
     """modelled by the simulator, not measured"""
+    mode: _builtins.str
+    """"concurrent" (the node's GPUs at once, as production load) or "isolated" """
+    check_passed: _builtins.bool
+    """the correctness check on a slice against a higher-precision reference"""
+    check_relative_error: _builtins.float
+    """that check's relative error"""
+    device: _builtins.str
+    """what ran it: "cuda:0", "cpu" """
+    command_id: _builtins.str
+    """the RunProbes command this answers"""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1640,15 +1655,28 @@ class ProbeResult(_message.Message):
         peak_ratio: _builtins.float | None = ...,
         during: Global___GpuSample | None = ...,
         simulated: _builtins.bool = ...,
+        mode: _builtins.str = ...,
+        check_passed: _builtins.bool | None = ...,
+        check_relative_error: _builtins.float | None = ...,
+        device: _builtins.str = ...,
+        command_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "_peak_ratio", b"_peak_ratio", "during", b"during", "gpu", b"gpu", "peak_ratio", b"peak_ratio", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_check_passed", b"_check_passed", "_check_relative_error", b"_check_relative_error", "_gpu", b"_gpu", "_peak_ratio", b"_peak_ratio", "check_passed", b"check_passed", "check_relative_error", b"check_relative_error", "during", b"during", "gpu", b"gpu", "peak_ratio", b"peak_ratio", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "_peak_ratio", b"_peak_ratio", "duration_seconds", b"duration_seconds", "during", b"during", "error", b"error", "gpu", b"gpu", "params", b"params", "peak_ratio", b"peak_ratio", "probe", b"probe", "simulated", b"simulated", "time", b"time", "unit", b"unit", "value", b"value", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_check_passed", b"_check_passed", "_check_relative_error", b"_check_relative_error", "_gpu", b"_gpu", "_peak_ratio", b"_peak_ratio", "check_passed", b"check_passed", "check_relative_error", b"check_relative_error", "command_id", b"command_id", "device", b"device", "duration_seconds", b"duration_seconds", "during", b"during", "error", b"error", "gpu", b"gpu", "mode", b"mode", "params", b"params", "peak_ratio", b"peak_ratio", "probe", b"probe", "simulated", b"simulated", "time", b"time", "unit", b"unit", "value", b"value", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__check_passed: _TypeAlias = _typing.Literal["check_passed"]  # noqa: Y015
+    _WhichOneofArgType__check_passed: _TypeAlias = _typing.Literal["_check_passed", b"_check_passed"]  # noqa: Y015
+    _WhichOneofReturnType__check_relative_error: _TypeAlias = _typing.Literal["check_relative_error"]  # noqa: Y015
+    _WhichOneofArgType__check_relative_error: _TypeAlias = _typing.Literal["_check_relative_error", b"_check_relative_error"]  # noqa: Y015
     _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
     _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
     _WhichOneofReturnType__peak_ratio: _TypeAlias = _typing.Literal["peak_ratio"]  # noqa: Y015
     _WhichOneofArgType__peak_ratio: _TypeAlias = _typing.Literal["_peak_ratio", b"_peak_ratio"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__check_passed) -> _WhichOneofReturnType__check_passed | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__check_relative_error) -> _WhichOneofReturnType__check_relative_error | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
     @_typing.overload
@@ -1712,21 +1740,31 @@ class RunProbes(_message.Message):
 
     PROBES_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    SUITE_FIELD_NUMBER: _builtins.int
     force: _builtins.bool
     """run even where safety checks would refuse"""
+    suite: _builtins.str
+    """"short" (default) or "full" """
     @_builtins.property
     def probes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: the agent's default suite"""
+
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GPU indices to probe; empty: every GPU (nccl uses the ones given)"""
 
     def __init__(
         self,
         *,
         probes: _abc.Iterable[_builtins.str] | None = ...,
         force: _builtins.bool = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        suite: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "probes", b"probes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "gpus", b"gpus", "probes", b"probes", "suite", b"suite"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

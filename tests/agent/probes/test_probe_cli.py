@@ -1,0 +1,96 @@
+"""`gpufleet probe`: the whole command on the CPU, usage errors, the table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import probe_cli
+from agent.probes.base import ProbeOutcome
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_probe_device_cpu_json_runs_all_four_probes() -> None:
+    pytest.importorskip("torch")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "controller", "probe", "--device", "cpu", "--json"],  # as `gpufleet probe`
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["device"], doc["suite"], doc["gpus"]) == ("cpu", "short", [])
+    assert doc["torch"].startswith("2.")
+    assert {r["probe"] for r in doc["results"]} == {"gemm", "membw", "pcie", "nccl"}
+    for result in doc["results"]:
+        assert result["error"] == "", result
+        assert result["value"] > 0 and result["unit"] in ("TFLOP/s", "GB/s")
+        assert result["check_passed"] is True
+        assert result["device"] == "cpu" and result["mode"] in ("concurrent", "isolated")
+        assert result["params"] and result["duration_seconds"] > 0
+    gemm = [r["value"] for r in doc["results"] if r["probe"] == "gemm"]
+    assert all(1e-3 <= v <= 10.0 for v in gemm)  # 1 GFLOP/s .. 10 TFLOP/s
+    # The short suite: at most 10 s of device time; the whole command well within the 60 s target.
+    assert sum(r["duration_seconds"] for r in doc["results"]) <= 10.0
+    assert doc["elapsed_seconds"] <= took < 60
+    assert proc.stderr == ""  # no progress lines without a terminal
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_cli.main(["--device", "cpu", "--gpu", "0"]) == 2
+    assert "--gpu selects GPUs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        probe_cli.main(["--probe", "warp_drive"])
+    assert info.value.code == 2
+
+
+def test_without_a_gpu_the_default_device_suggests_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the default device is cuda here")
+    assert probe_cli.main([]) == 2
+    assert "use --device cpu" in capsys.readouterr().err
+
+
+def test_the_table_has_a_row_per_result() -> None:
+    ok = ProbeOutcome("gemm", "bf16", 0, 712.345, "TFLOP/s", 1.25, 0.0, peak_ratio=0.72, check_passed=True)
+    ok.mode = "concurrent"
+    bad = ProbeOutcome("pcie", "h2d", 1, 0.0, "", 0.0, 0.0, error="refused: GPU 1 is 90% busy")
+    lines = probe_cli.table([ok, bad]).splitlines()
+    assert lines[0].split() == [
+        "probe",
+        "variant",
+        "where",
+        "value",
+        "unit",
+        "of",
+        "peak",
+        "check",
+        "mode",
+        "seconds",
+        "error",
+    ]
+    assert lines[1].split() == [
+        "gemm",
+        "bf16",
+        "gpu",
+        "0",
+        "712.35",
+        "TFLOP/s",
+        "72%",
+        "ok",
+        "concurrent",
+        "1.25",
+    ]
+    assert lines[2].endswith("refused: GPU 1 is 90% busy")
