@@ -1,4 +1,5 @@
-"""The controller's core, without gRPC: store, fleet state, ingest, connections and detection passes.
+"""The controller's core, without gRPC: store, fleet state, ingest, connections, detection passes and
+probe commands (controller/probing.py).
 
 Servicers translate the wire to calls on this object; tests drive it directly.
 """
@@ -9,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 
 from controller.config import ControllerConfig
@@ -20,6 +20,7 @@ from controller.fleet.findings import StoredFinding, reconcile
 from controller.fleet.ingest import Ingest
 from controller.fleet.model import Fleet
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
+from controller.probing import Probing
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -41,7 +42,7 @@ class ControllerApp:
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
         self.failed_passes = 0
-        self._probe_asked: set[tuple[str, str]] = set()
+        self.probing = Probing(config, lambda: self.fleet, clock)
 
     async def start(self) -> None:
         await self.store.open()
@@ -77,16 +78,10 @@ class ControllerApp:
             self.fleet.nodes[node].connected = left > 0
 
     def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
-        """Ask a newly booted agent for a probe run, once per boot, when it can run probes."""
-        key = (hello.node, hello.boot_id)
-        if (
-            not self.config.probes.on_connect
-            or "run_probes" not in hello.capabilities
-            or key in self._probe_asked
-        ):
-            return None
-        self._probe_asked.add(key)
-        return pb.Command(id=uuid.uuid4().hex, run_probes=pb.RunProbes())
+        """Ask a newly booted agent for a probe run, once per boot, when it can run probes; the
+        command is queued on the node's stream (opened with probing.stream_opened) and returned."""
+        command = self.probing.on_connect(hello)
+        return None if command is None else pb.Command(id=command.id, run_probes=command.run)
 
     # Detection
 

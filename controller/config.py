@@ -47,7 +47,31 @@ class DetectConfig(_Config):
 
 
 class ProbeConfig(_Config):
+    """When the controller asks agents to probe (see controller/fleet/probe_schedule.py)."""
+
     on_connect: bool = True  # ask each new agent boot for a probe run right away
+    periodic: bool = True  # probe every node's idle GPUs every `interval_seconds`
+    interval_seconds: float = 1800.0  # how often each GPU is probed
+    jitter_ratio: float = 0.1  # a fixed per-node shift of up to +-this share of the interval
+    idle_utilization: float = 0.1  # a GPU at or below this utilisation, with no compute process, is idle
+    max_fleet_share: float = 0.1  # at most this share of connected nodes probing at once (at least 1)
+    timeout_seconds: float = 600.0  # a command unanswered this long is given up
+    check_every_seconds: float = 10.0  # how often the scheduler looks for due, idle GPUs
+    # Periodic runs ask for these probes; empty: the agent's default suite.
+    probes: list[str] = msgspec.field(default_factory=list)
+    suite: Literal["short", "full"] = "short"  # the suite periodic runs ask for
+
+    def __post_init__(self) -> None:
+        if self.interval_seconds <= 0 or self.timeout_seconds <= 0 or self.check_every_seconds <= 0:
+            raise ValueError("probes.interval_seconds, timeout_seconds and check_every_seconds must be > 0")
+        if not 0.0 <= self.jitter_ratio < 0.5:
+            raise ValueError("probes.jitter_ratio must be within 0..0.5 (a share of the interval)")
+        if not 0.0 <= self.idle_utilization < 1.0:
+            raise ValueError("probes.idle_utilization must be within 0..1 (a ratio, 0.1 = 10%)")
+        if not 0.0 < self.max_fleet_share <= 1.0:
+            raise ValueError("probes.max_fleet_share must be within 0..1 (a share of connected nodes)")
+        if len(set(self.probes)) != len(self.probes) or any(not name for name in self.probes):
+            raise ValueError("probes.probes must name each probe once")
 
 
 class ControllerConfig(_Config):

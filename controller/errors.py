@@ -19,5 +19,9 @@ class NotFound(ControllerError):
     """The named node (or other object) is not known."""
 
 
+class FailedPrecondition(ControllerError):
+    """The request is well formed but the target is not in a state to serve it (e.g. not connected)."""
+
+
 class StoreUnavailable(ControllerError):
     """The store could not persist (disk full, I/O error); nothing was acked, the agent will retry."""

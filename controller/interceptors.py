@@ -9,7 +9,14 @@ from typing import Any
 
 import grpc
 
-from controller.errors import ControllerError, InvalidMessage, NotFound, SequenceGap, StoreUnavailable
+from controller.errors import (
+    ControllerError,
+    FailedPrecondition,
+    InvalidMessage,
+    NotFound,
+    SequenceGap,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("gpufleet.controller.rpc")
 
@@ -17,6 +24,7 @@ STATUS: dict[type[ControllerError], grpc.StatusCode] = {
     InvalidMessage: grpc.StatusCode.INVALID_ARGUMENT,
     SequenceGap: grpc.StatusCode.OUT_OF_RANGE,
     NotFound: grpc.StatusCode.NOT_FOUND,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 

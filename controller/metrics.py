@@ -56,6 +56,7 @@ class ControllerCollector(Collector):
         yield from self._findings()
         yield from self._nodes()
         yield from self._detection()
+        yield from self._probes()
 
     def _fleet(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -169,6 +170,31 @@ class ControllerCollector(Collector):
                 ok.add_metric([name], 0 if name in report.failed else 1)
         yield took
         yield ok
+
+    def _probes(self) -> Iterator[Metric]:
+        commands = self.app.probing.commands
+        yield GaugeMetricFamily(
+            PREFIX + "probes_in_flight",
+            "Nodes with a probe command sent and not yet answered (nor timed out).",
+            value=len(commands.in_flight),
+        )
+        sent = CounterMetricFamily(
+            PREFIX + "probe_commands",
+            "Probe commands sent to agents, by why: periodic (the scheduler), on_connect, operator.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(commands.sent.items()):
+            sent.add_metric([reason], n)
+        yield sent
+        failed = CounterMetricFamily(
+            PREFIX + "probe_command_failures",
+            "Probe commands that failed: the agent answered an error, no answer in time (timeout), "
+            "or the agent restarted first.",
+            labels=["reason", "failure"],
+        )
+        for (reason, failure), n in sorted(commands.failed.items()):
+            failed.add_metric([reason, failure], n)
+        yield failed
 
 
 def _histogram(

@@ -1,4 +1,5 @@
-"""Operator service: the fleet as operators see it. Thin: reads app state, converts to the wire."""
+"""Operator service: the fleet as operators see it, and probes on request. Thin: reads app state,
+converts to the wire."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from controller.app import ControllerApp
 from controller.detect.finding import Evidence
-from controller.errors import NotFound
+from controller.errors import InvalidMessage, NotFound
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import cause_value, severity_name, severity_value
+
+PROBE_WAIT_DEFAULT_SECONDS = 120.0  # ProbeNode with wait and no timeout
+PROBE_WAIT_MAX_SECONDS = 3600.0
 
 
 def _ts(unix_seconds: float) -> Timestamp:
@@ -117,6 +122,28 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         if floor:
             found = [s for s in found if severity_value(s.finding.severity) >= floor]
         return operator_pb2.ListFindingsResponse(findings=[finding_to_proto(s) for s in _ordered(found)])
+
+    async def ProbeNode(
+        self, request: operator_pb2.ProbeNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ProbeNodeResponse:
+        timeout = request.timeout_seconds or PROBE_WAIT_DEFAULT_SECONDS
+        if not 0 < timeout <= PROBE_WAIT_MAX_SECONDS:
+            raise InvalidMessage(f"timeout_seconds must be within 0..{PROBE_WAIT_MAX_SECONDS:.0f}")
+        if len(set(request.probes)) != len(request.probes) or len(set(request.gpus)) != len(request.gpus):
+            raise InvalidMessage("name each probe and GPU once")
+        # Without force the agent's own safety check refuses busy GPUs; the controller does not
+        # second-guess an operator with its idle rule.
+        run = pb.RunProbes(probes=request.probes, gpus=request.gpus, force=request.force)
+        command = self.app.probing.send(request.node, run, "operator")
+        if request.wait:
+            await self.app.probing.commands.wait(command, timeout)
+        return operator_pb2.ProbeNodeResponse(
+            command_id=command.id,
+            done=command.answered,
+            ok=command.ok,
+            error=command.error,
+            results=command.result_list(),
+        )
 
 
 def _ordered(found: list[StoredFinding]) -> list[StoredFinding]:

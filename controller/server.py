@@ -1,4 +1,5 @@
-"""Controller lifecycle: start the store and gRPC server, run detection, stop cleanly on a signal."""
+"""Controller lifecycle: start the store and gRPC server, run detection and probe scheduling, stop
+cleanly on a signal."""
 
 from __future__ import annotations
 
@@ -81,13 +82,24 @@ async def serve(config: ControllerConfig, *, on_ready: Callable[[str], None] | N
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("controller listening on %s (store %s)", address, config.db)
+    probes = config.probes
+    periodic = (
+        f"every {probes.interval_seconds:.0f}s on idle GPUs, {probes.max_fleet_share:.0%} of nodes at once"
+    )
+    log.info(
+        "probes: on connect %s; periodic %s",
+        "yes" if probes.on_connect else "no",
+        periodic if probes.periodic else "off",
+    )
     if on_ready is not None:
         on_ready(address)
     detection = asyncio.create_task(app.detect_forever(stop))
+    scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     await stop.wait()
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()
     await server.stop(grace=2.0)
     await detection
+    await scheduling
     app.close()

@@ -1,7 +1,7 @@
 """Telemetry service: one bidirectional stream per agent, translated to ingest calls.
 
-The response side is a queue, so acks and commands (from this stream or, later, from operators)
-interleave freely with reading.
+The response side is a queue, so acks and commands (on connect, from the probe scheduler or from
+operators, queued through app.probing) interleave freely with reading.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
         if acked:
             outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
-        command = self.app.probe_on_connect(hello)
-        if command is not None:
-            outbox.put_nowait(pb.ControllerMessage(command=command))
         self.app.connected(hello.node)
+        self.app.probing.stream_opened(hello, outbox)  # commands for the node go to this stream now
+        self.app.probe_on_connect(hello)
         reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
         getter: asyncio.Task[pb.ControllerMessage] | None = None
         try:
@@ -69,6 +68,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             reader.cancel()
             if getter is not None:  # pending when the call was cancelled or aborted mid-wait
                 getter.cancel()
+            self.app.probing.stream_closed(hello.node, outbox)
             self.app.disconnected(hello.node)
             log.info("agent disconnected: node %s", hello.node)
 
@@ -80,12 +80,9 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             if kind == "frame":
                 seq = await self.app.ingest.frame(node, msg.frame)
                 outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=seq)))
+                self.app.probing.frame_results(node, msg.frame)  # stored first: a waiter sees them stored
             elif kind == "command_result":
-                result = msg.command_result
-                if result.ok:
-                    log.info("node %s: command %s done", node, result.command_id)
-                else:
-                    log.warning("node %s: command %s failed: %s", node, result.command_id, result.error)
+                self.app.probing.command_result(node, msg.command_result)
             elif kind == "hello":
                 raise InvalidMessage("Hello is allowed only as the first message of a stream")
             else:

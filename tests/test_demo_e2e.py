@@ -1,8 +1,8 @@
 """End to end: `gpufleet demo` with real agent processes, real gRPC on loopback, a real SQLite file.
 
 Every fault kind the simulator can inject is injected once; each must be found on its (node, gpu)
-with its own cause, no healthy GPU may be flagged, and no child process may outlive the demo, also
-when it is stopped with Ctrl-C.
+with its own cause, no healthy GPU may be flagged (while jobs pause and the scheduler probes the
+idle GPUs), and no child process may outlive the demo, also when it is stopped with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,7 +58,16 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr[-3000:]
     summary: dict[str, Any] = json.loads(result.stdout)  # exactly one JSON object on stdout
 
-    assert set(summary) == {"nodes", "gpus", "injected", "findings", "precision", "recall", "elapsed_s"}
+    assert list(summary) == [
+        "nodes",
+        "gpus",
+        "injected",
+        "findings",
+        "precision",
+        "recall",
+        "probe_rounds",
+        "elapsed_s",
+    ]
     assert summary["nodes"] == 10 and summary["gpus"] == 40
     assert sorted(i["fault"] for i in summary["injected"]) == sorted(INJECTABLE)
     injected = {(i["node"], i["gpu"]): i["fault"] for i in summary["injected"]}
@@ -69,6 +78,11 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
         assert f["severity"] in {"info", "warning", "critical"}
         assert f["evidence"]["metric"] and f["evidence"]["detail"]
     assert 20.0 <= summary["elapsed_s"] <= elapsed
+    # Jobs pause on every node within the run, and the scheduler probes the idle GPUs: every node
+    # had its round on connect, and scheduled ones followed (seen through GetNode's results).
+    rounds = summary["probe_rounds"]
+    assert rounds["nodes"] == 10
+    assert rounds["periodic"] >= 5 and rounds["total"] == rounds["nodes"] + rounds["periodic"]
     assert leftovers(tmp_path) == []
 
 

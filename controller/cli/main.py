@@ -1,6 +1,6 @@
 """The `gpufleet` command: a thin dispatcher.
 
-`gpufleet agent` and `gpufleet bmc` hand over to the agent's own command lines in a fresh
+`gpufleet agent`, `gpufleet bmc` and `gpufleet probe` hand over to the agent's own command lines in a fresh
 interpreter (the controller never imports the agent); every other command lives in the controller
 package.
 """
@@ -12,7 +12,8 @@ import os
 import sys
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
-AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli"}  # command -> module run with -m
+# command -> the agent module run with -m
+AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli", "probe": "agent.probe_cli"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("agent", help="run the per-node agent (see gpufleet agent --help)", add_help=False)
     sub.add_parser("bmc", help="read a BMC through Redfish (see gpufleet bmc --help)", add_help=False)
+    sub.add_parser("probe", help="run the probes on this machine (see gpufleet probe --help)", add_help=False)
 
     for name, text in (
         ("nodes", "list nodes and their health"),
@@ -63,6 +65,41 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"default {DEFAULT_CONTROLLER}",
         )
         p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    probe = sub.add_parser(
+        "probe-node",
+        help="ask a connected node to run probes now and show the results",
+        description="Ask a connected node to run probes now (a command on its stream) and wait for "
+        "the results. Exit status: 0 every probe ran, 1 a probe failed or no answer in time (or no "
+        "controller), 2 bad arguments, unknown or unconnected node.",
+    )
+    probe.add_argument("name", help="node name")
+    probe.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="gemm, membw, pcie, nccl (repeatable; default: the agent's suite)",
+    )
+    probe.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        type=int,
+        metavar="N",
+        help="GPU index (repeatable; default: every GPU)",
+    )
+    probe.add_argument(
+        "--force", action="store_true", help="probe even busy GPUs (the agent refuses them otherwise)"
+    )
+    probe.add_argument("--no-wait", action="store_true", help="print the command id and return at once")
+    probe.add_argument(
+        "--timeout", type=float, default=120.0, metavar="SECONDS", help="wait at most this long (default 120)"
+    )
+    probe.add_argument(
+        "--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT", help=f"default {DEFAULT_CONTROLLER}"
+    )
+    probe.add_argument("-o", "--output", choices=["table", "json"], default="table")
     return parser
 
 
@@ -86,4 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         return operator.nodes(args.controller, args.output)
     if args.command == "node":
         return operator.node(args.controller, args.name, args.output)
+    if args.command == "probe-node":
+        from controller.cli.probe_node import probe_node
+
+        return probe_node(
+            args.controller,
+            args.name,
+            args.output,
+            probes=args.probe,
+            gpus=args.gpu,
+            force=args.force,
+            wait=not args.no_wait,
+            timeout=args.timeout,
+        )
     return operator.findings(args.controller, args.output, node=args.node, include_resolved=args.all)

@@ -33,7 +33,7 @@ class OperatorError(Exception):
         self.code = code
 
 
-def _call(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]) -> T:
+def call_operator(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]) -> T:
     try:
         with grpc.insecure_channel(target) as channel:
             return fn(operator_pb2_grpc.OperatorStub(channel))
@@ -56,16 +56,18 @@ def _run(action: Callable[[], None]) -> int:
     return 0
 
 
-def _print_json(obj: Any) -> None:
+def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, allow_nan=False)
     sys.stdout.write("\n")
 
 
 def nodes(target: str, output: str) -> int:
     def action() -> None:
-        resp = _call(target, lambda s: s.ListNodes(operator_pb2.ListNodesRequest(), timeout=TIMEOUT_S))
+        resp = call_operator(
+            target, lambda s: s.ListNodes(operator_pb2.ListNodesRequest(), timeout=TIMEOUT_S)
+        )
         if output == "json":
-            _print_json({"nodes": [message_to_dict(n) for n in resp.nodes]})
+            print_json({"nodes": [message_to_dict(n) for n in resp.nodes]})
         else:
             Console().print(tables.nodes_table(resp.nodes))
 
@@ -85,7 +87,7 @@ def node_to_dict(detail: operator_pb2.NodeDetail) -> dict[str, Any]:
 def node(target: str, name: str, output: str) -> int:
     def action() -> None:
         try:
-            detail = _call(
+            detail = call_operator(
                 target, lambda s: s.GetNode(operator_pb2.GetNodeRequest(name=name), timeout=TIMEOUT_S)
             )
         except OperatorError as exc:
@@ -93,7 +95,7 @@ def node(target: str, name: str, output: str) -> int:
                 raise OperatorError(f"node {name} not found") from None
             raise
         if output == "json":
-            _print_json(node_to_dict(detail))
+            print_json(node_to_dict(detail))
             return
         console = Console()
         console.print(tables.nodes_table([detail.summary]))
@@ -113,9 +115,9 @@ def node(target: str, name: str, output: str) -> int:
 def findings(target: str, output: str, node: str = "", include_resolved: bool = False) -> int:
     def action() -> None:
         request = operator_pb2.ListFindingsRequest(node=node, include_resolved=include_resolved)
-        resp = _call(target, lambda s: s.ListFindings(request, timeout=TIMEOUT_S))
+        resp = call_operator(target, lambda s: s.ListFindings(request, timeout=TIMEOUT_S))
         if output == "json":
-            _print_json({"findings": [finding_to_dict(f) for f in resp.findings]})
+            print_json({"findings": [finding_to_dict(f) for f in resp.findings]})
         else:
             Console().print(tables.findings_table(resp.findings))
 

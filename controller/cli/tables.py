@@ -151,3 +151,28 @@ def probes_table(probes: Sequence[telemetry_pb2.ProbeResult]) -> Table:
             p.probe, p.variant, str(p.gpu) if p.HasField("gpu") else "node", value, peak, age(p.time.seconds)
         )
     return table
+
+
+def probe_run_table(results: Sequence[telemetry_pb2.ProbeResult], title: str) -> Table:
+    """The results of one probe command (`gpufleet probe-node`), in the order the controller sends them."""
+    table = Table(title=title, title_justify="left")
+    for column in ("PROBE", "VARIANT", "GPU", "VALUE", "UNIT", "PEAK", "MODE", "CHECK"):
+        table.add_column(column, justify="right" if column in ("VALUE", "PEAK") else "left")
+    for r in results:
+        value: str | Text = Text(f"failed: {r.error}", style="red") if r.error else f"{r.value:.1f}"
+        check = "-"
+        if r.HasField("check_passed"):
+            check = "ok" if r.check_passed else "FAILED"
+            if r.HasField("check_relative_error"):
+                check += f" ({r.check_relative_error:.1e})"
+        table.add_row(
+            r.probe,
+            r.variant,
+            str(r.gpu) if r.HasField("gpu") else "node",
+            value,
+            "" if r.error else r.unit,
+            f"{r.peak_ratio:.0%}" if r.HasField("peak_ratio") and not r.error else "-",
+            (r.mode or "-") + (" (simulated)" if r.simulated else ""),
+            check,
+        )
+    return table

@@ -24,6 +24,7 @@ import yaml
 from controller.cli.jsonify import message_to_dict
 from controller.cli.tables import findings_table
 from controller.demo.plan import Injected, node_names, plan_faults
+from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
 from controller.demo.score import score
 from controller.demo.view import injected_table, live_panel
@@ -38,6 +39,15 @@ AGENT_INTERVAL_SECONDS = 1.0
 DETECT_INTERVAL_SECONDS = 1.0
 THROTTLE_WINDOW_SECONDS = 5.0
 START_TIMEOUT_SECONDS = 60.0
+# Jobs stop for 4 s every 12 s on each node (its own phase), and the scheduler probes idle GPUs
+# every 8 s, looking every second, up to 30% of the nodes at once (production: 30 min, 10 s, 10%),
+# so scheduled rounds show within a minute. A round reaches the demo through GetNode's results.
+IDLE_EVERY_SECONDS = 12.0
+IDLE_SECONDS = 4.0
+PROBE_INTERVAL_SECONDS = 8.0
+PROBE_CHECK_SECONDS = 1.0
+PROBE_FLEET_SHARE = 0.3
+ROUNDS_POLL_SECONDS = 2.0
 
 
 class DemoError(Exception):
@@ -60,6 +70,11 @@ def _start_controller(tmp: Path) -> tuple[Child, str]:
             "detect": {
                 "interval_seconds": DETECT_INTERVAL_SECONDS,
                 "throttle_window_seconds": THROTTLE_WINDOW_SECONDS,
+            },
+            "probes": {
+                "interval_seconds": PROBE_INTERVAL_SECONDS,
+                "check_every_seconds": PROBE_CHECK_SECONDS,
+                "max_fleet_share": PROBE_FLEET_SHARE,
             },
         },
     )
@@ -87,7 +102,13 @@ def _start_agents(
                 "node": name,
                 "source": "sim",
                 "interval_seconds": AGENT_INTERVAL_SECONDS,
-                "sim": {"gpus": gpus, "seed": seed, "faults": faults},
+                "sim": {
+                    "gpus": gpus,
+                    "seed": seed,
+                    "faults": faults,
+                    "idle_every_seconds": IDLE_EVERY_SECONDS,
+                    "idle_seconds": IDLE_SECONDS,
+                },
                 "stream": {"controller": address, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 2.0},
                 "metrics": {"address": None},  # many agents on one machine: no /metrics ports
             },
@@ -140,6 +161,7 @@ def run_demo(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
+    rounds = ProbeRounds()
     try:
         with tempfile.TemporaryDirectory(prefix="gpufleet-demo-") as tmpdir:
             tmp = Path(tmpdir)
@@ -156,7 +178,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     tmp, address, names, gpus=args.gpus_per_node, injected=injected, seed=args.seed
                 )
                 children.extend(agents)
-                findings = _watch(args, address, injected, started=started, stop=stop, agents=agents)
+                findings = _watch(
+                    args, address, injected, started=started, stop=stop, agents=agents, rounds=rounds
+                )
             except DemoError as exc:
                 print(f"gpufleet demo: {exc}", file=sys.stderr)
                 return 1
@@ -169,7 +193,7 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _report(args, injected, findings, time.monotonic() - started)
+    return _report(args, injected, findings, rounds, time.monotonic() - started)
 
 
 def _watch(
@@ -180,6 +204,7 @@ def _watch(
     started: float,
     stop: threading.Event,
     agents: list[Child],
+    rounds: ProbeRounds,
 ) -> list[findings_pb2.Finding]:
     interactive = not args.json and sys.stdout.isatty()
     nodes: list[operator_pb2.NodeSummary] = []
@@ -193,7 +218,7 @@ def _watch(
             live = Live(refresh_per_second=2, transient=True)
             live.start()
         try:
-            last_line = 0.0
+            last_line = last_rounds = 0.0
             while not stop.is_set():
                 elapsed = time.monotonic() - started
                 if args.seconds is not None and elapsed >= args.seconds:
@@ -204,6 +229,9 @@ def _watch(
                     raise DemoError(f"the controller stopped answering: {exc.code().name}") from exc
                 if all(a.process.poll() is not None for a in agents):
                     raise DemoError("every agent process has exited:\n" + agents[0].log_tail())
+                if elapsed - last_rounds >= ROUNDS_POLL_SECONDS:
+                    last_rounds = elapsed
+                    _observe_rounds(stub, nodes, rounds)
                 if live is not None:
                     live.update(
                         live_panel(
@@ -213,17 +241,20 @@ def _watch(
                             elapsed=elapsed,
                             seconds=args.seconds,
                             expected_nodes=args.nodes,
+                            rounds=rounds,
                         )
                     )
                 elif elapsed - last_line >= 5.0:
                     last_line = elapsed
                     connected = sum(1 for n in nodes if n.connected)
                     log.info(
-                        "%.0fs: %d/%d agents connected, %d findings",
+                        "%.0fs: %d/%d agents connected, %d findings, %d probe rounds (%d scheduled)",
                         elapsed,
                         connected,
                         args.nodes,
                         len(findings),
+                        rounds.total,
+                        rounds.later,
                     )
                 stop.wait(1.0)
             return _poll(stub)[1]
@@ -232,8 +263,22 @@ def _watch(
                 live.stop()
 
 
+def _observe_rounds(
+    stub: operator_pb2_grpc.OperatorStub, nodes: list[operator_pb2.NodeSummary], rounds: ProbeRounds
+) -> None:
+    for node in nodes:
+        try:
+            rounds.observe(stub.GetNode(operator_pb2.GetNodeRequest(name=node.name), timeout=5))
+        except grpc.RpcError as exc:
+            raise DemoError(f"the controller stopped answering: {exc.code().name}") from exc
+
+
 def _report(
-    args: argparse.Namespace, injected: list[Injected], findings: list[findings_pb2.Finding], elapsed: float
+    args: argparse.Namespace,
+    injected: list[Injected],
+    findings: list[findings_pb2.Finding],
+    rounds: ProbeRounds,
+    elapsed: float,
 ) -> int:
     found = [(f.node, f.gpu if f.HasField("gpu") else None) for f in findings]
     precision, recall = score(found, [(i.node, i.gpu) for i in injected])
@@ -245,6 +290,7 @@ def _report(
             "findings": [_finding_json(f) for f in findings],
             "precision": round(precision, 4),
             "recall": round(recall, 4),
+            "probe_rounds": rounds.as_dict(),
             "elapsed_s": round(elapsed, 2),
         }
         print(json.dumps(body, sort_keys=False))
@@ -256,6 +302,7 @@ def _report(
     console.print(findings_table(findings))
     console.print(
         f"{args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(injected)} faults injected: "
-        f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s"
+        f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s; "
+        f"{rounds.total} probe rounds, {rounds.later} of them scheduled"
     )
     return 0

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from controller.cli.tables import HEALTH_STYLE, findings_table
 from controller.demo.plan import Injected
+from controller.demo.probe_rounds import ProbeRounds
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
 from protos.names import cause_name, health_name
 
@@ -43,6 +44,7 @@ def live_panel(
     elapsed: float,
     seconds: float | None,
     expected_nodes: int,
+    rounds: ProbeRounds,
 ) -> Any:
     connected = sum(1 for n in nodes if n.connected)
     frames = sum(n.acked_seq for n in nodes)
@@ -53,7 +55,8 @@ def live_panel(
     until = f"/{seconds:.0f}s" if seconds else "s (Ctrl-C to stop)"
     header = Text.assemble(
         ("gpufleet demo ", "bold"),
-        f"{elapsed:.0f}{until}   agents {connected}/{expected_nodes} connected   frames stored {frames}   ",
+        f"{elapsed:.0f}{until}   agents {connected}/{expected_nodes} connected   frames stored {frames}   "
+        f"probe rounds {rounds.total} ({rounds.later} scheduled)   ",
         *[(f"{k} {v}  ", HEALTH_STYLE.get(k, "")) for k, v in sorted(health.items())],
     )
     return Group(header, injected_table(injected, findings), findings_table(findings))

@@ -24,6 +24,10 @@ def test_defaults_without_a_file() -> None:
     assert config.max_message_bytes == 4 * 1024 * 1024 and config.stale_after_seconds == 60.0
     assert config.detect.margin == 0.05 and config.detect.min_peers == 4
     assert config.probes.on_connect is True
+    p = config.probes
+    assert (p.periodic, p.interval_seconds, p.jitter_ratio, p.idle_utilization) == (True, 1800.0, 0.1, 0.1)
+    assert (p.max_fleet_share, p.timeout_seconds, p.check_every_seconds) == (0.1, 600.0, 10.0)
+    assert (p.probes, p.suite) == ([], "short")
     assert config.metrics_address == "0.0.0.0:9401"
 
 
@@ -46,6 +50,9 @@ detect:
     throttle: {enabled: false}
 probes:
   on_connect: false
+  interval_seconds: 900
+  max_fleet_share: 0.25
+  probes: [gemm, membw]
 """,
     )
     config = load(str(path), {"listen": "127.0.0.1:7000"})
@@ -58,6 +65,8 @@ probes:
     assert (config.detect.interval_seconds, config.detect.margin) == (2.5, 0.1)
     assert config.detect.detectors == {"throttle": DetectorConfig(enabled=False)}
     assert config.probes.on_connect is False
+    assert (config.probes.interval_seconds, config.probes.max_fleet_share) == (900.0, 0.25)
+    assert config.probes.probes == ["gemm", "membw"]
     registered = sorted(discover())
     assert "throttle" in registered
     assert config.detect.enabled(registered) == [n for n in registered if n != "throttle"]
@@ -83,6 +92,12 @@ probes:
         ("metrics_address: 'host:99999'\n", "metrics_address must be HOST:PORT"),
         ("metrics_address: 9401\n", "metrics_address"),
         ("detect: {marginn: 0.1}\n", "marginn"),
+        ("probes: {interval_seconds: 0}\n", "probes.interval_seconds, timeout_seconds and check_every"),
+        ("probes: {jitter_ratio: 0.5}\n", "probes.jitter_ratio must be within 0..0.5"),
+        ("probes: {idle_utilization: 1.5}\n", "probes.idle_utilization must be within 0..1"),
+        ("probes: {max_fleet_share: 0}\n", "probes.max_fleet_share must be within 0..1"),
+        ("probes: {probes: [gemm, gemm]}\n", "probes.probes must name each probe once"),
+        ("probes: {suite: long}\n", "suite"),
     ],
 )
 def test_bad_values_name_what_is_wrong(tmp_path: Path, text: str, where: str) -> None:

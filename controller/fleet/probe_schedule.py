@@ -1,0 +1,148 @@
+"""Periodic probe scheduling, decided purely: fleet state and probe bookkeeping in, probe runs out.
+
+The rules, each one a test in tests/controller/fleet/test_probe_schedule.py:
+
+- Every GPU of a node, and the node as a whole (node-level probes: nccl), is due `interval` after it
+  was last probed: its newest stored result or the last command that asked for it, whichever is
+  later (a command that produced nothing is not retried at once). Never probed: due now.
+- Each node's due time is shifted by a fixed offset within +-`jitter_ratio` of the interval, drawn
+  from a hash of its name: a fleet probed at one moment (a restart, on-connect probes) drifts apart
+  instead of probing in lockstep for ever, and the same node keeps the same slot across restarts.
+- Only GPUs that telemetry shows idle are probed: a reading no older than `max_reading_age`, with
+  utilisation at or below `idle_utilization` and no compute process. A missing or stale reading, or
+  one without utilisation, is not idle: we do not know, so we do not disturb.
+- A node whose GPUs are all idle, with anything due, gets a full run: every GPU, the configured
+  probes (empty: the agent's default suite, node-level probes included). A node with only some GPUs
+  idle gets a per-GPU run on its idle, due GPUs, without node-level probes: an all-reduce needs every
+  GPU of the node, and would slow the job running on the busy ones.
+- Only connected nodes that offer the "run_probes" capability, with no probe command in flight.
+- At most max(1, floor(max_fleet_share x connected nodes)) nodes probe at once, commands already in
+  flight included; the most overdue go first (then by name, so decisions are reproducible).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from controller.config import ProbeConfig
+from controller.fleet.model import Fleet, NodeState
+
+ProbeTarget = tuple[str, int | None]  # node, GPU index (None: the node as a whole)
+NODE_LEVEL_PROBES = frozenset({"nccl"})  # probes that use every GPU of the node at once
+CAPABILITY = "run_probes"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    """One probe command to send: RunProbes{probes, gpus} to `node`."""
+
+    node: str
+    gpus: tuple[int, ...]  # empty: every GPU (a full run)
+    probes: tuple[str, ...]  # empty: the agent's default suite
+    overdue_seconds: float  # how long past due its most overdue target is (inf: never probed)
+    why: str  # one line for the log
+
+
+def jitter_offset(node: str, interval: float, jitter_ratio: float) -> float:
+    """A fixed shift of `node`'s due times, within +-jitter_ratio x interval, from a hash of its name."""
+    digest = hashlib.sha256(node.encode()).digest()
+    fraction = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
+    return (2.0 * fraction - 1.0) * jitter_ratio * interval
+
+
+def last_probed(fleet: Fleet, attempts: Mapping[ProbeTarget, float]) -> dict[ProbeTarget, float]:
+    """When each target was last probed: its newest stored result or the last command asking for it."""
+    last: dict[ProbeTarget, float] = dict(attempts)
+    for record in fleet.probes.values():
+        key = (record.node, record.gpu)
+        last[key] = max(last.get(key, record.time), record.time)
+    return last
+
+
+def idle_gpus(node: NodeState, now: float, idle_utilization: float, max_reading_age: float) -> list[int]:
+    """GPUs of the node's inventory whose latest reading is fresh and shows them idle."""
+    idle = []
+    for info in node.hello.inventory.gpus:
+        state = node.gpus.get(info.index)
+        if state is None or now - state.time > max_reading_age:
+            continue
+        sample = state.sample
+        if not sample.HasField("gpu_utilization_ratio") or sample.gpu_utilization_ratio > idle_utilization:
+            continue
+        if len(sample.processes) > 0:
+            continue
+        idle.append(info.index)
+    return sorted(idle)
+
+
+def fleet_slots(connected: int, share: float) -> int:
+    """How many nodes may probe at once: a share of the connected ones, at least one."""
+    return max(1, math.floor(share * connected))
+
+
+def plan_node(
+    node: NodeState,
+    last: Mapping[ProbeTarget, float],
+    now: float,
+    config: ProbeConfig,
+    max_reading_age: float,
+) -> ProbePlan | None:
+    """The run `node` needs now, or None (nothing due, or nothing due is idle)."""
+    gpus = sorted(info.index for info in node.hello.inventory.gpus)
+    if not gpus:
+        return None
+    offered = list(node.hello.probes)
+    node_level = any(p in NODE_LEVEL_PROBES for p in (config.probes or offered))
+    shift = jitter_offset(node.name, config.interval_seconds, config.jitter_ratio)
+
+    def overdue(gpu: int | None) -> float:
+        when = last.get((node.name, gpu))
+        return math.inf if when is None else now - (when + config.interval_seconds + shift)
+
+    due: dict[int | None, float] = {g: overdue(g) for g in gpus}
+    if node_level:
+        due[None] = overdue(None)
+    due = {g: late for g, late in due.items() if late >= 0}
+    if not due:
+        return None
+    idle = idle_gpus(node, now, config.idle_utilization, max_reading_age)
+    late = max(due.values())
+    if idle == gpus:
+        return ProbePlan(node.name, (), tuple(config.probes), late, f"all {len(gpus)} GPUs idle")
+    idle_due = tuple(g for g in idle if g in due)
+    if not idle_due:
+        return None
+    per_gpu = tuple(p for p in (config.probes or offered) if p not in NODE_LEVEL_PROBES)
+    if not per_gpu:
+        return None
+    why = f"GPUs {','.join(map(str, idle_due))} idle of {len(gpus)}: per-GPU probes only"
+    return ProbePlan(node.name, idle_due, per_gpu, late, why)
+
+
+def plan_probes(
+    fleet: Fleet,
+    *,
+    in_flight: Collection[str],
+    attempts: Mapping[ProbeTarget, float],
+    now: float,
+    config: ProbeConfig,
+    max_reading_age: float,
+) -> list[ProbePlan]:
+    """The probe runs to start now, most overdue first, within the fleet's share of slots."""
+    connected = [n for n in fleet.nodes.values() if n.connected]
+    slots = fleet_slots(len(connected), config.max_fleet_share) - len(in_flight)
+    if slots <= 0:
+        return []
+    last = last_probed(fleet, attempts)
+    plans = []
+    for node in connected:
+        if node.name in in_flight or CAPABILITY not in node.hello.capabilities:
+            continue
+        plan = plan_node(node, last, now, config, max_reading_age)
+        if plan is not None:
+            plans.append(plan)
+    plans.sort(key=lambda p: (-p.overdue_seconds, p.node))
+    return plans[:slots]

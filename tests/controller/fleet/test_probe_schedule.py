@@ -1,0 +1,286 @@
+"""The probe scheduler's rules (controller/fleet/probe_schedule.py): due times, jitter, idle GPUs,
+stale readings, the fleet share, and the bookkeeping of commands in flight."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from controller.config import ProbeConfig
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.probe_schedule import (
+    ProbePlan,
+    ProbeTarget,
+    fleet_slots,
+    idle_gpus,
+    jitter_offset,
+    plan_probes,
+)
+from controller.probe_commands import ProbeCommand, ProbeCommands
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.harness import H100, T0
+
+INTERVAL = 1800.0
+AGE = 60.0  # max_reading_age: the controller's stale_after_seconds
+OFFERED = ("gemm", "membw", "pcie", "nccl")
+
+
+def cfg(**fields: object) -> ProbeConfig:
+    return ProbeConfig(**{"interval_seconds": INTERVAL, "jitter_ratio": 0.0, **fields})  # type: ignore[arg-type]
+
+
+def sample(index: int, util: float | None = 0.0, processes: int = 0) -> pb.GpuSample:
+    s = pb.GpuSample(index=index)
+    if util is not None:
+        s.gpu_utilization_ratio = util
+    for i in range(processes):
+        s.processes.add(pid=1000 + i, used_memory_bytes=1 << 30)
+    return s
+
+
+def add_node(
+    fleet: Fleet,
+    name: str,
+    *,
+    gpus: int = 4,
+    util: float | None = 0.0,
+    busy: tuple[int, ...] = (),
+    at: float = T0,
+    connected: bool = True,
+    capabilities: tuple[str, ...] = ("run_probes",),
+    probes: tuple[str, ...] = OFFERED,
+) -> NodeState:
+    """A node whose GPUs last read at `at` with utilisation `util`; GPUs in `busy` run a job."""
+    hello = pb.Hello(node=name, boot_id="b1", capabilities=capabilities, probes=probes)
+    for i in range(gpus):
+        hello.inventory.gpus.add(index=i, uuid=f"GPU-{name}-{i}", name=H100)
+    node = NodeState(name, hello, at, at, connected=connected)
+    for i in range(gpus):
+        s = sample(i, 0.97, 1) if i in busy else sample(i, util)
+        node.gpus[i] = GpuState(i, s, at)
+    fleet.nodes[name] = node
+    return node
+
+
+def probed(fleet: Fleet, node: str, gpu: int | None, at: float, probe: str = "gemm") -> None:
+    result = pb.ProbeResult(probe=probe, variant="bf16", value=700.0, unit="TFLOP/s")
+    fleet.probes[(node, gpu, probe, "bf16")] = ProbeRecord(
+        node, gpu, probe, "bf16", 700.0, "TFLOP/s", at, result
+    )
+
+
+def probed_all(fleet: Fleet, node: str, at: float) -> None:
+    for gpu in range(len(fleet.nodes[node].hello.inventory.gpus)):
+        probed(fleet, node, gpu, at)
+    probed(fleet, node, None, at, probe="nccl")
+
+
+def plans(
+    fleet: Fleet,
+    now: float = T0,
+    *,
+    in_flight: tuple[str, ...] = (),
+    attempts: dict[ProbeTarget, float] | None = None,
+    **config: object,
+) -> list[ProbePlan]:
+    return plan_probes(
+        fleet,
+        in_flight=in_flight,
+        attempts=attempts or {},
+        now=now,
+        config=cfg(**config),
+        max_reading_age=AGE,
+    )
+
+
+def test_a_never_probed_idle_node_gets_a_full_run_now() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1")
+    (plan,) = plans(fleet)
+    assert (plan.node, plan.gpus, plan.probes) == ("n1", (), ())  # every GPU, the agent's default suite
+    assert plan.overdue_seconds == math.inf
+    (configured,) = plans(fleet, probes=["gemm", "nccl"])
+    assert configured.probes == ("gemm", "nccl")
+
+
+def test_a_node_is_due_once_the_interval_has_passed_since_its_newest_result() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1")
+    probed_all(fleet, "n1", T0 - INTERVAL + 1)
+    assert plans(fleet) == []  # one second to go
+    probed_all(fleet, "n1", T0 - INTERVAL)
+    (plan,) = plans(fleet)
+    assert plan.overdue_seconds == 0.0 and plan.gpus == ()
+    (later,) = plans(fleet, T0 + 30)  # the readings still fresh
+    assert later.overdue_seconds == 30.0
+
+
+def test_a_command_without_results_postpones_the_next_run_by_an_interval() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1")
+    targets: list[ProbeTarget] = [("n1", g) for g in range(4)] + [("n1", None)]
+    asked = dict.fromkeys(targets, T0 - 60)
+    assert plans(fleet, attempts=asked) == []
+    add_node(fleet, "n1", at=T0 + INTERVAL - 60)  # fresh readings then
+    assert plans(fleet, T0 + INTERVAL - 61, attempts=asked) == []
+    assert len(plans(fleet, T0 + INTERVAL - 60, attempts=asked)) == 1
+
+
+def test_one_gpu_due_on_an_idle_node_brings_a_full_run() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1")
+    probed_all(fleet, "n1", T0 - 60)
+    probed(fleet, "n1", 2, T0 - INTERVAL - 5)  # older than the rest: a result of another probe
+    fleet.probes[("n1", 2, "gemm", "bf16")].time = T0 - INTERVAL - 5
+    (plan,) = plans(fleet)
+    assert plan.gpus == () and plan.overdue_seconds == 5.0
+
+
+def test_jitter_is_fixed_per_node_within_the_ratio_and_spread_across_nodes() -> None:
+    offsets = [jitter_offset(f"node-{i:04d}", INTERVAL, 0.1) for i in range(2000)]
+    assert all(-180.0 <= o <= 180.0 for o in offsets)
+    assert jitter_offset("node-0001", INTERVAL, 0.1) == offsets[1]  # the same after a restart
+    assert jitter_offset("node-0001", INTERVAL, 0.0) == 0.0
+    # Uniform over +-180 s: the fleet's due times spread over six minutes, not bunched.
+    assert abs(statistics.mean(offsets)) < 10.0
+    assert statistics.pstdev(offsets) == pytest.approx(180.0 / math.sqrt(3), rel=0.05)
+    deciles = [sum(1 for o in offsets if -180 + 36 * k <= o < -180 + 36 * (k + 1)) for k in range(10)]
+    assert min(deciles) > 150, deciles
+
+
+def test_a_nodes_due_time_moves_by_its_offset() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1")
+    shift = jitter_offset("n1", INTERVAL, 0.1)
+    assert shift != 0.0
+    probed_all(fleet, "n1", T0 - INTERVAL - shift + 1)
+    assert plans(fleet, jitter_ratio=0.1) == []
+    probed_all(fleet, "n1", T0 - INTERVAL - shift)
+    assert len(plans(fleet, jitter_ratio=0.1)) == 1
+
+
+def test_idle_means_fresh_low_utilisation_and_no_compute_process() -> None:
+    node = add_node(Fleet(), "n1", gpus=6)
+    node.gpus[0].sample = sample(0, 0.1)  # at the threshold: idle
+    node.gpus[1].sample = sample(1, 0.11)
+    node.gpus[2].sample = sample(2, 0.0, processes=1)  # a job that has not started its kernels yet
+    node.gpus[3].sample = sample(3, None)  # no utilisation reading: unknown, not idle
+    node.gpus[4].time = T0 - AGE - 1  # stale
+    del node.gpus[5]  # never read
+    assert idle_gpus(node, T0, 0.1, AGE) == [0]
+    node.gpus[4].time = T0 - AGE
+    assert idle_gpus(node, T0, 0.1, AGE) == [0, 4]
+
+
+def test_stale_readings_keep_a_node_from_being_probed() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1", at=T0 - AGE - 1)
+    assert plans(fleet) == []
+    assert len(plans(fleet, T0 - 1)) == 1
+
+
+def test_some_idle_gpus_get_per_gpu_probes_only() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1", busy=(1, 3))
+    (plan,) = plans(fleet)
+    assert plan.gpus == (0, 2)
+    assert plan.probes == ("gemm", "membw", "pcie")  # what the agent offers, without the all-reduce
+    (configured,) = plans(fleet, probes=["gemm", "nccl"])
+    assert configured.probes == ("gemm",)
+    assert plans(fleet, probes=["nccl"]) == []  # nothing it may run on part of the node
+    add_node(fleet, "n1", busy=(0, 1, 2, 3))
+    assert plans(fleet) == []
+
+
+def test_per_gpu_runs_only_probe_the_idle_gpus_that_are_due() -> None:
+    fleet = Fleet()
+    add_node(fleet, "n1", busy=(3,))
+    probed_all(fleet, "n1", T0 - INTERVAL)
+    probed(fleet, "n1", 0, T0 - 30)  # GPU 0 was probed a moment ago
+    (plan,) = plans(fleet)
+    assert plan.gpus == (1, 2)
+
+
+def test_only_connected_capable_nodes_without_a_command_in_flight() -> None:
+    fleet = Fleet()
+    add_node(fleet, "gone", connected=False)
+    add_node(fleet, "cannot", capabilities=())
+    add_node(fleet, "busy")
+    add_node(fleet, "ok")
+    assert [p.node for p in plans(fleet, in_flight=("busy",), max_fleet_share=1.0)] == ["ok"]
+
+
+def test_at_most_a_share_of_connected_nodes_probe_at_once_most_overdue_first() -> None:
+    fleet = Fleet()
+    for i in range(25):
+        add_node(fleet, f"n{i:02d}")
+        probed_all(fleet, f"n{i:02d}", T0 - INTERVAL - i)  # n24 is the most overdue
+    for i in range(5):
+        add_node(fleet, f"off{i}", connected=False)
+    assert fleet_slots(25, 0.1) == 2
+    assert [p.node for p in plans(fleet)] == ["n24", "n23"]
+    assert [p.node for p in plans(fleet, in_flight=("n24",))] == ["n23"]  # in flight takes a slot
+    assert plans(fleet, in_flight=("n00", "n01")) == []
+    assert [p.node for p in plans(fleet, max_fleet_share=0.2)] == ["n24", "n23", "n22", "n21", "n20"]
+
+
+def test_a_small_fleet_still_probes_one_node_at_a_time() -> None:
+    fleet = Fleet()
+    for name in ("a", "b", "c"):
+        add_node(fleet, name)
+    assert fleet_slots(3, 0.1) == 1 and fleet_slots(0, 0.1) == 1
+    assert [p.node for p in plans(fleet)] == ["a"]  # all never probed: by name
+    assert plans(fleet, in_flight=("b",)) == []
+
+
+# The book of commands: in flight until answered, given up after the timeout or a restart
+
+
+def command(node: str = "n1", reason: str = "periodic", at: float = T0, cid: str = "c1") -> ProbeCommand:
+    return ProbeCommand(id=cid, node=node, boot_id="b1", reason=reason, sent_at=at, run=pb.RunProbes())
+
+
+def test_a_command_is_in_flight_until_its_timeout() -> None:
+    book = ProbeCommands()
+    c = command()
+    book.start(c, [("n1", 0), ("n1", None)])
+    assert book.attempts == {("n1", 0): T0, ("n1", None): T0}
+    assert book.sent["periodic"] == 1
+    with pytest.raises(ValueError, match="already has probe command c1"):
+        book.start(command(cid="c2"), [])
+    assert book.expire(T0 + 600, timeout=600) == []
+    assert book.expire(T0 + 601, timeout=600) == [c]
+    assert book.in_flight == {} and c.done and not c.answered and not c.ok
+    assert c.error == "no answer within 600s"
+    assert book.failed[("periodic", "timeout")] == 1
+    assert book.answered("n1", pb.CommandResult(command_id="c1", ok=True)) is None  # too late
+
+
+def test_answers_and_results_are_kept_by_command_id() -> None:
+    book = ProbeCommands()
+    c = command(reason="operator")
+    book.start(c, [])
+    mine = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=1.0, command_id="c1")
+    other = pb.ProbeResult(probe="gemm", variant="bf16", gpu=1, value=1.0, command_id="elsewhere")
+    unstamped = pb.ProbeResult(probe="gemm", variant="bf16", gpu=2, value=1.0)
+    book.add_results("n1", [mine, other, unstamped, mine])  # a resent frame: kept once
+    book.add_results(
+        "n2", [pb.ProbeResult(probe="pcie", variant="h2d", gpu=0, command_id="c1")]
+    )  # not its node
+    assert c.result_list() == [mine] and c.results_seen.is_set()
+    assert book.answered("n2", pb.CommandResult(command_id="c1", ok=True)) is None
+    assert book.answered("n1", pb.CommandResult(command_id="c1", ok=False, error="gemm/bf16: NaN")) is c
+    assert (c.answered, c.ok, c.error) == (True, False, "gemm/bf16: NaN")
+    assert book.failed[("operator", "error")] == 1 and book.in_flight == {}
+    assert book.get("c1") is c
+
+
+def test_a_new_boot_ends_the_old_boots_command() -> None:
+    book = ProbeCommands()
+    c = command(reason="on_connect")
+    book.start(c, [])
+    assert book.restarted("n1", "b1") is None  # a reconnect of the same boot: still in flight
+    assert book.restarted("n1", "b2") is c
+    assert not c.answered and book.failed[("on_connect", "restarted")] == 1
