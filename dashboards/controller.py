@@ -1,5 +1,5 @@
 """Controller: agents and nodes it knows, frames ingested, ingest lag, store latency, findings,
-node health and detector passes."""
+node health, detector passes and probe commands."""
 
 from __future__ import annotations
 
@@ -197,17 +197,66 @@ def _detectors(layout: Layout) -> None:
     )
 
 
+def _probes(layout: Layout) -> None:
+    layout.row("Probes")
+    layout.add(
+        timeseries(
+            "Probes in flight",
+            [target("gpufleet_controller_probes_in_flight", "nodes probing")],
+            "none",
+            description="Nodes with a probe command sent and not yet answered; the scheduler keeps this "
+            "under probes.max_fleet_share of the connected nodes.",
+            min_value=0,
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Probe commands sent",
+            [
+                target(
+                    "sum by (reason) (increase(gpufleet_controller_probe_commands_total[$__rate_interval]))",
+                    "{{reason}}",
+                )
+            ],
+            "none",
+            description="Per window: periodic (the scheduler), on_connect (a new agent boot), operator "
+            "(gpufleet probe-node).",
+            min_value=0,
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Probe command failures",
+            [
+                target(
+                    "sum by (failure) "
+                    "(increase(gpufleet_controller_probe_command_failures_total[$__rate_interval]))",
+                    "{{failure}}",
+                )
+            ],
+            "none",
+            description="Per window: error (the agent answered a failure), timeout (no answer within "
+            "probes.timeout_seconds), restarted (the agent rebooted first).",
+            min_value=0,
+        ),
+        8,
+    )
+
+
 def build() -> JSON:
     layout = Layout()
     _summary(layout)
     _ingest(layout)
     _findings(layout)
     _detectors(layout)
+    _probes(layout)
     return dashboard(
         "gpufleet-controller",
         "gpufleet / Controller",
         "The controller itself: streams, ingest rate and lag, store latency, findings, node health, "
-        "detector passes.",
+        "detector passes, probe commands.",
         layout,
         [],
     )
