@@ -16,9 +16,19 @@ if TYPE_CHECKING:
 
 def endpoint(cfg: BmcConfig, url: str) -> BmcEndpoint:
     """The endpoint for `url` with credentials resolved now; BmcError(kind="config") if they can't be."""
-    from agent.sources.bmc_credentials import load_credentials
-    from agent.sources.redfish import BmcEndpoint
+    from urllib.parse import urlsplit
 
+    from agent.sources.bmc_credentials import load_credentials
+    from agent.sources.redfish import BmcEndpoint, BmcError
+
+    if "@" in urlsplit(url).netloc:
+        # requests would log in with them, and the URL is the BMC's label in logs, metrics and
+        # the controller: the password would be everywhere. The URL is not echoed here either.
+        raise BmcError(
+            "the BMC URL must not hold credentials (user:password@): give bmc.username and "
+            "bmc.password_file, bmc.credentials_dir or $GPUFLEET_BMC_PASSWORD",
+            kind="config",
+        )
     credentials = load_credentials(
         username=cfg.username, password_file=cfg.password_file, credentials_dir=cfg.credentials_dir
     )

@@ -63,7 +63,8 @@ class BmcPoller:
             self.failures = 0
             return self.interval
         self.failures += 1
-        delay = min(self.interval * 2.0 ** (self.failures - 1), self.backoff_max)
+        # The exponent is capped: 2.0 ** 1024 overflows, and a BMC dead for a week gets there.
+        delay = min(self.interval * 2.0 ** min(self.failures - 1, 32), self.backoff_max)
         delay *= 0.9 + 0.2 * self.jitter()  # BMCs of a rack that failed together do not retry together
         log.warning(
             "BMC %s poll failed (%d in a row): %s; next try in %.0f s",

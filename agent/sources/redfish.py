@@ -148,7 +148,7 @@ class RedfishSession:
             return self.get(SERVICE_ROOT).body
         except BmcError as exc:
             creds = self.endpoint.credentials
-            if exc.kind != "auth" or creds is None:
+            if exc.status not in (401, 403) or creds is None:
                 raise
         self._client.set_authorization_key(_basic(creds))
         return self.get(SERVICE_ROOT).body
@@ -223,10 +223,15 @@ class RedfishSession:
         status = int(resp.status)
         if 200 <= status < 300:
             return
-        if status in (401, 403):
+        if status == 401:
             what = "no credentials were given" if self.auth == "" else "the credentials were refused"
             raise BmcError(f"{method} {path}: HTTP {status} ({what})", kind="auth", status=status)
         detail = _error_message(resp)
+        if status == 403:
+            # Logged in, but this user may not touch this resource (a read-only role and the BIOS,
+            # say): that costs this resource, not the poll, so it is no "auth" (fatal) error.
+            who = "anonymous access" if self.auth == "" else "the BMC user lacks the privilege"
+            detail = f"forbidden: {who}" + (f"; {detail}" if detail else "")
         raise BmcError(
             f"{method} {path}: HTTP {status}{': ' + detail if detail else ''}", kind="http", status=status
         )
@@ -242,6 +247,10 @@ class RedfishSession:
     ) -> Any:
         if self._client is None:
             raise BmcError(f"BMC {self.endpoint.base}: not connected", kind="unreachable")
+        if not path.startswith("/"):
+            # Appended to the base URL, "redfish/v1/x" or "@host/x" would name another host (and
+            # carry the session token there): a malformed link from the BMC, not sent anywhere.
+            raise BmcError(f"{method} {path!r}: a link that is not an absolute path", kind="malformed")
         self.requests += 1
         ep = self.endpoint
         try:

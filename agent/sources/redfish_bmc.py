@@ -307,7 +307,13 @@ class _Walk:
             boards.append(gpu_board(chassis, sensors, environment))
         self.sample.gpus = map_boards(boards, self.gpus)
 
+    def _systems_failed(self) -> bool:
+        systems = self.sample.section("systems")
+        return systems is not None and not systems.success
+
     def bios(self) -> None:
+        if self._systems_failed():  # else "no Bios link" would pass for "nothing to read"
+            raise BmcError("not read: the systems collection could not be read", kind="http")
         path = link(self.system, "Bios")
         if not path:
             return  # the service exposes no BIOS resource: nothing to read, nothing failed
@@ -328,6 +334,8 @@ class _Walk:
         if limit == 0:
             return
         owners = [self.system, *[m for m in self.managers if text(m, "ManagerType") in ("BMC", "")]]
+        if self._systems_failed():
+            self.reader.errors.append("system logs not read: the systems collection could not be read")
         services: list[dict[str, Any]] = []
 
         def list_services(owner: dict[str, Any]) -> None:

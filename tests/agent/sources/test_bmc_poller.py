@@ -54,6 +54,14 @@ def test_backoff_doubles_from_the_interval_up_to_the_cap_and_resets() -> None:
     assert jittered.next_delay(failed) == 66.0  # +10 %: a rack that failed together spreads out
 
 
+def test_backoff_stays_at_the_cap_after_a_week_of_failures() -> None:
+    # 2.0 ** 1024 overflows: a BMC dead for ~1000 polls must not end the poller thread.
+    poller = BmcPoller(ScriptedBmc(), interval_seconds=60, backoff_max_seconds=600, jitter=lambda: 0.5)
+    poller.failures = 1100
+    assert poller.next_delay(BmcSample(time=0.0, error="cannot connect")) == 600
+    assert poller.failures == 1101
+
+
 def test_a_partial_poll_is_not_a_failure_to_back_off_from() -> None:
     poller = BmcPoller(ScriptedBmc(), interval_seconds=60, jitter=lambda: 0.5)
     partial = BmcSample(time=0.0, success=False)  # a section failed, the BMC answered

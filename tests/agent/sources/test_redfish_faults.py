@@ -169,3 +169,51 @@ def test_a_bmc_lost_mid_poll_still_says_how_it_logged_in(hgx_bmc: FakeBmcServer)
     hgx_bmc.status_for = {"/redfish/v1/Chassis": 401}
     sample = poll(hgx_bmc.url)
     assert sample.auth == "session" and "HTTP 401" in sample.error
+
+
+def test_a_member_link_that_is_no_absolute_path_fails_its_section_not_the_poll(
+    hgx_bmc: FakeBmcServer,
+) -> None:
+    # Appended to the base URL as is, "redfish/v1/..." names another host ("127.0.0.1:PORTredfish"):
+    # the request must not be sent (credentials would go with it), nor end the poll as unreachable.
+    sensors = hgx_bmc.tree / "Chassis" / "BMC_0" / "Sensors" / "index.json"
+    sensors.write_text(
+        sensors.read_text().replace(
+            '"/redfish/v1/Chassis/BMC_0/Sensors/CPU0', '"redfish/v1/Chassis/BMC_0/Sensors/CPU0'
+        )
+    )
+    sample = poll(hgx_bmc.url)
+    assert sample.error == ""
+    assert list(failed(sample)) == ["thermal"]
+    assert "redfish/v1/Chassis/BMC_0/Sensors/CPU0_Temp" in failed(sample)["thermal"]
+    assert any("CPU1" in t.name for t in sample.temperatures)
+    assert len(hgx_bmc.logouts) == 1  # the session was kept, and logged out at close
+
+
+def test_a_forbidden_resource_fails_its_section_not_the_poll(hgx_bmc: FakeBmcServer) -> None:
+    # A read-only BMC account may be refused a log or the BIOS (403): the credentials were accepted,
+    # so the rest of the poll stands and the session is kept (and logged out at close).
+    hgx_bmc.require_auth = ("admin", "secret")
+    hgx_bmc.status_for = {"/redfish/v1/UpdateService/FirmwareInventory": 403}
+    sample = poll(hgx_bmc.url)
+    assert sample.error == "" and sample.auth == "session"
+    assert list(failed(sample)) == ["firmware"]
+    assert "HTTP 403" in failed(sample)["firmware"] and "refused" not in failed(sample)["firmware"]
+    assert sample.temperatures and sample.log_entries
+    assert len(hgx_bmc.logouts) == 1
+
+
+def test_bios_and_system_logs_are_not_reported_read_when_the_systems_failed(hgx_bmc: FakeBmcServer) -> None:
+    hgx_bmc.status_for = {"/redfish/v1/Systems": 500}
+    bmc = RedfishBmc(BmcEndpoint(hgx_bmc.url, ADMIN))
+    try:
+        sample = bmc.poll()
+        assert set(failed(sample)) == {"systems", "bios", "logs"}
+        assert failed(sample)["bios"] == "not read: the systems collection could not be read"
+        assert "system logs not read" in failed(sample)["logs"]
+        assert sample.log_entries  # the BMC's own log was still read
+        hgx_bmc.status_for = {}
+        again = bmc.poll()  # the BIOS is read again at once, not carried empty for inventory_every polls
+    finally:
+        bmc.close()
+    assert again.success and again.bios_attributes
