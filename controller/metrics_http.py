@@ -9,7 +9,6 @@ elsewhere. One request per connection; Prometheus reconnects each scrape.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import html
 import logging
 from typing import Any
@@ -77,11 +76,18 @@ class MetricsServer:
             await self._serve_one(reader, writer)
         except (ConnectionError, asyncio.CancelledError):
             pass  # the client went away, or the server is stopping
+        except TimeoutError:
+            writer.transport.abort()  # the client stopped reading: drop it and what it did not take
         finally:
             self._handlers.discard(task)
             writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), REQUEST_TIMEOUT_SECONDS)
+            except (TimeoutError, asyncio.CancelledError):
+                # Closing waits for the client to read the rest: one that does not is cut off.
+                writer.transport.abort()
+            except ConnectionError:
+                pass
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -99,7 +105,11 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             await _respond(writer, method, 405, _TEXT, b"only GET and HEAD\n", allow="GET, HEAD")
             return
-        path = urlsplit(target).path
+        try:
+            path = urlsplit(target).path
+        except ValueError:  # "http://[::1/metrics": not a URL urllib can split
+            await _respond(writer, method, 400, _TEXT, b"malformed request target\n")
+            return
         if path == "/metrics":
             try:
                 body = generate_latest(self.registry)
@@ -135,4 +145,5 @@ async def _respond(
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
     if method != "HEAD":
         writer.write(body)
-    await writer.drain()
+    # A client that stops reading must not hold its connection (and the page) forever.
+    await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_SECONDS)

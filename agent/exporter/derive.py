@@ -110,8 +110,13 @@ def _bmc_health(view: ExportView, rows: list[Row]) -> Iterable[Sample]:
 
 
 def _nvlink_bytes(view: ExportView, reading: Any) -> float | None:
-    parts = [v for v in (reading.nvlink_tx_bytes_total, reading.nvlink_rx_bytes_total) if v is not None]
-    return float(sum(parts)) if parts else None
+    """Sent plus received; no sample unless both were read (NVML answers each field on its own).
+
+    One direction alone would make the counter drop for one read and jump back the next: to
+    rate() a reset and a spike of the whole count.
+    """
+    tx, rx = reading.nvlink_tx_bytes_total, reading.nvlink_rx_bytes_total
+    return None if tx is None or rx is None else float(tx + rx)
 
 
 def _facts(attr: str) -> Callable[[ExportView, Any], str]:

@@ -362,11 +362,17 @@ class HostSource:
         return found
 
     def _read_network(self, problems: list[str]) -> list[NetInterfaceReading]:
-        parsed, _ = self._proc("proc/net/dev", parse_net_dev, problems)
+        # proc/net is the reading process's own network namespace, even under a host root (a pod's
+        # without hostNetwork); proc/1/net is the host init's, the host's own interfaces.
+        relative = "proc/1/net/dev"
+        parsed, found = self._proc(relative, parse_net_dev, problems)
+        if not found:
+            relative = "proc/net/dev"
+            parsed, _ = self._proc(relative, parse_net_dev, problems)
         if parsed is None:
             return []
         interfaces, bad = parsed
-        problems.extend(f"proc/net/dev: {p}" for p in bad)
+        problems.extend(f"{relative}: {p}" for p in bad)
         return [
             NetInterfaceReading(
                 name=i.name,

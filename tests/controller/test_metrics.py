@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
+from controller import metrics_http
 from controller.app import ControllerApp
 from controller.detect.base import discover
 from controller.detect.finding import SEVERITIES
@@ -360,6 +363,61 @@ def test_a_malformed_request_gets_400_and_the_server_goes_on() -> None:
             await writer.wait_closed()
             assert status.startswith(b"HTTP/1.1 400")
             assert (await scrape.get("/metrics")).status == 200
+
+    run(body)
+
+
+def test_a_request_target_urllib_cannot_split_gets_400() -> None:
+    async def body() -> None:
+        async with scraped() as (_, scrape):
+            host, port = scrape.base.removeprefix("http://").rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET http://[::1/metrics HTTP/1.1\r\n\r\n")  # "Invalid IPv6 URL"
+            status = await asyncio.wait_for(reader.readline(), timeout=5)
+            writer.close()
+            await writer.wait_closed()
+            assert status.startswith(b"HTTP/1.1 400"), status
+            assert (await scrape.get("/metrics")).status == 200
+
+    run(body)
+
+
+class _BigPage:
+    """A collector whose page is far larger than a socket buffers."""
+
+    SIZE = 32 * 1024 * 1024
+
+    def collect(self) -> Any:
+        yield GaugeMetricFamily("big", "x" * self.SIZE, value=1)
+
+
+def test_a_client_that_stops_reading_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics_http, "REQUEST_TIMEOUT_SECONDS", 0.3)
+
+    def read_all(client: socket.socket) -> int:
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := client.recv(1 << 20):
+                got += len(chunk)
+        return got
+
+    async def body() -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_BigPage())
+        server = MetricsServer(registry)
+        host, port = (await server.start("127.0.0.1:0")).rsplit(":", 1)
+        client = socket.socket()
+        try:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.settimeout(5)
+            await asyncio.to_thread(client.connect, (host, int(port)))
+            client.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            await asyncio.sleep(1.5)  # reading nothing, well past the timeout
+            # The server gave up on the connection: what the client reads now ends short of the page.
+            assert await asyncio.to_thread(read_all, client) < _BigPage.SIZE
+        finally:
+            client.close()
+            await server.stop()
 
     run(body)
 

@@ -144,3 +144,20 @@ def test_off_by_default() -> None:
         assert "DCGM_" not in text and "gpufleet_gpu_sm_clock_hertz{" in text
     finally:
         sim.close()
+
+
+def test_nvlink_bandwidth_only_with_both_directions() -> None:
+    """A direction that failed to read leaves no sample, rather than a counter that drops (a reset)."""
+    sim = build(gpus=2, dcgm_compat=True)
+    try:
+        snapshot = sim.sample()
+        both = {
+            r.index: (r.nvlink_tx_bytes_total or 0) + (r.nvlink_rx_bytes_total or 0) for r in snapshot.gpus
+        }
+        snapshot.gpus[1].nvlink_rx_bytes_total = None
+        sim.exporter.observe(snapshot)
+        page = Page(sim.exporter.render().decode())
+        assert page.value("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == pytest.approx(both[0])
+        assert page.value("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1") is None
+    finally:
+        sim.close()

@@ -106,6 +106,21 @@ def test_network_leaves_loopback_out() -> None:
     )
 
 
+def test_network_is_the_host_inits_namespace_not_the_readers(root: Path) -> None:
+    # Under a host root, proc/net/dev is still the reader's own namespace (a pod's eth0 without
+    # hostNetwork); proc/1/net/dev is the host's init's, the host's interfaces.
+    pod = (root / "proc/net/dev").read_text()
+    host = pod.replace("  eth0:", "  eno1:").replace("  ifb0:", "   ib0:").replace("  ifb1:", "   ib1:")
+    write(root, "proc/1/net/dev", host)
+    source = HostSource(root)
+    assert [i.name for i in source.read().network] == ["eno1", "ib0", "ib1"]
+    write(root, "proc/1/net/dev", host.replace("   ib1:       0       0", "   ib1:       x       0"))
+    assert [i.name for i in source.read().network] == ["eno1", "ib0"]
+    assert source.last_errors() == [
+        "proc/1/net/dev: ib1: expected numbers, got '" + " ".join(["x"] + ["0"] * 15) + "'"
+    ]
+
+
 def test_disks_are_the_whole_disks_of_sys_block() -> None:
     # diskstats also lists loop0-7 and zram0, which sys/block has too but are not disks.
     assert HostSource(FIXTURE).read().disks == [
