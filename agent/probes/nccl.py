@@ -330,7 +330,8 @@ class _Launch:
             f"--budget={self.budget}",
             f"--max-iters={self.max_iters}",
             f"--check-bytes={self.check_bytes}",
-            f"--exit-after={self.limit + 15}",  # the rank's own watchdog, should the parent die
+            f"--exit-after={self.limit + 15}",  # the rank's own watchdog, should the parent hang
+            f"--parent-pid={os.getpid()}",  # and should it die (a kill of its group misses the ranks)
             f"--out={self.tmp / f'rank{rank}.json'}",
         ]
         if self.inject_fault:

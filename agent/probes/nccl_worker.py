@@ -67,15 +67,27 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check-bytes", type=int, default=4 << 20)
     p.add_argument("--exit-after", type=float, required=True, help="hard limit: exit after this many s")
     p.add_argument("--out", required=True)
+    p.add_argument("--parent-pid", type=int, default=None, help="exit as soon as this process is gone")
     p.add_argument("--inject-fault", default="", help="tests only: fail:R, hang:R or corrupt:R")
     return p.parse_args(argv)
 
 
-def _exit_after(seconds: float, rank: int) -> None:
-    """Watchdog: a rank never outlives its parent's deadline for long, even if the parent died."""
+PARENT_POLL_SECONDS = 0.2
+
+
+def _exit_after(seconds: float, rank: int, parent: int | None = None) -> None:
+    """Watchdog: a rank never outlives its parent's deadline for long, nor its parent (pid `parent`,
+    None: not watched): a rank runs in its own session, so killing the probe worker's process group
+    does not reach it."""
 
     def expire() -> None:
-        time.sleep(seconds)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if parent is not None and os.getppid() != parent:  # reparented: our parent is gone
+                print(f"nccl_worker rank {rank}: ParentGone: the probe process died", file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(125)
+            time.sleep(min(PARENT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
         print(f"nccl_worker rank {rank}: TimeoutError: hard limit of {seconds:.0f} s passed", file=sys.stderr)
         sys.stderr.flush()
         os._exit(124)
@@ -217,7 +229,7 @@ class _Rank:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    _exit_after(args.exit_after, args.rank)
+    _exit_after(args.exit_after, args.rank, args.parent_pid)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s]
         if not sizes or min(sizes) < ELEMENT_BYTES:

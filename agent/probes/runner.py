@@ -117,9 +117,16 @@ class TorchProbes:
         node_level = [p for p in wanted if is_node_level(p)]
         if not probes and targets.order is not None and self.device == "cuda" and len(targets.order) < 2:
             wanted = [p for p in wanted if p not in node_level]  # the default suite: NCCL needs 2 GPUs
+        too_few: list[ProbeOutcome] = []
+        if targets.order is not None and self.device == "cuda" and len(targets.order) == 1:
+            # Asked for by name on one GPU: the worker would plan no step for it, so say why here.
+            why = f"needs 2 or more GPUs; only GPU {targets.order[0]} may be probed now"
+            too_few = [_refused(p, "", None, f"{p} {why}") for p in wanted if p in node_level]
+            wanted = [p for p in wanted if p not in node_level]
         outcomes: list[ProbeOutcome] = []
         if wanted and targets.order != []:
             outcomes.extend(self._run_worker(wanted, suite, targets))
+        outcomes.extend(too_few)
         outcomes.extend(self._refused(targets, wanted))
         for outcome in outcomes:
             outcome.command_id = command_id
@@ -221,7 +228,7 @@ class TorchProbes:
                 outcome.params["during_samples"] = str(len(window))
             self._compare(outcome, targets.names.get(gpu) or self._worker_name(local))
         elif device == "cuda" and targets.order is not None:
-            outcome.params.setdefault("gpus", ",".join(map(str, targets.order)))
+            outcome.params["gpus"] = ",".join(map(str, targets.order))  # nccl's own are the worker's
 
     def _hello(self, hello: dict[str, Any]) -> None:
         self.hello = hello

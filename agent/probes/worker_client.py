@@ -48,6 +48,8 @@ class WorkerRun:
     hello: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcomes: list[tuple[int, ProbeOutcome]] = field(default_factory=list)  # (step, outcome) in order
+    # (step, device) of each outcome as the worker numbered it: on_outcome may renumber the outcome
+    reported: set[tuple[int, str]] = field(default_factory=set)
 
 
 def run_worker(
@@ -70,7 +72,7 @@ def run_worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=dict(env) if env is not None else None,
-        start_new_session=True,  # its own process group: a kill takes the NCCL ranks with it
+        start_new_session=True,  # its own process group, killed as one (NCCL ranks exit with it)
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
@@ -143,11 +145,14 @@ def _follow(
             run.steps = list(event.get("steps", []))
         elif kind == "start":
             step = run.steps[int(event["step"])]
-            deadline = time.monotonic() + float(step["budget_seconds"]) + timeouts.grace_seconds
+            # An isolated step runs its devices one after another, each with the step's budget.
+            runs = 1 if step["node_level"] or step["mode"] == "concurrent" else len(step["devices"])
+            deadline = time.monotonic() + float(step["budget_seconds"]) * runs + timeouts.grace_seconds
         elif kind == "outcome":
             index = int(event["step"])
             outcome = msgspec.convert(event["outcome"], ProbeOutcome)
             run.outcomes.append((index, outcome))
+            run.reported.add((index, outcome.device))
             if on_outcome is not None:
                 on_outcome(index, outcome)
 
@@ -162,13 +167,10 @@ def _timed_out(proc: subprocess.Popen[bytes], run: WorkerRun, timeouts: Timeouts
 
 def _fill_missing(run: WorkerRun, why: str) -> None:
     """Outcomes with `why` for every (step, device) that has none; later steps say they did not run."""
-    have: dict[int, set[str]] = {}
-    for index, outcome in run.outcomes:
-        have.setdefault(index, set()).add(outcome.device)
     first = True
     for index, step in enumerate(run.steps):
         devices = [_whole(step)] if step["node_level"] else list(step["devices"])
-        missing = [d for d in devices if d not in have.get(index, set())]
+        missing = [d for d in devices if (index, d) not in run.reported]
         for device in missing:
             error = why if first else f"not run: an earlier probe failed ({why})"
             run.outcomes.append(

@@ -15,7 +15,8 @@ The rules, each one a test in tests/controller/fleet/test_probe_schedule.py:
   probes (empty: the agent's default suite, node-level probes included). A node with only some GPUs
   idle gets a per-GPU run on its idle, due GPUs, without node-level probes: an all-reduce needs every
   GPU of the node, and would slow the job running on the busy ones.
-- Only connected nodes that offer the "run_probes" capability, with no probe command in flight.
+- Only connected nodes that offer the "run_probes" capability, with no probe command in flight;
+  of the configured probes, only those the node offers (none of them: the node is not probed).
 - At most max(1, floor(max_fleet_share x connected nodes)) nodes probe at once, commands already in
   flight included; the most overdue go first (then by name, so decisions are reproducible).
 """
@@ -95,7 +96,12 @@ def plan_node(
     if not gpus:
         return None
     offered = list(node.hello.probes)
-    node_level = any(p in NODE_LEVEL_PROBES for p in (config.probes or offered))
+    # Only what the node offers: the agent would refuse the whole run (and the node stay due, first
+    # in line, every pass) for one probe it does not have.
+    wanted = [p for p in config.probes if p in offered]
+    if config.probes and not wanted:
+        return None
+    node_level = any(p in NODE_LEVEL_PROBES for p in (wanted or offered))
     shift = jitter_offset(node.name, config.interval_seconds, config.jitter_ratio)
 
     def overdue(gpu: int | None) -> float:
@@ -111,11 +117,11 @@ def plan_node(
     idle = idle_gpus(node, now, config.idle_utilization, max_reading_age)
     late = max(due.values())
     if idle == gpus:
-        return ProbePlan(node.name, (), tuple(config.probes), late, f"all {len(gpus)} GPUs idle")
+        return ProbePlan(node.name, (), tuple(wanted), late, f"all {len(gpus)} GPUs idle")
     idle_due = tuple(g for g in idle if g in due)
     if not idle_due:
         return None
-    per_gpu = tuple(p for p in (config.probes or offered) if p not in NODE_LEVEL_PROBES)
+    per_gpu = tuple(p for p in (wanted or offered) if p not in NODE_LEVEL_PROBES)
     if not per_gpu:
         return None
     why = f"GPUs {','.join(map(str, idle_due))} idle of {len(gpus)}: per-GPU probes only"

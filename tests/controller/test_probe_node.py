@@ -202,7 +202,7 @@ def test_no_answer_within_the_timeout_is_done_false_and_the_node_stays_busy() ->
             request = operator_pb2.ProbeNodeRequest(node="n1", wait=True, timeout_seconds=0.3)
             started = time.monotonic()
             resp = await stub.ProbeNode(request)
-            assert 0.3 <= time.monotonic() - started < 3.0
+            assert 0.3 <= time.monotonic() - started < 10.0
             assert (resp.done, resp.ok, list(resp.results)) == (False, False, [])
             assert (await next_command(call)).id == resp.command_id
             # The agent may still be probing: the node counts as busy until the command's timeout.

@@ -101,7 +101,7 @@ def test_the_run_keeps_to_its_budget() -> None:
     # Generous bounds: a shared CI machine stalls now and then; the deadline logic itself is
     # tested with predictable calls in test_timing.py.
     outcome = GemmProbe().run(params("fp32", budget=0.5))
-    assert outcome.duration_seconds <= 0.5 * 2
+    assert outcome.duration_seconds <= 0.5 + 2.0
     assert int(outcome.params["repeats"]) >= 5
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.probes.runner import TorchProbes
 from agent.probes.worker import NO_CUDA
-from agent.probes.worker_client import Timeouts, WorkerError
+from agent.probes.worker_client import Timeouts, WorkerError, run_worker
 from tests.agent.probes.fakes import H100, Gpus, fake_worker, outcome
 
 MIB = 1024**2
@@ -150,6 +150,40 @@ def test_devices_are_matched_by_uuid_before_position(tmp_path: Path) -> None:
     assert [(o.gpu, o.value) for o in outcomes] == [(3, 700.0), (0, 650.0)]
 
 
+def test_a_node_level_probe_asked_for_on_one_gpu_says_why_it_did_not_run(tmp_path: Path) -> None:
+    gpus = Gpus(4)
+    events = [
+        hello(H100),
+        plan(("gemm", "bf16", ["cuda:0"], False)),  # the worker plans no all-reduce on one GPU
+        {"event": "start", "step": 0},
+        {"event": "outcome", "step": 0, "outcome": outcome("gemm", "bf16", "cuda:0", 700.0)},
+        {"event": "done"},
+    ]
+    runner = TorchProbes(open_source=gpus.open, python=fake_worker(tmp_path, events))
+    outcomes = runner.run(["gemm", "nccl"], gpus=[2], command_id="c9")
+    assert [(o.probe, o.gpu, o.error) for o in outcomes] == [
+        ("gemm", 2, ""),
+        ("nccl", None, "nccl needs 2 or more GPUs; only GPU 2 may be probed now"),
+    ]
+    assert outcomes[1].command_id == "c9" and outcomes[1].mode == "concurrent"
+
+
+def test_a_node_level_result_names_the_gpus_as_nvml_numbers_them(tmp_path: Path) -> None:
+    gpus = Gpus(4)
+    body = outcome("nccl", "all_reduce", "cuda", 300.0)
+    body["params"] = {"gpus": "0,1", "ranks": "2"}  # the ranks' CUDA indices, in the worker
+    events = [
+        hello(H100, H100),
+        plan(("nccl", "all_reduce", ["cuda:0", "cuda:1"], True)),
+        {"event": "start", "step": 0},
+        {"event": "outcome", "step": 0, "outcome": body},
+        {"event": "done"},
+    ]
+    runner = TorchProbes(open_source=gpus.open, python=fake_worker(tmp_path, events))
+    (result,) = runner.run(["nccl"], gpus=[2, 3])
+    assert (result.gpu, result.device, result.params["gpus"]) == (None, "cuda", "2,3")
+
+
 def test_refused_everywhere_runs_nothing_and_force_goes_on(tmp_path: Path) -> None:
     gpus = Gpus(2)
     gpus.busy = {0: 0.9, 1: 0.5}
@@ -188,12 +222,61 @@ def test_a_hung_worker_is_killed_and_every_step_is_accounted_for(tmp_path: Path)
     )
     start = time.monotonic()
     outcomes = runner.run([])
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 9  # the hang is cut at its budget + 0.3 s, not the 10 s start-up limit
     assert [o.probe for o in outcomes] == ["membw", "pcie", "nccl"]
     assert outcomes[0].error == ""
     assert outcomes[1].error.startswith("timed out: no result within its budget plus 0.3 s")
     assert outcomes[2].error.startswith("not run: an earlier probe failed")
     assert outcomes[2].device == "cpu" and outcomes[2].mode == "concurrent"
+
+
+def test_a_hung_worker_on_some_gpus_keeps_the_results_that_arrived(tmp_path: Path) -> None:
+    # The results that arrived were renumbered to NVML's GPUs (2, 3) as they came; the ones made up
+    # for the killed worker must be matched against the worker's own numbering (cuda:0, cuda:1).
+    gpus = Gpus(4)
+    events = [
+        hello(H100, H100),
+        plan(("gemm", "bf16", ["cuda:0", "cuda:1"], False), ("pcie", "h2d", ["cuda:0", "cuda:1"], False)),
+        {"event": "start", "step": 0},
+        {"event": "outcome", "step": 0, "outcome": outcome("gemm", "bf16", "cuda:0", 700.0)},
+        {"event": "outcome", "step": 0, "outcome": outcome("gemm", "bf16", "cuda:1", 650.0)},
+        {"event": "start", "step": 1},
+        {"event": "outcome", "step": 1, "outcome": outcome("pcie", "h2d", "cuda:1", 50.0)},
+    ]
+    runner = TorchProbes(
+        open_source=gpus.open,
+        python=fake_worker(tmp_path, events, hang=True),
+        timeouts=Timeouts(startup_seconds=10, grace_seconds=0.3),
+    )
+    outcomes = runner.run(["gemm", "pcie"], gpus=[2, 3])
+    got = [(o.probe, o.gpu, o.error.split(":")[0]) for o in outcomes]
+    assert got == [("gemm", 2, ""), ("gemm", 3, ""), ("pcie", 3, ""), ("pcie", 2, "timed out")]
+
+
+def test_an_isolated_step_has_its_budget_for_each_of_its_gpus(tmp_path: Path) -> None:
+    # membw runs its GPUs one at a time: three GPUs take three budgets, and that is no hang.
+    step = {
+        "probe": "membw",
+        "variant": "d2d",
+        "devices": ["cuda:0", "cuda:1", "cuda:2"],
+        "node_level": False,
+        "mode": "isolated",
+        "budget_seconds": 0.5,
+    }
+    events: list[dict[str, Any]] = [hello(H100, H100, H100), {"event": "plan", "steps": [step]}]
+    events.append({"event": "start", "step": 0})
+    for i in range(3):
+        events += [
+            {"sleep": 0.5},
+            {"event": "outcome", "step": 0, "outcome": outcome("membw", "d2d", f"cuda:{i}", 3000.0)},
+        ]
+    events.append({"event": "done"})
+    run = run_worker(
+        {"device": "cuda"},
+        python=fake_worker(tmp_path, events),
+        timeouts=Timeouts(startup_seconds=10, grace_seconds=0.6),
+    )
+    assert [(o.device, o.error) for _, o in run.outcomes] == [("cuda:0", ""), ("cuda:1", ""), ("cuda:2", "")]
 
 
 def test_a_worker_that_dies_says_so_with_its_stderr(tmp_path: Path) -> None:

@@ -203,6 +203,15 @@ def test_per_gpu_runs_only_probe_the_idle_gpus_that_are_due() -> None:
     assert plan.gpus == (1, 2)
 
 
+def test_configured_probes_are_asked_only_of_nodes_that_offer_them() -> None:
+    fleet = Fleet()
+    add_node(fleet, "old", probes=("gemm", "membw"))  # an agent without nccl (or pcie)
+    add_node(fleet, "none", probes=("membw",))
+    add_node(fleet, "part", busy=(0,), probes=("membw",))
+    found = {p.node: p.probes for p in plans(fleet, probes=["gemm", "nccl"], max_fleet_share=1.0)}
+    assert found == {"old": ("gemm",)}  # what it has; the others have none of what is asked
+
+
 def test_only_connected_capable_nodes_without_a_command_in_flight() -> None:
     fleet = Fleet()
     add_node(fleet, "gone", connected=False)
