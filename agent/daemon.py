@@ -232,7 +232,12 @@ class Agent:
         return pb.CommandResult(command_id=command.id, ok=not failed, error="; ".join(failed))
 
     def close(self) -> None:
-        """Release collectors, the BMC (logout) and the GPU source; failures are logged, never raised."""
+        """Stop a probe run in progress, release collectors, the BMC (logout) and the GPU source;
+        failures are logged, never raised."""
+        try:
+            self.probes.close()
+        except Exception as exc:  # noqa: BLE001 - shutting down: report and go on
+            log.warning("probe runner did not close cleanly: %s", exc)
         if self.bmc is not None:
             self.bmc.stop()
         for collector in self.collectors:

@@ -56,6 +56,11 @@ class ProbeRunner(Protocol):
         """
         ...
 
+    def close(self) -> None:
+        """Stop a run in progress from another thread (the agent shutting down); `run` then returns
+        what it has. Safe to call more than once, and when nothing runs."""
+        ...
+
 
 class NoProbes:
     """The runner for an agent that cannot probe: it says so instead of pretending."""
@@ -76,3 +81,6 @@ class NoProbes:
         command_id: str = "",
     ) -> list[ProbeOutcome]:
         raise RuntimeError(f"probes unavailable: {self.reason}")
+
+    def close(self) -> None:
+        """Nothing runs, nothing to stop."""

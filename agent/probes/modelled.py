@@ -26,6 +26,9 @@ class ModelledProbes:
     def available(self) -> list[str]:
         return list(PROBE_VARIANTS)
 
+    def close(self) -> None:
+        """Modelled runs are instant: nothing to stop."""
+
     def run(
         self,
         probes: Sequence[str],

@@ -19,6 +19,7 @@ On the "cpu" device there is no NVML: no safety checks, no readings during the r
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from agent.probes.kernels import is_node_level, names
 from agent.probes.safety import SafetyPolicy, refusals
 from agent.probes.sampling import Sampler, during
 from agent.probes.suite import SUITE_BUDGET_SECONDS
-from agent.probes.worker_client import Timeouts, WorkerError, WorkerRun, run_worker
+from agent.probes.worker_client import Timeouts, WorkerError, WorkerRun, kill_all, run_worker
 from agent.sources.gpu import GpuSource
 
 Device = Literal["cuda", "cpu"]
@@ -89,6 +90,11 @@ class TorchProbes:
         self.progress = progress
         self.hello: dict[str, Any] = {}  # the last worker's hello: torch version, devices
         self._variants: dict[str, dict[str, list[str]]] = {}  # GPU model -> probe -> variants
+        self._live: set[subprocess.Popen[bytes]] = set()  # workers running now (close kills them)
+
+    def close(self) -> None:
+        """Kill the worker of a run in progress; the run returns what arrived, the rest as errors."""
+        kill_all(self._live)
 
     def available(self) -> list[str]:
         return names()
@@ -200,6 +206,7 @@ class TorchProbes:
                 timeouts=self.timeouts,
                 on_outcome=arrived,
                 on_hello=self._hello,
+                live=self._live,
             )
         finally:
             if sampler is not None:
@@ -317,7 +324,11 @@ class TorchProbes:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(targets.uuids.get(g) or str(g) for g in gpus)
         try:
             run = run_worker(
-                {"device": "cuda", "describe": True}, python=self.python, env=env, timeouts=self.timeouts
+                {"device": "cuda", "describe": True},
+                python=self.python,
+                env=env,
+                timeouts=self.timeouts,
+                live=self._live,
             )
         except WorkerError:
             return  # the refusals go out with an empty variant rather than not at all

@@ -46,6 +46,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     budget_seconds: float = 10.0  # per GPU, for the whole run
     sizes: dict[str, int] = msgspec.field(default_factory=dict)  # probe -> size override (tests)
     describe: bool = False  # only say what is here (hello), run nothing
+    parent_pid: int | None = None  # exit as soon as this process (the agent) is gone
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
@@ -75,6 +76,8 @@ def main() -> int:
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
         events.emit("fatal", error=f"bad request: {exc}")
         return 2
+    if request.parent_pid is not None:
+        _exit_with_parent(request.parent_pid)
     try:
         import torch
     except ImportError:
@@ -107,6 +110,19 @@ def main() -> int:
             events.emit("outcome", step=index, outcome=encode(outcome))
     events.emit("done")
     return 0
+
+
+def _exit_with_parent(parent: int, every_seconds: float = 0.5) -> None:
+    """A killed agent must not leave its probe running on the GPUs: once the parent is gone (this
+    process reparented), exit at once, GPU memory and all (the NCCL ranks watch this process)."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(every_seconds)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def describe(devices: list[str], kernels: dict[str, Probe]) -> list[dict[str, Any]]:

@@ -60,12 +60,15 @@ def run_worker(
     timeouts: Timeouts = Timeouts(),
     on_outcome: Callable[[int, ProbeOutcome], None] | None = None,
     on_hello: Callable[[dict[str, Any]], None] | None = None,
+    live: set[subprocess.Popen[bytes]] | None = None,
 ) -> WorkerRun:
     """Run one worker to its end; WorkerError when it produced no plan (or, describing, no hello).
 
     `on_hello` sees the worker's hello (its devices) before any outcome; `on_outcome` each result as
-    it arrives.
+    it arrives. The worker is in `live` while it runs, so `kill_all(live)` from another thread ends
+    it (the agent shutting down mid-run). It exits by itself if this process dies.
     """
+    request = {**request, "parent_pid": os.getpid()}
     proc = subprocess.Popen(
         [python, "-m", "agent.probes.worker"],
         stdin=subprocess.PIPE,
@@ -75,6 +78,8 @@ def run_worker(
         start_new_session=True,  # its own process group, killed as one (NCCL ranks exit with it)
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    if live is not None:
+        live.add(proc)
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
     lines: queue.Queue[bytes | None] = queue.Queue()
     readers = [
@@ -94,6 +99,8 @@ def run_worker(
         if proc.poll() is None:
             _kill(proc)
         proc.wait()
+        if live is not None:
+            live.discard(proc)
         for reader in readers:
             reader.join(timeout=5)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
@@ -196,6 +203,13 @@ def _fill_missing(run: WorkerRun, why: str) -> None:
 
 def _whole(step: dict[str, Any]) -> str:
     return "cpu" if list(step["devices"]) == ["cpu"] else "cuda"
+
+
+def kill_all(live: set[subprocess.Popen[bytes]]) -> None:
+    """Kill every worker in `live` (and its NCCL ranks); run_worker then returns with what arrived."""
+    for proc in list(live):
+        if proc.poll() is None:
+            _kill(proc)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -74,8 +74,13 @@ class BrokenHost(HostSource):
 class FailingProbes:
     """One GEMM result that worked and one that did not."""
 
+    closed = 0
+
     def available(self) -> list[str]:
         return ["gemm"]
+
+    def close(self) -> None:
+        self.closed += 1
 
     def run(
         self,
@@ -203,10 +208,12 @@ def test_a_disabled_collector_does_not_run(tmp_path: Path) -> None:
     assert snapshot.host is None and len(snapshot.gpus) == GPUS
 
 
-def test_close_closes_the_gpu_source(tmp_path: Path) -> None:
-    agent, gpu = make_agent(tmp_path)
+def test_close_closes_the_gpu_source_and_stops_the_probe_runner(tmp_path: Path) -> None:
+    probes = FailingProbes()
+    agent, gpu = make_agent(tmp_path, probes=probes)
     agent.close()
     assert gpu.closed
+    assert probes.closed == 1  # a probe run in progress is killed, not waited for
 
 
 def test_hello_describes_the_node(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.probes.base import ProbeOutcome
 from agent.probes.runner import TorchProbes
 from agent.probes.worker import NO_CUDA
 from agent.probes.worker_client import Timeouts, WorkerError, run_worker
@@ -315,3 +317,34 @@ def test_real_gpu_end_to_end() -> None:
     pcie = [o for o in outcomes if o.probe == "pcie"]
     assert all("link_gen" in o.params for o in pcie)
     assert sum(o.duration_seconds for o in outcomes) <= 10.0
+
+
+def test_close_kills_a_run_in_progress_and_the_run_returns_what_arrived(tmp_path: Path) -> None:
+    """The agent shutting down mid-run: close() from another thread ends the worker at once."""
+    events = [
+        hello("cpu"),
+        plan(("membw", "d2d", ["cpu"], False), ("pcie", "h2h", ["cpu"], False)),
+        {"event": "start", "step": 0},
+        {"event": "outcome", "step": 0, "outcome": outcome("membw", "d2d", "cpu", 10.0)},
+        {"event": "start", "step": 1},
+    ]
+    arrived = threading.Event()
+    runner = TorchProbes(
+        "cpu",
+        python=fake_worker(tmp_path, events, hang=True),
+        timeouts=Timeouts(startup_seconds=120, grace_seconds=120),  # nothing but close() ends it soon
+        progress=lambda _: arrived.set(),
+    )
+    result: list[list[ProbeOutcome]] = []
+    thread = threading.Thread(target=lambda: result.append(runner.run([])))
+    start = time.monotonic()
+    thread.start()
+    assert arrived.wait(30)
+    runner.close()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - start < 30
+    outcomes = result[0]
+    assert [o.probe for o in outcomes] == ["membw", "pcie"]
+    assert outcomes[0].error == "" and outcomes[0].value == 10.0
+    assert "exited with status -9" in outcomes[1].error
+    runner.close()  # again, with nothing running: harmless

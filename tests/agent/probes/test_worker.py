@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 
 from agent.probes.base import ProbeOutcome
@@ -92,3 +96,38 @@ def test_bad_requests_are_refused() -> None:
     assert proc.returncode == 2
     (event,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert event["event"] == "fatal" and "device must be" in event["error"]
+
+
+def test_the_worker_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    """A SIGKILLed agent must not leave a probe running on the GPUs until its budget is spent."""
+    request = {"device": "cpu", "probes": ["gemm"], "budget_seconds": 60, "sizes": {"gemm": 2048}}
+    events = tmp_path / "events"  # a file, not a pipe: the worker cannot learn of its parent's death by EPIPE
+    parent_code = (
+        "import json, os, subprocess, sys, time\n"
+        f"request = {{**json.loads({json.dumps(json.dumps(request))}), 'parent_pid': os.getpid()}}\n"
+        f"out = open({str(events)!r}, 'wb')\n"
+        "worker = subprocess.Popen([sys.executable, '-m', 'agent.probes.worker'],\n"
+        "                          stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL)\n"
+        "worker.stdin.write(json.dumps(request).encode()); worker.stdin.close()\n"
+        f"while b'\"start\"' not in open({str(events)!r}, 'rb').read():  # the gemm runs now (about 18 s)\n"
+        "    time.sleep(0.05)\n"
+        "print(worker.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    parent = subprocess.run(
+        [sys.executable, "-c", parent_code], capture_output=True, text=True, timeout=60, check=True
+    )
+    worker = psutil.Process(int(parent.stdout.split()[0]))
+    deadline = time.monotonic() + 5  # the watch looks every 0.5 s; without it, ~18 s of gemm
+    try:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if worker.status() != psutil.STATUS_ZOMBIE:
+                    time.sleep(0.1)
+                    continue
+            break
+        else:
+            raise AssertionError("the worker outlived its parent by 5 s")
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
