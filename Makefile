@@ -1,12 +1,13 @@
 # Two set-up commands, each complete on a fresh machine:
 #   make demo   create .venv, install gpufleet, run the simulated fleet demo
-#   make test   create .venv, install gpufleet with test deps, run lint, types and the whole suite
+#   make test   create .venv, install gpufleet with test deps and the real peers the suite runs
+#               (Debian's prometheus and node exporter), run lint, types and the whole suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?= --seconds 60
 
-.PHONY: demo test lint protos dashboards clean
+.PHONY: demo test lint peers protos dashboards clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +31,15 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# Real programs the suite runs beside gpufleet (apt as root or with sudo; otherwise the exact
+# command is printed and their tests skip, except under CI=true, where a missing one fails).
+peers:
+	@tests/install-peers.sh
+
+test: lint peers
 	$(BIN)/python -m pytest -W error $(PYTEST_ARGS)
 
 protos: $(VENV)/.installed-test

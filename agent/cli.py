@@ -21,7 +21,8 @@ from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuSource, Inventory
 from agent.sources.host import HostReader, HostSource
-from agent.sources.sim.faults import FAULTS, FaultSpec
+from agent.sources.sim.faults import FaultSpec
+from agent.sources.sim.faults.listing import fault_list
 from protos.gpufleet.v1 import telemetry_pb2
 from protos.names import clock_event_reason_names, enum_name
 
@@ -50,8 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--fault",
         action="append",
         default=[],
-        metavar="NAME[:GPU]",
-        help=f"with --sim: inject a fault ({', '.join(FAULTS)}); repeatable",
+        metavar="NAME[:TARGET]",
+        help="with --sim: inject a fault (GPU faults take a GPU index, network ones a port such as "
+        "mlx5_1, fan/psu ones a number; see --list-faults); repeatable",
+    )
+    parser.add_argument(
+        "--list-faults",
+        action="store_true",
+        help="list the faults the simulator can inject (name, level, cause, description) and exit",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        help="with --list-faults: output format (default table)",
     )
     parser.add_argument("--gpus", type=int, metavar="N", help="with --sim: GPUs in the node (default 8)")
     parser.add_argument("--seed", type=int, help="with --sim: random seed (default 0)")
@@ -125,7 +138,7 @@ def build_sources(config: AgentConfig) -> tuple[GpuSource, HostReader, ProbeRunn
             gpus=sim.gpus,
             seed=sim.seed,
             load=sim.load,
-            faults=[FaultSpec(f.fault, f.gpu) for f in sim.faults],
+            faults=[f.spec() for f in sim.faults],
             idle_every_seconds=sim.idle_every_seconds,
             idle_seconds=sim.idle_seconds,
         )
@@ -171,6 +184,12 @@ def _enum_name(enum: Any, value: int | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_faults:
+        print(fault_list(args.output or "table"))
+        return 0
+    if args.output:
+        print("gpufleet agent: -o goes with --list-faults (a snapshot is --once --json)", file=sys.stderr)
+        return 2
     try:
         overrides = _overrides(args)
         config = load(args.config, overrides)
@@ -246,7 +265,8 @@ def _parse_faults(specs: list[str], gpus: int) -> list[Any]:
             raise ConfigError(str(exc)) from exc
         if spec.gpu is not None and spec.gpu >= gpus:
             raise ConfigError(f"--fault {text}: gpu out of range (node has {gpus})")
-        out.append(FaultConfig(fault=spec.fault, gpu=spec.gpu))
+        target = None if spec.level == "gpu" or spec.target is None else str(spec.target)
+        out.append(FaultConfig(fault=spec.fault, gpu=spec.gpu, target=target))
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from agent.sources.sim.faults import FAULTS
+from agent.sources.sim.faults import FaultSpec
 
 
 class ConfigError(Exception):
@@ -25,14 +25,24 @@ class _Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class FaultConfig(_Config):
+    """A simulator fault: `gpu` places a GPU fault, `target` names a port, fan, PSU or BIOS attribute
+    (`agent --sim --list-faults` says which fault takes what); neither: the simulator picks."""
+
     fault: str
     gpu: int | None = None
+    target: str | None = None
 
     def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; the simulator knows {', '.join(FAULTS)}")
         if self.gpu is not None and self.gpu < 0:
             raise ValueError("gpu must be >= 0")
+        if self.gpu is not None and self.target is not None:
+            raise ValueError(f"fault {self.fault}: give gpu or target, not both")
+        spec = self.spec()  # ValueError for an unknown fault or a target its level does not take
+        if self.gpu is not None and spec.level != "gpu":
+            raise ValueError(f"fault {self.fault} is a {spec.level} fault: it takes no gpu")
+
+    def spec(self) -> FaultSpec:
+        return FaultSpec(self.fault, self.gpu if self.gpu is not None else self.target)
 
 
 class SimConfig(_Config):

@@ -1,8 +1,9 @@
 """The agent daemon: a sampling loop over registered collectors, and the stream to the controller.
 
 Sampling runs on its own schedule in a worker thread, whatever the controller does; each cycle
-makes one Snapshot, which becomes one spooled frame. Probe runs (commands) happen off the loop and
-their results ride in the next frame, which is taken at once rather than at the next tick.
+makes one Snapshot, which becomes one spooled frame. Commands from the controller go through the
+handler registry (agent/commands/); probe results ride in the next frame, taken at once rather than
+at the next tick.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from agent import version
 from agent.collectors.base import Collector, CollectorContext, discover
+from agent.commands.executor import CommandExecutor
+from agent.commands.registry import CommandContext
 from agent.config import AgentConfig
 from agent.exporter import Exporter
 from agent.probes.base import ProbeOutcome, ProbeRunner
@@ -76,8 +80,12 @@ class Agent:
         self.seq = 0
         self._pending_probes: list[ProbeOutcome] = []
         self._pending_lock = threading.Lock()  # sample() runs in a worker thread
-        self._probing = False
         self._wake_sampler = asyncio.Event()
+        spool_dir = config.stream.spool_dir
+        self.commands = CommandExecutor(
+            CommandContext(probes=probes, deliver_probes=self._deliver_probes),
+            state_dir=None if spool_dir is None else Path(spool_dir) / ".commands",
+        )
         self.spool: Spool | None = None
         self.client: StreamClient | None = None
 
@@ -130,6 +138,7 @@ class Agent:
             host=self.host_facts,
             probes=self.probes.available(),
             started_at=self.started_at,
+            capabilities=self.commands.capabilities,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -146,6 +155,7 @@ class Agent:
                 self.handle_command,
                 backoff=Backoff(stream_cfg.backoff_initial_seconds, stream_cfg.backoff_max_seconds),
             )
+            self.commands.on_started = self.client.command_started
             tasks.append(asyncio.create_task(self.client.run(stop), name="stream"))
         log.info(
             "agent %s on node %s: %d GPUs (%s), every %.1fs, %s",
@@ -198,38 +208,13 @@ class Agent:
         self.client.notify()
 
     async def handle_command(self, command: pb.Command) -> pb.CommandResult:
-        kind = command.WhichOneof("action")
-        if kind != "run_probes":
-            return pb.CommandResult(command_id=command.id, ok=False, error=f"unsupported command {kind!r}")
-        if self._probing:
-            return pb.CommandResult(
-                command_id=command.id, ok=False, error="a probe run is already in progress"
-            )
-        self._probing = True
-        request = command.run_probes
-        try:
-            names = list(request.probes)
-            gpus = list(request.gpus)
-            suite = request.suite or "short"
-            log.info(
-                "running probes %s (%s suite) on %s (command %s)",
-                ", ".join(names) or "default suite",
-                suite,
-                f"GPUs {', '.join(map(str, gpus))}" if gpus else "every GPU",
-                command.id,
-            )
-            outcomes = await asyncio.to_thread(
-                self.probes.run, names, force=request.force, gpus=gpus, suite=suite, command_id=command.id
-            )
-        finally:
-            self._probing = False
-        for outcome in outcomes:  # whatever the runner did: the controller matches results by it
-            outcome.command_id = command.id
+        """Run a command from the controller through the registered handlers (agent/commands/)."""
+        return await self.commands.execute(command)
+
+    def _deliver_probes(self, outcomes: Sequence[ProbeOutcome]) -> None:
         with self._pending_lock:
             self._pending_probes.extend(outcomes)
         self._wake_sampler.set()  # send the results now rather than at the next tick
-        failed = [f"{o.probe}/{o.variant}: {o.error}" for o in outcomes if o.error]
-        return pb.CommandResult(command_id=command.id, ok=not failed, error="; ".join(failed))
 
     def close(self) -> None:
         """Stop a probe run in progress, release collectors, the BMC (logout) and the GPU source;

@@ -3,7 +3,7 @@
 The same runner as the agent's (agent/probes/runner.py): the kernels run in a worker process, GPUs
 busy with other work are refused unless --force, and on a GPU each result carries the readings
 taken while it ran and its ratio to the datasheet peak. `--device cpu` runs the same code on the
-CPU (small shapes, gloo for NCCL), needing neither a GPU nor NVML.
+CPU (shapes sized to the CPU, gloo for NCCL), needing neither a GPU nor NVML.
 
 Exit status: 0 when every probe ran and passed its check, 1 when one failed or was refused (or
 nothing could run), 2 on a usage error.

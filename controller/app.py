@@ -1,5 +1,5 @@
-"""The controller's core, without gRPC: store, fleet state, ingest, connections, detection passes and
-probe commands (controller/probing.py).
+"""The controller's core, without gRPC: store, fleet state, ingest, connections, detection passes,
+the command channel to agents (controller/commands/) and probe commands (controller/probing.py).
 
 Servicers translate the wire to calls on this object; tests drive it directly.
 """
@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.finding import FindingKey
@@ -42,13 +43,15 @@ class ControllerApp:
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
         self.failed_passes = 0
-        self.probing = Probing(config, lambda: self.fleet, clock)
+        self.commands = CommandChannel(self.store, clock)
+        self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
 
     async def start(self) -> None:
         await self.store.open()
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
+        self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:
@@ -77,10 +80,10 @@ class ControllerApp:
         if node in self.fleet.nodes:
             self.fleet.nodes[node].connected = left > 0
 
-    def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
+    async def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
         """Ask a newly booted agent for a probe run, once per boot, when it can run probes; the
-        command is queued on the node's stream (opened with probing.stream_opened) and returned."""
-        command = self.probing.on_connect(hello)
+        command is queued on the node's stream (opened with commands.open_stream) and returned."""
+        command = await self.probing.on_connect(hello)
         return None if command is None else pb.Command(id=command.id, run_probes=command.run)
 
     # Detection

@@ -1,5 +1,5 @@
-"""Operator service: the fleet as operators see it, and probes on request. Thin: reads app state,
-converts to the wire."""
+"""Operator service: the fleet as operators see it, probes on request, and the commands sent to
+agents. Thin: reads app state, converts to the wire."""
 
 from __future__ import annotations
 
@@ -9,17 +9,22 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from controller.app import ControllerApp
+from controller.commands.kinds import CommandKind
 from controller.detect.finding import Evidence
 from controller.errors import InvalidMessage, NotFound
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.store.commands import STATES, CommandRecord
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import cause_value, severity_name, severity_value
 
 PROBE_WAIT_DEFAULT_SECONDS = 120.0  # ProbeNode with wait and no timeout
 PROBE_WAIT_MAX_SECONDS = 3600.0
+LIST_COMMANDS_DEFAULT = 100
+LIST_COMMANDS_MAX = 10_000
+COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.upper()}") for name in STATES}
 
 
 def _ts(unix_seconds: float) -> Timestamp:
@@ -134,7 +139,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         # Without force the agent's own safety check refuses busy GPUs; the controller does not
         # second-guess an operator with its idle rule.
         run = pb.RunProbes(probes=request.probes, gpus=request.gpus, force=request.force)
-        command = self.app.probing.send(request.node, run, "operator")
+        requester = f"operator:{context.peer()}"
+        command = await self.app.probing.send(request.node, run, "operator", requester=requester)
         if request.wait:
             await self.app.probing.commands.wait(command, timeout)
         return operator_pb2.ProbeNodeResponse(
@@ -144,6 +150,40 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             error=command.error,
             results=command.result_list(),
         )
+
+    async def ListCommands(
+        self, request: operator_pb2.ListCommandsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ListCommandsResponse:
+        limit = request.limit or LIST_COMMANDS_DEFAULT
+        if limit > LIST_COMMANDS_MAX:
+            raise InvalidMessage(f"limit must be at most {LIST_COMMANDS_MAX}")
+        records = await self.app.commands.list(request.node, limit)
+        return operator_pb2.ListCommandsResponse(
+            commands=[command_to_proto(r, self.app.commands.kinds) for r in records]
+        )
+
+
+def command_to_proto(record: CommandRecord, kinds: dict[str, CommandKind]) -> operator_pb2.CommandInfo:
+    kind = kinds.get(record.kind)
+    msg = operator_pb2.CommandInfo(
+        id=record.id,
+        node=record.node,
+        kind=record.kind,
+        state=COMMAND_STATES[record.state],
+        requester=record.requester,
+        created=_ts(record.created),
+        deadline=_ts(record.deadline),
+        error=record.error,
+        command=record.command,
+        mutating=kind is None or kind.mutating,
+    )
+    if record.sent is not None:
+        msg.sent.CopyFrom(_ts(record.sent))
+    if record.finished is not None:
+        msg.finished.CopyFrom(_ts(record.finished))
+    if record.result is not None:
+        msg.result.CopyFrom(record.result)
+    return msg
 
 
 def _ordered(found: list[StoredFinding]) -> list[StoredFinding]:

@@ -1,11 +1,12 @@
 """Probe commands the controller has sent: in flight per node, their answers and their results.
 
-A command is in flight from the moment it is queued on the node's stream until the node's
-CommandResult for it arrives, the node comes back with a new boot (the command died with the old
-agent) or `timeout` passes. The node's ProbeResults name the command they answer (command_id); they
-ride in a frame that arrives just before or just after the CommandResult, so a waiter gives them a
-short grace after the answer. Finished commands are kept (a bounded number) so a late waiter or a
-late frame still finds them.
+The command channel (controller/commands/) stores, sends and finishes every command; this book
+keeps what is particular to probing. A command is in flight from the moment it is issued until the
+channel finishes it: the node's CommandResult arrived, the node came back with a new boot (the
+command died with the old agent) or its deadline passed. The node's ProbeResults name the command
+they answer (command_id); they ride in a frame that arrives just before or just after the
+CommandResult, so a waiter gives them a short grace after the answer. Finished commands are kept
+(a bounded number) so a late waiter or a late frame still finds them.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class ProbeCommands:
         """The commands kept, oldest first."""
         return sorted(self._recent.values(), key=lambda c: c.sent_at)
 
-    def start(self, command: ProbeCommand, targets: Iterable[ProbeTarget]) -> None:
-        """Record a command queued on its node's stream."""
+    def start(self, command: ProbeCommand, targets: Iterable[ProbeTarget], *, count: bool = True) -> None:
+        """Record a command about to be issued (count=False: one taken up from a previous controller)."""
         if command.node in self.in_flight:
             raise ValueError(
                 f"node {command.node} already has probe command {self.in_flight[command.node].id}"
@@ -91,15 +92,8 @@ class ProbeCommands:
                 break
         for target in targets:
             self.attempts[target] = command.sent_at
-        self.sent[command.reason] += 1
-
-    def answered(self, node: str, result: pb.CommandResult) -> ProbeCommand | None:
-        """The node's CommandResult; None when it answers no probe command we know of."""
-        command = self._recent.get(result.command_id)
-        if command is None or command.node != node or command.done:
-            return None
-        self._finish(command, ok=result.ok, error=result.error, failure="" if result.ok else "error")
-        return command
+        if count:
+            self.sent[command.reason] += 1
 
     def add_results(self, node: str, results: Iterable[pb.ProbeResult]) -> None:
         """Probe results from one of the node's frames; those naming a command of ours are kept with it."""
@@ -111,28 +105,23 @@ class ProbeCommands:
             command.results[key] = result  # a frame resent after a reconnect replaces, never adds
             command.results_seen.set()
 
-    def restarted(self, node: str, boot_id: str) -> ProbeCommand | None:
-        """The node said hello with a new boot: a command sent to the old one will never be answered."""
-        command = self.in_flight.get(node)
-        if command is None or command.boot_id == boot_id:
-            return None
-        self._finish(command, ok=False, error="the agent restarted before answering", failure="restarted")
-        return command
-
-    def expire(self, now: float, timeout: float) -> list[ProbeCommand]:
-        """Give up on commands in flight longer than `timeout`."""
-        expired = [c for c in self.in_flight.values() if now - c.sent_at > timeout]
-        for command in expired:
-            self._finish(command, ok=False, error=f"no answer within {timeout:.0f}s", failure="timeout")
-        return expired
-
-    def _finish(self, command: ProbeCommand, *, ok: bool, error: str, failure: str) -> None:
+    def finish(self, command: ProbeCommand, *, ok: bool, error: str, failure: str) -> None:
+        """The command channel finished the command: answered, timed out or the agent restarted."""
+        if command.done:
+            return
         command.done, command.ok, command.error, command.failure = True, ok, error, failure
         if self.in_flight.get(command.node) is command:
             del self.in_flight[command.node]
         if failure:
-            self.failed[(command.reason, failure)] += 1
+            self.failed[(command.reason, failure if failure in FAILURES else "error")] += 1
         command.finished.set()
+
+    def discard(self, command: ProbeCommand) -> None:
+        """A command that was never sent (the store refused it): as if it had not been started."""
+        if self.in_flight.get(command.node) is command:
+            del self.in_flight[command.node]
+        if self._recent.pop(command.id, None) is not None:
+            self.sent[command.reason] -= 1
 
     async def wait(self, command: ProbeCommand, timeout: float, grace: float = RESULTS_GRACE_SECONDS) -> None:
         """Return when `command` is answered and its results are in (or `grace` after the answer

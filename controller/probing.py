@@ -1,8 +1,9 @@
 """Sending probe commands to connected nodes: on connect, on schedule and for operators.
 
-The thin adapter around the pure scheduler (controller/fleet/probe_schedule.py): it holds each
-connected node's stream outbox, queues RunProbes commands on it, and books them in ProbeCommands
-(in flight, answered, results by command id). Runs on the event loop, like the rest of the app.
+The thin adapter around the pure scheduler (controller/fleet/probe_schedule.py): it issues RunProbes
+commands through the command channel (controller/commands/: stored, sent, re-sent, timed out) and
+books what is particular to probing in ProbeCommands (one run per node, attempts, results by
+command id, the metrics' counters). Runs on the event loop, like the rest of the app.
 """
 
 from __future__ import annotations
@@ -11,64 +12,66 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
+from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.errors import FailedPrecondition, InvalidMessage, NotFound
 from controller.fleet.model import Fleet, NodeState
 from controller.fleet.probe_schedule import CAPABILITY, NODE_LEVEL_PROBES, ProbePlan, ProbeTarget, plan_probes
 from controller.probe_commands import ProbeCommand, ProbeCommands
+from controller.store.commands import CommandRecord
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-if TYPE_CHECKING:
-    Outbox = asyncio.Queue[pb.ControllerMessage]
-
 log = logging.getLogger("gpufleet.controller.probes")
+KIND = "run_probes"
+REQUESTERS = {
+    "periodic": "scheduler",
+    "on_connect": "on_connect",
+    "operator": "operator",
+}  # reason -> requester
 
 
 class Probing:
     def __init__(
-        self, config: ControllerConfig, fleet: Callable[[], Fleet], clock: Callable[[], float]
+        self,
+        config: ControllerConfig,
+        fleet: Callable[[], Fleet],
+        clock: Callable[[], float],
+        channel: CommandChannel,
     ) -> None:
         self.config = config
         self._fleet = fleet  # the app replaces its Fleet when it loads the store: always ask
         self.clock = clock
+        self.channel = channel
         self.commands = ProbeCommands()
-        self._outboxes: dict[str, Outbox] = {}
         self._asked_on_connect: set[tuple[str, str]] = set()
+        channel.listeners.append(self._finished)
 
-    # Streams
-
-    def stream_opened(self, hello: pb.Hello, outbox: Outbox) -> None:
-        """The node's newest stream: commands go to it from now on."""
-        self._outboxes[hello.node] = outbox
-        gone = self.commands.restarted(hello.node, hello.boot_id)
-        if gone is not None:
-            log.warning("node %s: probe command %s lost: %s", hello.node, gone.id, gone.error)
+    def adopt(self, records: Iterable[CommandRecord]) -> None:
+        """Probe commands a previous controller left unfinished: in flight here too (one run per node)."""
+        for record in records:
+            if record.kind != KIND or record.node in self.commands.in_flight:
+                continue
+            command = ProbeCommand(
+                id=record.id,
+                node=record.node,
+                boot_id=record.boot_id,
+                reason=_reason(record.requester),
+                sent_at=record.sent or record.created,
+                run=record.command.run_probes,
+            )
+            self.commands.start(command, (), count=False)
 
     def reachable(self, node: str) -> bool:
         """A stream of the node is open: a command can be queued for it."""
-        return node in self._outboxes
+        return self.channel.reachable(node)
 
-    def stream_closed(self, node: str, outbox: Outbox) -> None:
-        if self._outboxes.get(node) is outbox:  # a newer stream of the same node stays
-            del self._outboxes[node]
-
-    def command_result(self, node: str, result: pb.CommandResult) -> None:
-        command = self.commands.answered(node, result)
-        if command is None:
-            log.info(
-                "node %s: answer to command %s, which is not a probe command in flight",
-                node,
-                result.command_id,
-            )
-        elif result.ok:
-            log.info("node %s: probe command %s (%s) done", node, command.id, command.reason)
-        else:
-            log.warning(
-                "node %s: probe command %s (%s) failed: %s", node, command.id, command.reason, result.error
-            )
+    def _finished(self, record: CommandRecord) -> None:
+        command = self.commands.get(record.id) if record.kind == KIND else None
+        if command is not None:
+            ok = record.state == "succeeded"
+            self.commands.finish(command, ok=ok, error=record.error, failure="" if ok else record.failure)
 
     def frame_results(self, node: str, frame: pb.TelemetryFrame) -> None:
         if frame.probes:
@@ -76,13 +79,15 @@ class Probing:
 
     # Sending
 
-    def send(self, node_name: str, run: pb.RunProbes, reason: str, why: str = "") -> ProbeCommand:
-        """Queue `run` on the node's stream; NotFound / FailedPrecondition / InvalidMessage say why not."""
+    async def send(
+        self, node_name: str, run: pb.RunProbes, reason: str, why: str = "", requester: str = ""
+    ) -> ProbeCommand:
+        """Issue `run` to the node; NotFound / FailedPrecondition / InvalidMessage say why not.
+        `reason` is the metrics' label; `requester` (default: reason) is stored with the command."""
         node = self._fleet().nodes.get(node_name)
         if node is None:
             raise NotFound(f"node {node_name!r} is not known to this controller")
-        outbox = self._outboxes.get(node_name)
-        if outbox is None or not node.connected:
+        if not self.channel.reachable(node_name) or not node.connected:
             raise FailedPrecondition(f"node {node_name} is not connected")
         if CAPABILITY not in node.hello.capabilities:
             raise FailedPrecondition(f"node {node_name} cannot run probes (its agent offers none)")
@@ -100,8 +105,17 @@ class Probing:
             sent_at=self.clock(),
             run=run,
         )
-        self.commands.start(command, _targets(node, run))
-        outbox.put_nowait(pb.ControllerMessage(command=pb.Command(id=command.id, run_probes=run)))
+        self.commands.start(command, _targets(node, run))  # before the await: the node is busy now
+        try:
+            await self.channel.issue(
+                node_name,
+                pb.Command(id=command.id, run_probes=run),
+                requester or REQUESTERS.get(reason, reason),
+                timeout_seconds=self.config.probes.timeout_seconds,
+            )
+        except BaseException:
+            self.commands.discard(command)
+            raise
         where = f"GPUs {','.join(map(str, run.gpus))}" if run.gpus else "every GPU"
         what = f"{','.join(run.probes) or 'default suite'} on {where}"
         log.info(
@@ -115,7 +129,7 @@ class Probing:
         )
         return command
 
-    def on_connect(self, hello: pb.Hello) -> ProbeCommand | None:
+    async def on_connect(self, hello: pb.Hello) -> ProbeCommand | None:
         """Ask a newly booted agent for a probe run, once per boot, when it can run probes."""
         key = (hello.node, hello.boot_id)
         if (
@@ -126,21 +140,17 @@ class Probing:
             return None
         self._asked_on_connect.add(key)
         try:
-            command = self.send(hello.node, pb.RunProbes(suite=self.config.probes.suite), "on_connect")
+            return await self.send(hello.node, pb.RunProbes(suite=self.config.probes.suite), "on_connect")
         except FailedPrecondition as exc:  # e.g. a probe still in flight from before a reconnect
             log.info("node %s: no probe on connect: %s", hello.node, exc)
             return None
-        return command
 
     # The schedule
 
-    def schedule_pass(self) -> list[ProbeCommand]:
-        """Give up on commands past their timeout, then start the runs the scheduler asks for."""
+    async def schedule_pass(self) -> list[ProbeCommand]:
+        """Time out commands past their deadline, then start the runs the scheduler asks for."""
         cfg, now = self.config.probes, self.clock()
-        for command in self.commands.expire(now, cfg.timeout_seconds):
-            log.warning(
-                "node %s: probe command %s (%s): %s", command.node, command.id, command.reason, command.error
-            )
+        self.channel.expire(now)
         if not cfg.periodic:
             return []
         plans = plan_probes(
@@ -155,7 +165,7 @@ class Probing:
         for plan in plans:
             run = pb.RunProbes(probes=plan.probes, gpus=plan.gpus, suite=cfg.suite)
             try:
-                sent.append(self.send(plan.node, run, "periodic", _described(plan)))
+                sent.append(await self.send(plan.node, run, "periodic", _described(plan)))
             except (FailedPrecondition, NotFound) as exc:  # e.g. its stream closed a moment ago
                 log.info("node %s: periodic probe not sent: %s", plan.node, exc)
         return sent
@@ -163,11 +173,17 @@ class Probing:
     async def schedule_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                self.schedule_pass()
+                await self.schedule_pass()
             except Exception:  # a bug in one pass must not end scheduling for good
                 log.exception("probe scheduling pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.probes.check_every_seconds)
+
+
+def _reason(requester: str) -> str:
+    """The metrics' reason for a stored requester: scheduler -> periodic, operator:<who> -> operator."""
+    prefix = requester.split(":", 1)[0]
+    return next((r for r, q in REQUESTERS.items() if q == prefix), "operator")
 
 
 def _check_request(node: NodeState, run: pb.RunProbes) -> None:

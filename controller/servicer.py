@@ -1,7 +1,13 @@
 """Telemetry service: one bidirectional stream per agent, translated to ingest calls.
 
 The response side is a queue, so acks and commands (on connect, from the probe scheduler or from
-operators, queued through app.probing) interleave freely with reading.
+operators, issued through app.commands) interleave freely with reading.
+
+One command stream per node, the newest: when a second stream says Hello with a node name that
+already has one, the new stream wins and the old one is closed with ABORTED ("replaced by a newer
+stream for node X from PEER"); the node's unfinished commands are sent again, same ids, on the new
+one. Two agents configured with the same node name therefore keep replacing each other, and the
+controller logs each replacement: give every agent its own name.
 """
 
 from __future__ import annotations
@@ -48,27 +54,32 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         if acked:
             outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
         self.app.connected(hello.node)
-        self.app.probing.stream_opened(hello, outbox)  # commands for the node go to this stream now
-        self.app.probe_on_connect(hello)
+        # Commands for the node go to this stream now; an older stream of the node is told to close.
+        stream = self.app.commands.open_stream(hello, outbox, context.peer())
         reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
+        replaced = asyncio.create_task(stream.replaced.wait())
         getter: asyncio.Task[pb.ControllerMessage] | None = None
         try:
+            await self.app.probe_on_connect(hello)
             while True:
                 getter = asyncio.create_task(outbox.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getter, reader, replaced}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     yield getter.result()
                     continue
                 getter.cancel()
+                if replaced in done:  # (the channel logged it) unsent messages go with the stream
+                    await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
                 while not outbox.empty():
                     yield outbox.get_nowait()
                 reader.result()  # raises the error that ended the stream, if any
                 return
         finally:
             reader.cancel()
+            replaced.cancel()
             if getter is not None:  # pending when the call was cancelled or aborted mid-wait
                 getter.cancel()
-            self.app.probing.stream_closed(hello.node, outbox)
+            self.app.commands.close_stream(stream)
             self.app.disconnected(hello.node)
             log.info("agent disconnected: node %s", hello.node)
 
@@ -82,7 +93,9 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=seq)))
                 self.app.probing.frame_results(node, msg.frame)  # stored first: a waiter sees them stored
             elif kind == "command_result":
-                self.app.probing.command_result(node, msg.command_result)
+                self.app.commands.answered(node, msg.command_result)
+            elif kind == "command_started":
+                self.app.commands.started(node, msg.command_started.command_id)
             elif kind == "hello":
                 raise InvalidMessage("Hello is allowed only as the first message of a stream")
             else:

@@ -1,6 +1,7 @@
 """End to end: `gpufleet demo` with real agent processes, real gRPC on loopback, a real SQLite file.
 
-Every fault kind the simulator can inject is injected once; each must be found on its (node, gpu)
+Every fault kind the demo injects (the agent's list, narrowed to what the controller detects) is
+injected once; each must be found on its (node, gpu)
 with its own cause, no healthy GPU may be flagged (while jobs pause and the scheduler probes the
 idle GPUs), and no child process may outlive the demo, also when it is stopped with Ctrl-C.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from controller.demo.plan import INJECTABLE
+from controller.demo.catalogue import agent_faults, detectable
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,8 @@ def leftovers(tmp_path: Path) -> list[str]:
 
 
 def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> None:
-    args = ("--nodes", "10", "--gpus-per-node", "4", "--faults", str(len(INJECTABLE)))
+    kinds = sorted(k.name for k in detectable(agent_faults()))
+    args = ("--nodes", "10", "--gpus-per-node", "4", "--faults", str(len(kinds)))
     started = time.monotonic()
     result = subprocess.run(
         demo_command(*args, "--seconds", "20", "--seed", "11", "--json"),
@@ -61,6 +63,7 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
     assert list(summary) == [
         "nodes",
         "gpus",
+        "seed",
         "injected",
         "findings",
         "precision",
@@ -68,8 +71,8 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
         "probe_rounds",
         "elapsed_s",
     ]
-    assert summary["nodes"] == 10 and summary["gpus"] == 40
-    assert sorted(i["fault"] for i in summary["injected"]) == sorted(INJECTABLE)
+    assert summary["nodes"] == 10 and summary["gpus"] == 40 and summary["seed"] == 11
+    assert sorted(i["fault"] for i in summary["injected"]) == kinds
     injected = {(i["node"], i["gpu"]): i["fault"] for i in summary["injected"]}
     found = {(f["node"], f["gpu"]): f["cause"] for f in summary["findings"]}
     assert found == injected, f"findings {found} != injected {injected}"
@@ -87,8 +90,9 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
 
 
 def test_demo_stops_every_child_on_ctrl_c(tmp_path: Path) -> None:
+    # No --seed: the demo picks one, says it, and puts it in the summary.
     proc = subprocess.Popen(
-        demo_command("--nodes", "3", "--gpus-per-node", "2", "--faults", "1", "--seed", "3", "--json"),
+        demo_command("--nodes", "3", "--gpus-per-node", "2", "--faults", "1", "--json"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -97,7 +101,10 @@ def test_demo_stops_every_child_on_ctrl_c(tmp_path: Path) -> None:
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 60
+        said = ""
         for line in proc.stderr:  # wait until the agents are streaming
+            if "repeat this run with --seed" in line:
+                said = line.split("--seed ")[-1].strip().rstrip(")")
             if "3/3 agents connected" in line:
                 break
             assert time.monotonic() < deadline, "the demo's agents never connected"
@@ -114,6 +121,7 @@ def test_demo_stops_every_child_on_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 0
     summary = json.loads(stdout)
     assert summary["nodes"] == 3 and len(summary["injected"]) == 1
+    assert said.isdigit() and summary["seed"] == int(said)
     assert leftovers(tmp_path) == []
 
 

@@ -140,3 +140,22 @@ def test_probe_node_exits_2_for_an_unknown_node_or_bad_arguments(fleet: str) -> 
     assert bad.returncode == 2 and "has no GPU 7" in bad.stderr
     usage = gpufleet("probe-node", NODE, "--timeout", "0", "--controller", fleet)
     assert (usage.returncode, usage.stderr.strip()) == (2, "gpufleet probe-node: --timeout must be > 0")
+
+
+def test_commands_json_lists_the_probe_commands_with_their_outcome(fleet: str) -> None:
+    sent = gpufleet("probe-node", NODE, "--probe", "pcie", "--controller", fleet, "-o", "json")
+    assert sent.returncode == 0, sent.stderr
+    command_id = json.loads(sent.stdout)["command_id"]
+    listed = gpufleet("commands", "--node", NODE, "--controller", fleet, "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    doc: dict[str, Any] = json.loads(listed.stdout)
+    newest = doc["commands"][0]
+    assert (newest["id"], newest["node"], newest["kind"], newest["state"]) == (
+        command_id,
+        NODE,
+        "run_probes",
+        "succeeded",
+    )
+    assert newest["requester"].startswith("operator:") and newest["finished"].endswith("Z")
+    assert newest["result"]["ok"] is True and newest["result"]["run_probes"]["results"] >= 2
+    assert all(c["state"] in {"succeeded", "failed", "sent", "running"} for c in doc["commands"])

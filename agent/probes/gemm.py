@@ -4,11 +4,19 @@ Variants: bf16, fp16 and tf32 through `torch.matmul`, fp8 (e4m3 inputs, bf16 out
 `torch._scaled_mm` where the GPU has FP8 tensor cores (compute capability 8.9 and later). The CPU
 has no TF32 and its fp16 matmul is a slow fallback, so on the CPU the variants are fp32 and bf16.
 
-A run fills the chip (8192^3 on a datacenter GPU, 4096^3 under 16 GiB, 1024^3 on the CPU, 2048^3
-for the full suite there), rotates three sets of random inputs so that no call finds its operands
-in cache, warms up, times each call (CUDA events on a GPU) and reports the median. Then one more
-product is checked on a slice against float64: a relative error outside the dtype's band, or a NaN,
-fails the run (`check_passed` false, `error` says why) while the figure is still reported.
+A run fills the chip (8192^3 on a datacenter GPU, 4096^3 under 16 GiB), rotates three sets of
+random inputs so that no call finds its operands in cache, warms up, times each call (CUDA events on
+a GPU) and reports the median. Then one more product is checked on a slice against float64: a
+relative error outside the dtype's band, or a NaN, fails the run (`check_passed` false, `error` says
+why) while the figure is still reported.
+
+CPUs differ by orders of magnitude (a bf16 matmul without AVX512-BF16 or AMX runs ~100x slower than
+fp32), so on the CPU the shape is sized to the CPU it runs on: a warm-up times calls at 128^3 and
+doubles the shape while the next one's call (8x the work) still fits about TARGET_CALLS times into
+the run's budget, up to 1024^3 (2048^3 for the full suite). A half-precision dtype the CPU has no
+instructions for (per /proc/cpuinfo: avx512_bf16/amx_bf16, avx512_fp16/amx_fp16, arm64's bf16/fphp)
+is emulated in software: it runs at most a 256^3 shape, and the result says so (`params["emulated"]`).
+`params["sized_by"]` records the warm-up that chose the shape.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from agent.probes.base import ProbeOutcome
@@ -28,6 +38,19 @@ INPUT_SETS = 3
 CHECK_SLICE = 128  # rows and columns of the result checked against float64
 FP8_FAST_ACCUM = True  # cuBLAS's full-rate FP8 path (what inference uses); its error fits the fp8 band
 CHECK_RESERVE_SHARE = 0.05  # of the budget, kept for the check
+
+# CPU sizing (see the module's docstring).
+CPU_FIRST_SIZE = 128  # the warm-up's first shape, m = n = k
+CPU_MIN_SIZE = 32  # a CPU too slow (or too loaded) for even this runs it anyway
+SIZING_CALLS = 2  # timed calls per warm-up shape (after an untimed one); the fastest counts
+TARGET_CALLS = 30  # the shape's call must fit this many times into the budget (warm-up, repeats, check)
+EMULATED_MAX_SIZE = 256  # a dtype without native instructions: a tiny shape, not tens of seconds
+CPUINFO = Path("/proc/cpuinfo")
+# Feature flags that give the CPU native arithmetic in a dtype: x86 (`flags`) and arm64 (`Features`).
+NATIVE_FLAGS = {
+    "bf16": ("avx512_bf16", "amx_bf16", "bf16"),
+    "fp16": ("avx512_fp16", "amx_fp16", "fphp"),
+}
 
 # Relative Frobenius error of the checked slice against float64 from the same (rounded) inputs:
 # about the output's rounding (bf16: 2^-8 / sqrt(3) ~ 0.0023; fp16: ~0.0003), TF32's input rounding
@@ -41,11 +64,78 @@ _tf32_saved = False
 
 
 def default_size(device: str, suite: str) -> int:
-    """m = n = k: big enough to fill the chip, small enough for its memory (or the CPU's patience)."""
+    """m = n = k: big enough to fill the chip, small enough for its memory (on the CPU: the most a
+    run may size itself to, see `fit_cpu_size`)."""
     if not is_cuda(device):
         return 2048 if suite == "full" else 1024
     memory = total_memory_bytes(device) or 0
     return 8192 if memory >= 16 * GIB else 4096
+
+
+def cpu_flags(path: Path = CPUINFO) -> frozenset[str] | None:
+    """The CPU's feature flags (x86 `flags`, arm64 `Features` lines); None where unreadable."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return frozenset(flags) if flags else None
+
+
+def native_on_cpu(variant: str, flags: frozenset[str] | None) -> bool | None:
+    """Whether the CPU has instructions for `variant`'s arithmetic: fp32 always; bf16 and fp16 as
+    its flags say (None: the flags are unknown)."""
+    wanted = NATIVE_FLAGS.get(variant)
+    if wanted is None:
+        return True
+    if flags is None:
+        return None
+    return any(flag in flags for flag in wanted)
+
+
+def cpu_dtype_notes(variant: str) -> dict[str, str]:
+    """What a CPU result says about the CPU: torch's vector capability, and for a half-precision
+    dtype whether the CPU has instructions for it (`emulated` when it has none)."""
+    import torch
+
+    notes = {"cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    native = native_on_cpu(variant, cpu_flags())
+    if native is False:
+        flags = ", ".join(NATIVE_FLAGS[variant])
+        notes["emulated"] = (
+            f"no native {variant} on this CPU (none of the flags {flags}): emulated in software, "
+            f"far slower than on a CPU with them; the shape is {EMULATED_MAX_SIZE}^3 at most unless set"
+        )
+    elif native is None:
+        notes["native"] = f"unknown: no CPU flags to read ({CPUINFO})"
+    return notes
+
+
+def fit_cpu_size(time_call: Callable[[int], float], target_seconds: float, cap: int) -> tuple[int, float]:
+    """(m = n = k, seconds of one call there): the largest shape from CPU_FIRST_SIZE doubling up to
+    `cap` whose call takes at most `target_seconds`, estimated from the warm-up's calls.
+
+    `time_call(size)` runs one call at `size` and returns its seconds. A step up is taken when the
+    current call times 8 (the work of the doubled shape) still fits the target; a step that then
+    takes longer than the target is undone. A CPU too slow for the first shape halves it down to
+    CPU_MIN_SIZE (and runs that, whatever it takes).
+    """
+    size = max(CPU_MIN_SIZE, min(CPU_FIRST_SIZE, cap))
+    seconds = time_call(size)
+    while seconds > target_seconds and size // 2 >= CPU_MIN_SIZE:
+        size //= 2
+        seconds = time_call(size)
+    while size * 2 <= cap and seconds * 8 <= target_seconds:
+        smaller, before = size, seconds
+        size *= 2
+        seconds = time_call(size)
+        if seconds > target_seconds:
+            return smaller, before
+    return size, seconds
 
 
 def relative_error(result: Any, reference: Any) -> float:
@@ -99,10 +189,39 @@ class GemmProbe:
             raise ProbeError(
                 f"gemm {params.variant} is not available on {params.device} (it has {', '.join(supported)})"
             )
+        if params.size is None and not is_cuda(params.device):
+            return run_on_device(params, default_size(params.device, params.suite), self._measure_cpu)
         size = params.size or default_size(params.device, params.suite)
         if size < 16 or size % 16:
             raise ProbeError(f"gemm size must be a positive multiple of 16 (fp8 needs it), not {size}")
         return run_on_device(params, size, self._measure, _tf32(params.variant == "tf32"))
+
+    def _measure_cpu(self, params: ProbeParams, cap: int, deadline: float) -> ProbeOutcome:
+        """Size the shape to this CPU (and its dtype support) within the run's time, then measure."""
+        variant = params.variant
+        if native_on_cpu(variant, cpu_flags()) is False:
+            cap = min(cap, EMULATED_MAX_SIZE)
+        multiply = _multiplier(variant, params.device)
+
+        def time_call(size: int) -> float:
+            a, b = _inputs(variant, size, params.device, seed=0)
+            multiply(a, b)  # the first call at a shape pays for its set-up
+            seconds = []
+            for _ in range(SIZING_CALLS):
+                t0 = time.perf_counter()
+                multiply(a, b)
+                seconds.append(time.perf_counter() - t0)
+            return min(seconds)  # the CPU's pace, not a moment another process took it
+
+        left = max(0.0, deadline - time.perf_counter())
+        target = left * (1.0 - CHECK_RESERVE_SHARE) / TARGET_CALLS
+        size, seconds = fit_cpu_size(time_call, target, cap)
+        outcome = self._measure(params, size, deadline)
+        outcome.params["sized_by"] = (
+            f"warm-up: a {size}^3 call took {seconds:.3g} s, about {TARGET_CALLS} of which fit the "
+            f"{params.budget_seconds:.3g} s budget (largest shape allowed {cap}^3)"
+        )
+        return outcome
 
     def _measure(self, params: ProbeParams, size: int, deadline: float) -> ProbeOutcome:
         import torch
@@ -147,6 +266,7 @@ class GemmProbe:
                 "check_slice": f"{rows}x{rows}",
                 "check_band": f"{BANDS[variant]:g}",
                 **_variant_notes(variant, device),
+                **({} if is_cuda(device) else cpu_dtype_notes(variant)),
                 **timing.params(),
             },
             check_passed=passed,

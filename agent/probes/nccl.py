@@ -54,6 +54,39 @@ CHECK_SEED = 0x6A17  # rank r's check data is torch.rand seeded CHECK_SEED + r
 CHECK_BAND = 1e-5  # float32 sums of a few values in [0, 1): ~1e-7 relative error; 1e-5 leaves room
 ESTIMATE_OPS = 2  # timed warm-up ops whose time sizes the timed loop
 MIN_ITERS = 2
+POLL_SECONDS = 0.02
+SETTLE_SECONDS = 2.0  # after a rank fails, how long its peers get to exit (and say why) before the kill
+TAIL_LIMIT = 600
+SECONDARY_LIMIT = 160  # characters of each further failed rank's error in the message
+# A rank's error that says only that a peer went away: gloo's and NCCL's words for it.
+PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "ncclremoteerror",
+)
+
+
+def failure_record_path(out: str | Path) -> Path:
+    """Where a rank writes its failure record, beside its result (`--out`)."""
+    return Path(f"{out}.error")
+
+
+def failure_record(rank: int, exc: BaseException, at: float) -> dict[str, Any]:
+    """What a failed rank says about itself: its error, whether that error only says a peer went
+    away, and `at`, time.monotonic() when it caught it (one clock for every process of the host)."""
+    error = f"{type(exc).__name__}: {exc}"
+    peer = any(words in error.lower() for words in PEER_GONE)
+    return {"rank": rank, "error": error, "peer": peer, "at": at}
+
+
+def _read_record(out: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(failure_record_path(out).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def max_safe_iterations(world_size: int) -> int:
@@ -130,7 +163,8 @@ class NcclProbe:
         """`startup_seconds`: time allowed for process start, torch import and communicator set-up
         on top of the measurement budget (default 60 s with CUDA, 30 s on CPU). `sizes` overrides
         the suite's message sizes (a run's `params.size` overrides both with one size).
-        `inject_fault` ("fail:R", "hang:R", "corrupt:R") is a test hook."""
+        `inject_fault` ("fail:R", "linger:R", "hang:R", "corrupt:R") is a test hook; "linger" fails
+        like "fail" but exits seconds after closing its connections, after the peers it took down."""
         if min_ranks < 1:
             raise ValueError(f"min_ranks must be at least 1, got {min_ranks}")
         if sizes is not None and (not sizes or any(s < ELEMENT_BYTES or s % ELEMENT_BYTES for s in sizes)):
@@ -353,26 +387,67 @@ class _Launch:
 
     def _wait(self, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
         deadline = time.monotonic() + self.limit
+        exited: dict[int, float] = {}  # rank -> when this process first saw it exited
         while True:
             codes = [p.poll() for p in procs]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                r = failed[0]
-                others = f" (also failed: rank {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
-                raise ProbeError(
-                    f"nccl rank {r}{self._where(r)} exited with {_describe(codes[r])}{others}: "
-                    f"{_tail(logs[r])}"
-                )
+            now = time.monotonic()
+            for r, c in enumerate(codes):
+                if c is not None:
+                    exited.setdefault(r, now)
+            if any(c not in (None, 0) for c in codes):
+                raise ProbeError(self._blame(procs, logs, exited))
             if all(c == 0 for c in codes):
                 return
-            if time.monotonic() > deadline:
+            if now > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
                 last = "; ".join(f"rank {r}: {_tail(logs[r], lines=1) or '(none)'}" for r in running)
                 raise ProbeError(
                     f"nccl all_reduce timed out after {self.limit:.0f} s (ranks still running: "
                     f"{', '.join(map(str, running))}); killed every rank. Last output: {last}"
                 )
-            time.sleep(0.02)
+            time.sleep(POLL_SECONDS)
+
+    def _blame(self, procs: list[subprocess.Popen[bytes]], logs: list[Path], exited: dict[int, float]) -> str:
+        """The error of the rank that failed first, whichever rank this process saw exit first.
+
+        When one rank fails, its peers fail too (a closed connection, a collective that cannot
+        complete), and which of them exits or is polled first is a race. So the ranks still running
+        get SETTLE_SECONDS to exit, and each failed rank is ranked by its own failure record
+        (`failure_record`, written before its connections close): a rank's own error before a
+        "peer gone" error, then the earliest. A rank that died without a record (a signal, an
+        abort) counts as its own error, at the time it was seen exiting (on or after its death).
+        """
+        settle = time.monotonic() + SETTLE_SECONDS
+        while any(p.poll() is None for p in procs) and time.monotonic() < settle:
+            time.sleep(POLL_SECONDS)
+        now = time.monotonic()
+        codes = [p.poll() for p in procs]
+        for r, c in enumerate(codes):
+            if c is not None:
+                exited.setdefault(r, now)
+        records = {r: _read_record(self.tmp / f"rank{r}.json") for r in range(len(procs))}
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0) or records[r] is not None]
+
+        def order(r: int) -> tuple[bool, float, int]:
+            record = records[r]
+            if record is None:
+                return (False, exited.get(r, now), r)
+            return (bool(record.get("peer")), float(record.get("at", now)), r)
+
+        failed.sort(key=order)
+        first, rest = failed[0], failed[1:]
+        status = "is still exiting" if codes[first] is None else f"exited with {_describe(codes[first])}"
+        text = f"nccl rank {first}{self._where(first)} {status}: {self._error(first, records[first], logs)}"
+        if rest:
+            then = "; ".join(f"rank {r}: {self._error(r, records[r], logs)[:SECONDARY_LIMIT]}" for r in rest)
+            text += f" (then also failed: {then})"
+        return text
+
+    @staticmethod
+    def _error(rank: int, record: dict[str, Any] | None, logs: list[Path]) -> str:
+        if record is not None and record.get("error"):
+            return str(record["error"])[-TAIL_LIMIT:]
+        return _tail(logs[rank])
 
     def _where(self, rank: int) -> str:
         return f" (GPU {self.gpus[rank]})" if self.backend == "nccl" else ""
@@ -394,7 +469,7 @@ def _describe(code: int | None) -> str:
     return f"status {code}"
 
 
-def _tail(log: Path, lines: int = 3, limit: int = 600) -> str:
+def _tail(log: Path, lines: int = 3, limit: int = TAIL_LIMIT) -> str:
     """A rank's error: its closing `nccl_worker rank R: Type: message` line when it wrote one, else
     the last few non-empty lines of its output (a crash, a signal, a library's own message)."""
     try:

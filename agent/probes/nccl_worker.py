@@ -8,7 +8,9 @@ listen on every interface), and the transports' own sockets are kept on loopback
 Every decision that changes which collectives run (iterations per size, skipping a size) is taken
 from all-reduced figures, so the ranks never disagree and deadlock. Each rank writes its own timings
 and check result as JSON to --out; the parent averages the ranks' times (nccl-tests' default) and
-turns them into bandwidths. On any error the last stderr line is `nccl_worker rank R: Type: message`.
+turns them into bandwidths. On any error the rank first writes a failure record beside --out (its
+error and when it caught it, so the parent can blame the rank that failed first rather than a peer
+that failed because of it), and its last stderr line is `nccl_worker rank R: Type: message`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from agent.probes.nccl import (
     ELEMENT_BYTES,
     ESTIMATE_OPS,
     MIN_ITERS,
+    failure_record,
+    failure_record_path,
     max_safe_iterations,
     plan_iterations,
 )
@@ -68,11 +72,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--exit-after", type=float, required=True, help="hard limit: exit after this many s")
     p.add_argument("--out", required=True)
     p.add_argument("--parent-pid", type=int, default=None, help="exit as soon as this process is gone")
-    p.add_argument("--inject-fault", default="", help="tests only: fail:R, hang:R or corrupt:R")
+    p.add_argument("--inject-fault", default="", help="tests only: fail:R, linger:R, hang:R or corrupt:R")
     return p.parse_args(argv)
 
 
 PARENT_POLL_SECONDS = 0.2
+LINGER_SECONDS = 3.0  # the `linger` test hook's delay: longer than the parent's SETTLE_SECONDS
 
 
 def _exit_after(seconds: float, rank: int, parent: int | None = None) -> None:
@@ -126,7 +131,7 @@ class _Rank:
             self.result.timing = "perf_counter"
 
     def inject(self, kind: str) -> None:
-        if self.fault_here and self.fault_kind == kind:
+        if self.fault_here and (self.fault_kind == kind or (kind, self.fault_kind) == ("fail", "linger")):
             if kind == "fail":
                 raise RuntimeError("injected failure (test hook)")
             if kind == "hang":
@@ -243,11 +248,35 @@ def main(argv: list[str] | None = None) -> int:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(payload, f)
         os.replace(tmp, args.out)  # the parent never reads a half-written result
-    except Exception as exc:  # noqa: BLE001 - the parent reports a rank by its last line
+    except Exception as exc:  # noqa: BLE001 - the parent reports a rank by its record and last line
+        # The record first, while this rank's connections are still open: a peer that fails because
+        # this rank went away records its own error later, so the parent can tell which came first.
+        _write_failure(args.out, failure_record(args.rank, exc, time.monotonic()))
         traceback.print_exc()
         print(f"nccl_worker rank {args.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if args.inject_fault == f"linger:{args.rank}":
+            _linger()
         return 1
     return 0
+
+
+def _linger() -> None:
+    """Test hook: close this rank's connections (its peers fail and exit) but exit LINGER_SECONDS
+    later, so a peer that failed because of it exits first: the parent must still blame this rank."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stderr.flush()
+    time.sleep(LINGER_SECONDS)
+
+
+def _write_failure(out: str, record: dict[str, Any]) -> None:
+    path = failure_record_path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:  # the parent still has the exit status and the last line
+        print(f"nccl_worker rank {record['rank']}: cannot write {path}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from agent.probes.kernels import REGISTRY, make, names
 from agent.probes.suite import MIN_STEP_SECONDS, Ledger, Step, plan
 from agent.probes.timing import release
 
-NO_TORCH = "torch is not installed: pip install 'gpufleet[probes]'"
+NO_TORCH = "torch is not installed: python -m pip install '.[probes]' in a gpufleet clone"
 NO_CUDA = "no CUDA device visible to torch"
 
 

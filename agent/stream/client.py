@@ -56,6 +56,11 @@ class StreamClient:
         """A frame was appended to the spool: wake the sender."""
         self._wake.set()
 
+    def command_started(self, command_id: str) -> None:
+        """Tell the controller a command began (its state `running`); sent on the next connection."""
+        self._outbox.put_nowait(pb.AgentMessage(command_started=pb.CommandStarted(command_id=command_id)))
+        self._wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Stream until `stop` is set, reconnecting as needed."""
         attempt = 0

@@ -86,13 +86,14 @@ def hello(
     host: HostFacts | None,
     probes: list[str],
     started_at: float,
+    capabilities: list[str] | None = None,
 ) -> pb.Hello:
     msg = pb.Hello(
         node=node,
         boot_id=boot_id,
         agent_version=agent_version,
         probes=probes,
-        capabilities=["run_probes"] if probes else [],
+        capabilities=(["run_probes"] if probes else []) if capabilities is None else capabilities,
         started_at=timestamp(started_at),
     )
     fill(msg.inventory, inventory)

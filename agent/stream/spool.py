@@ -206,7 +206,8 @@ class Spool:
             return
         loaded: list[tuple[float, str, int, pb.TelemetryFrame, Path]] = []
         first_seen: dict[str, float] = {}
-        for boot_dir in sorted(p for p in directory.iterdir() if p.is_dir() and p.name != CORRUPT_DIR):
+        # Dot-directories are not boots: .corrupt, and .commands (the agent's command memory).
+        for boot_dir in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
             for path in sorted(boot_dir.iterdir()):
                 if path.name.endswith(".tmp"):  # a write cut short by a crash: never acknowledged
                     with contextlib.suppress(OSError):

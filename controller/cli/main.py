@@ -11,7 +11,11 @@ import argparse
 import os
 import sys
 
-DEFAULT_CONTROLLER = "127.0.0.1:50051"
+from controller.cli.output import DEFAULT_CONTROLLER, add_operator_arguments
+from controller.cli.version import version
+
+__all__ = ["DEFAULT_CONTROLLER", "build_parser", "main"]
+
 # command -> the agent module run with -m
 AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli", "probe": "agent.probe_cli"}
 
@@ -21,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpufleet",
         description="GPU fleet telemetry: find the slow node, say why.",
     )
+    parser.add_argument("--version", action="version", version=f"gpufleet {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser("demo", help="run a simulated fleet and a controller on this machine")
@@ -28,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     demo.add_argument("--faults", type=int, default=2, help="faults to inject, of distinct kinds (default 2)")
     demo.add_argument("--seconds", type=float, help="run this long, then summarise (default: until Ctrl-C)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed for faults and the fleet (default 0)")
+    demo.add_argument(
+        "--seed", type=int, help="random seed for faults and the fleet (default: a random one, printed)"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON summary on stdout; logs on stderr")
 
     ctl = sub.add_parser("controller", help="run the controller")
@@ -58,13 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "findings":
             p.add_argument("--node", default="", help="only this node")
             p.add_argument("--all", action="store_true", help="include resolved findings")
-        p.add_argument(
-            "--controller",
-            default=DEFAULT_CONTROLLER,
-            metavar="HOST:PORT",
-            help=f"default {DEFAULT_CONTROLLER}",
-        )
-        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        add_operator_arguments(p)
 
     probe = sub.add_parser(
         "probe-node",
@@ -96,10 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--timeout", type=float, default=120.0, metavar="SECONDS", help="wait at most this long (default 120)"
     )
-    probe.add_argument(
-        "--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT", help=f"default {DEFAULT_CONTROLLER}"
+    add_operator_arguments(probe)
+
+    cmds = sub.add_parser(
+        "commands",
+        help="list recent commands sent to agents: state, requester, timings, result",
+        description="List the commands the controller sent to agents, newest first (probe runs today; "
+        "tuning and drain later): id, node, kind, state, requester, created/sent/finished, result.",
     )
-    probe.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    cmds.add_argument("--node", default="", help="only this node")
+    cmds.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_operator_arguments(cmds)
     return parser
 
 
@@ -123,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         return operator.nodes(args.controller, args.output)
     if args.command == "node":
         return operator.node(args.controller, args.name, args.output)
+    if args.command == "commands":
+        from controller.cli.commands import commands
+
+        return commands(args.controller, args.output, node=args.node, limit=args.limit)
     if args.command == "probe-node":
         from controller.cli.probe_node import probe_node
 

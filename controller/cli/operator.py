@@ -6,17 +6,18 @@ error) gives one line on stderr and exit status 1, never a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from rich.console import Console
+from rich.text import Text
 
-from controller.cli import tables
+from controller.cli import gpu_tables, tables
 from controller.cli.bmc_view import bmc_section
 from controller.cli.jsonify import finding_to_dict, message_to_dict
+from controller.cli.layout import show
+from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.names import clock_event_reason_names
 
@@ -57,8 +58,19 @@ def _run(action: Callable[[], None]) -> int:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False, allow_nan=False)
-    sys.stdout.write("\n")
+    print_document(obj, "json")
+
+
+# worst first: critical, degraded, stale, then the rest (healthy, unknown); by name within each
+HEALTH_RANK = {
+    operator_pb2.NODE_HEALTH_CRITICAL: 0,
+    operator_pb2.NODE_HEALTH_DEGRADED: 1,
+    operator_pb2.NODE_HEALTH_STALE: 2,
+}
+
+
+def worst_first(nodes: Sequence[operator_pb2.NodeSummary]) -> list[operator_pb2.NodeSummary]:
+    return sorted(nodes, key=lambda n: (HEALTH_RANK.get(n.health, len(HEALTH_RANK)), n.name))
 
 
 def nodes(target: str, output: str) -> int:
@@ -66,10 +78,11 @@ def nodes(target: str, output: str) -> int:
         resp = call_operator(
             target, lambda s: s.ListNodes(operator_pb2.ListNodesRequest(), timeout=TIMEOUT_S)
         )
-        if output == "json":
-            print_json({"nodes": [message_to_dict(n) for n in resp.nodes]})
+        ordered = worst_first(resp.nodes)
+        if output in DOCUMENT_FORMATS:
+            print_document({"nodes": [message_to_dict(n) for n in ordered]}, output)
         else:
-            Console().print(tables.nodes_table(resp.nodes))
+            show(tables.nodes_table(ordered, wide=output == "wide"))
 
     return _run(action)
 
@@ -94,20 +107,23 @@ def node(target: str, name: str, output: str) -> int:
             if exc.code == grpc.StatusCode.NOT_FOUND:
                 raise OperatorError(f"node {name} not found") from None
             raise
-        if output == "json":
-            print_json(node_to_dict(detail))
+        if output in DOCUMENT_FORMATS:
+            print_document(node_to_dict(detail), output)
             return
-        console = Console()
-        console.print(tables.nodes_table([detail.summary]))
+        wide = output == "wide"
+        parts: list[Any] = [tables.nodes_table([detail.summary], wide=wide)]
         if detail.hello.HasField("host"):
             h = detail.hello.host
-            console.print(f"host {h.hostname}: {h.os}, kernel {h.kernel}, {h.cpu_count} CPUs ({h.cpu_model})")
-        console.print(tables.gpus_table(detail.gpus))
+            parts.append(
+                Text(f"host {h.hostname}: {h.os}, kernel {h.kernel}, {h.cpu_count} CPUs ({h.cpu_model})")
+            )
+        parts.append(gpu_tables.gpus_table(detail.gpus, wide=wide))
         if detail.HasField("bmc"):
-            console.print(bmc_section(detail.bmc, detail.gpus))
+            parts.append(bmc_section(detail.bmc, detail.gpus))
         if detail.probes:
-            console.print(tables.probes_table(detail.probes))
-        console.print(tables.findings_table(detail.findings, title="Active findings"))
+            parts.append(gpu_tables.probes_table(detail.probes, wide=wide))
+        parts.append(tables.findings_table(detail.findings, title="Active findings", wide=wide))
+        show(*parts)
 
     return _run(action)
 
@@ -116,9 +132,9 @@ def findings(target: str, output: str, node: str = "", include_resolved: bool = 
     def action() -> None:
         request = operator_pb2.ListFindingsRequest(node=node, include_resolved=include_resolved)
         resp = call_operator(target, lambda s: s.ListFindings(request, timeout=TIMEOUT_S))
-        if output == "json":
-            print_json({"findings": [finding_to_dict(f) for f in resp.findings]})
+        if output in DOCUMENT_FORMATS:
+            print_document({"findings": [finding_to_dict(f) for f in resp.findings]}, output)
         else:
-            Console().print(tables.findings_table(resp.findings))
+            show(tables.findings_table(resp.findings, wide=output == "wide"))
 
     return _run(action)

@@ -14,9 +14,11 @@ from typing import Any
 import grpc
 from rich.console import Console
 
+from controller.cli.gpu_tables import probe_run_table
 from controller.cli.jsonify import message_to_dict
-from controller.cli.operator import OperatorError, call_operator, print_json
-from controller.cli.tables import probe_run_table
+from controller.cli.layout import show
+from controller.cli.operator import OperatorError, call_operator
+from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 USAGE_ERRORS = (
@@ -91,13 +93,13 @@ def probe_node(
     except KeyboardInterrupt:
         print("gpufleet probe-node: interrupted (the node may still be probing)", file=sys.stderr)
         return 130
-    if output == "json":
-        print_json(response_to_dict(node, resp))
+    if output in DOCUMENT_FORMATS:
+        print_document(response_to_dict(node, resp), output)
     elif not wait:
         print(f"probe command {resp.command_id} sent to {node}")
     elif resp.results:
         title = f"Probe results of {node} (command {resp.command_id})"
-        Console().print(probe_run_table(resp.results, title))
+        show(probe_run_table(resp.results, title, wide=output == "wide"))
     if not wait:
         return 0
     if not resp.done:
@@ -110,6 +112,6 @@ def probe_node(
             f"gpufleet probe-node: {node}: {resp.error or f'{len(failed)} probe(s) failed'}", file=sys.stderr
         )
         return 1
-    if not resp.results and output != "json":
+    if not resp.results and output not in DOCUMENT_FORMATS:
         print(f"{node} answered without results (command {resp.command_id})", file=sys.stderr)
     return 0

@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Faults the agent's simulator can inject (agent/sources/sim/faults.py; a test keeps the two in step).
-INJECTABLE = (
-    "thermal_throttle",
-    "power_brake",
-    "power_cap",
-    "clocks_locked_low",
-    "pcie_downtrained",
-    "nvlink_down",
-    "ecc_row_remap_pending",
-    "hbm_degraded",
-)
+from controller.demo.catalogue import AgentFault
 
 
 @dataclass(frozen=True, slots=True)
 class Injected:
     node: str
-    gpu: int | None
+    gpu: int | None  # None: a host, network or BMC fault (the node as a whole)
     fault: str
 
 
@@ -30,19 +21,21 @@ def node_names(count: int) -> list[str]:
     return [f"demo-{i:0{width}d}" for i in range(count)]
 
 
-def plan_faults(nodes: list[str], gpus_per_node: int, faults: int, seed: int) -> list[Injected]:
-    """`faults` faults of distinct kinds on distinct random nodes, each on a random GPU."""
+def plan_faults(
+    nodes: list[str], gpus_per_node: int, faults: int, seed: int, kinds: Sequence[AgentFault]
+) -> list[Injected]:
+    """`faults` faults of distinct `kinds` on distinct random nodes, each GPU fault on a random GPU."""
     if faults < 0:
         raise ValueError("--faults must be >= 0")
-    if faults > len(INJECTABLE):
-        raise ValueError(
-            f"--faults must be at most {len(INJECTABLE)} (one of each kind: {', '.join(INJECTABLE)})"
-        )
+    if faults > len(kinds):
+        names = ", ".join(k.name for k in kinds)
+        raise ValueError(f"--faults must be at most {len(kinds)} (one of each kind: {names})")
     if faults > len(nodes):
         raise ValueError(f"--faults {faults} needs at least as many nodes (have {len(nodes)})")
     rng = random.Random(f"demo-faults:{seed}")
-    kinds = rng.sample(INJECTABLE, faults)
+    chosen = rng.sample(list(kinds), faults)
     targets = rng.sample(nodes, faults)
     return [
-        Injected(node, rng.randrange(gpus_per_node), kind) for node, kind in zip(targets, kinds, strict=True)
+        Injected(node, rng.randrange(gpus_per_node) if kind.level == "gpu" else None, kind.name)
+        for node, kind in zip(targets, chosen, strict=True)
     ]

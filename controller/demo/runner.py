@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import signal
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import yaml
 
 from controller.cli.jsonify import message_to_dict
 from controller.cli.tables import findings_table
+from controller.demo.catalogue import agent_faults, detectable
 from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
@@ -95,7 +97,12 @@ def _start_agents(
 ) -> list[Child]:
     children = []
     for name in names:
-        faults = [{"fault": i.fault, "gpu": i.gpu} for i in injected if i.node == name]
+        # A GPU fault on its GPU; a host, network or BMC one where the agent's simulator picks.
+        faults = [
+            {"fault": i.fault} if i.gpu is None else {"fault": i.fault, "gpu": i.gpu}
+            for i in injected
+            if i.node == name
+        ]
         config = _write_yaml(
             tmp / f"{name}.yaml",
             {
@@ -151,11 +158,22 @@ def run_demo(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     started = time.monotonic()
+    if args.seed is None:  # a new fleet each run; the seed is printed, so any run can be repeated
+        args.seed = random.SystemRandom().randrange(1_000_000)
+    log.info("seed %d (repeat this run with --seed %d)", args.seed, args.seed)
     try:
         _validate(args)
         names = node_names(args.nodes)
-        injected = plan_faults(names, args.gpus_per_node, args.faults, args.seed)
+        kinds = detectable(agent_faults())
     except (DemoError, ValueError) as exc:
+        print(f"gpufleet demo: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"gpufleet demo: {exc}", file=sys.stderr)
+        return 1
+    try:
+        injected = plan_faults(names, args.gpus_per_node, args.faults, args.seed, kinds)
+    except ValueError as exc:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -170,7 +188,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     "starting a controller and %d simulated nodes x %d GPUs", args.nodes, args.gpus_per_node
                 )
                 for inj in injected:
-                    log.info("injecting %s on %s gpu %s", inj.fault, inj.node, inj.gpu)
+                    where = "" if inj.gpu is None else f" gpu {inj.gpu}"
+                    log.info("injecting %s on %s%s", inj.fault, inj.node, where)
                 controller, address = _start_controller(tmp)
                 children.append(controller)
                 log.info("controller listening on %s (try: gpufleet nodes --controller %s)", address, address)
@@ -242,6 +261,7 @@ def _watch(
                             seconds=args.seconds,
                             expected_nodes=args.nodes,
                             rounds=rounds,
+                            seed=args.seed,
                         )
                     )
                 elif elapsed - last_line >= 5.0:
@@ -286,6 +306,7 @@ def _report(
         body = {
             "nodes": args.nodes,
             "gpus": args.nodes * args.gpus_per_node,
+            "seed": args.seed,
             "injected": [{"node": i.node, "gpu": i.gpu, "fault": i.fault} for i in injected],
             "findings": [_finding_json(f) for f in findings],
             "precision": round(precision, 4),
@@ -298,6 +319,7 @@ def _report(
     from rich.console import Console
 
     console = Console()
+    console.print(f"gpufleet demo: seed {args.seed} (repeat this run with --seed {args.seed})")
     console.print(injected_table(injected, findings))
     console.print(findings_table(findings))
     console.print(

@@ -45,6 +45,7 @@ def live_panel(
     seconds: float | None,
     expected_nodes: int,
     rounds: ProbeRounds,
+    seed: int | None = None,
 ) -> Any:
     connected = sum(1 for n in nodes if n.connected)
     frames = sum(n.acked_seq for n in nodes)
@@ -55,6 +56,7 @@ def live_panel(
     until = f"/{seconds:.0f}s" if seconds else "s (Ctrl-C to stop)"
     header = Text.assemble(
         ("gpufleet demo ", "bold"),
+        "" if seed is None else f"seed {seed}   ",
         f"{elapsed:.0f}{until}   agents {connected}/{expected_nodes} connected   frames stored {frames}   "
         f"probe rounds {rounds.total} ({rounds.later} scheduled)   ",
         *[(f"{k} {v}  ", HEALTH_STYLE.get(k, "")) for k, v in sorted(health.items())],

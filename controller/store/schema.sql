@@ -62,3 +62,20 @@ CREATE TABLE IF NOT EXISTS findings (
     body        BLOB NOT NULL           -- JSON of the finding with its evidence
 );
 CREATE INDEX IF NOT EXISTS findings_active ON findings (active, node);
+CREATE TABLE IF NOT EXISTS commands (     -- added within version 1: IF NOT EXISTS creates it in older files
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    kind        TEXT NOT NULL,          -- the Command's action: run_probes, ...
+    requester   TEXT NOT NULL,          -- scheduler, on_connect, operator:<peer>
+    state       TEXT NOT NULL,          -- pending sent running succeeded failed timed_out cancelled
+    created     REAL NOT NULL,
+    sent        REAL,                   -- NULL: never sent
+    finished    REAL,                   -- NULL: not finished
+    deadline    REAL NOT NULL,
+    boot_id     TEXT NOT NULL,          -- the agent boot it was sent to ('' while pending)
+    error       TEXT NOT NULL,
+    command     BLOB NOT NULL,          -- gpufleet.v1.Command
+    result      BLOB                    -- gpufleet.v1.CommandResult, when the agent answered
+);
+CREATE INDEX IF NOT EXISTS commands_by_node ON commands (node, created);
+CREATE INDEX IF NOT EXISTS commands_open ON commands (finished);

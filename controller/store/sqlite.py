@@ -1,4 +1,5 @@
-"""The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings.
+"""The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings,
+commands (controller/store/commands.py).
 
 All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
 the controller uses.
@@ -6,6 +7,8 @@ the controller uses.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import sqlite3
 from collections.abc import Callable
@@ -21,13 +24,26 @@ from controller.detect.finding import Finding
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
+from controller.store import commands as command_rows
+from controller.store.commands import CommandRecord
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 T = TypeVar("T")
 SCHEMA_VERSION = 1
-OPERATIONS = ("init", "load", "save_hello", "save_frame", "save_findings", "list_findings", "prune_history")
+OPERATIONS = (
+    "init",
+    "load",
+    "save_hello",
+    "save_frame",
+    "save_findings",
+    "list_findings",
+    "prune_history",
+    "save_command",
+    "list_commands",
+    "load_commands",
+)
 
 
 @dataclass(slots=True)
@@ -96,10 +112,28 @@ class Store:
         return await self._call("list_findings", lambda c: _list_findings(c, node, include_resolved, limit))
 
     async def prune_history(self, before: float) -> int:
+        """Drop probe history, and finished commands, older than `before`."""
         return await self._call(
             "prune_history",
-            lambda c: c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount,
+            lambda c: (
+                c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
+                + command_rows.prune_commands(c, before)
+            ),
         )
+
+    def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
+        """Queue the command's current state at once (writes keep their order); await to know it is stored."""
+        row = copy.copy(record)  # the row as it is now, whatever changes before the store thread runs
+        start = perf_counter()
+        future = self._thread.submit(lambda c: command_rows.save_command(c, row))
+        future.add_done_callback(lambda _: self.latency.observe("save_command", perf_counter() - start))
+        return future
+
+    async def list_commands(self, node: str = "", limit: int = 100) -> list[CommandRecord]:
+        return await self._call("list_commands", lambda c: command_rows.list_commands(c, node, limit))
+
+    async def open_commands(self) -> list[CommandRecord]:
+        return await self._call("load_commands", command_rows.open_commands)
 
 
 def _init(conn: sqlite3.Connection) -> None:

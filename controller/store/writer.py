@@ -37,12 +37,16 @@ class StoreThread:
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(connection) in the store thread inside a transaction; return once committed."""
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue fn at once (jobs run in the order queued); the future settles once committed."""
         if not self._started:
             raise RuntimeError("store thread not started")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put((fn, future, loop))
-        return await future
+        return future
 
     def stop(self) -> None:
         if self._started:

@@ -115,6 +115,13 @@ def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
 
 
+async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait until `condition()` holds (at most `timeout` s: then the test's own asserts say why)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+
 def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
     async def body() -> None:
         clock = Clock()
@@ -154,6 +161,9 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "save_findings": 0,
                 "list_findings": 0,
                 "prune_history": 0,
+                "save_command": 0,
+                "list_commands": 0,
+                "load_commands": 1,
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7
@@ -412,7 +422,10 @@ def test_a_client_that_stops_reading_is_cut_off(monkeypatch: pytest.MonkeyPatch)
             client.settimeout(5)
             await asyncio.to_thread(client.connect, (host, int(port)))
             client.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
-            await asyncio.sleep(1.5)  # reading nothing, well past the timeout
+            # Reading nothing until the server is done with the connection: rendering the 32 MiB page
+            # alone takes ~1 s on a loaded 2-core machine, so a fixed sleep can end before the timeout.
+            await _until(lambda: bool(server._handlers))  # accepted
+            await _until(lambda: not server._handlers)  # and given up on (or, wrongly, sent it all)
             # The server gave up on the connection: what the client reads now ends short of the page.
             assert await asyncio.to_thread(read_all, client) < _BigPage.SIZE
         finally:

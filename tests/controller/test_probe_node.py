@@ -208,8 +208,11 @@ def test_no_answer_within_the_timeout_is_done_false_and_the_node_stays_busy() ->
             # The agent may still be probing: the node counts as busy until the command's timeout.
             code, _ = await status_of(stub.ProbeNode(operator_pb2.ProbeNodeRequest(node="n1")))
             assert code == grpc.StatusCode.FAILED_PRECONDITION
-            running.app.config.probes.timeout_seconds = 0.01
-            running.app.probing.schedule_pass()
+            record = running.app.commands.get(resp.command_id)
+            assert record is not None and record.state == "sent"
+            record.deadline = time.time()  # as if the probe timeout had passed
+            await running.app.probing.schedule_pass()
+            assert record.state == "timed_out"
             assert running.app.probing.commands.failed[("operator", "timeout")] == 1
             page = generate_latest(controller_registry(running.app)).decode()
             assert 'gpufleet_controller_probe_commands_total{reason="operator"} 1.0' in page

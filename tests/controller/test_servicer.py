@@ -282,19 +282,26 @@ def test_client_cancel_disconnects_the_node_and_leaves_no_task_behind() -> None:
 
 def test_probe_run_is_asked_once_per_boot_of_a_capable_agent() -> None:
     async def body(running: Running, stub: Stub) -> None:
-        for boot, seq, expect_command in (("b1", 1, True), ("b1", 2, False), ("b2", 1, True)):
+        ids = []
+        for boot, seq in (("b1", 1), ("b1", 2), ("b2", 1)):
             call = stub.Stream(None)
             await call.write(as_hello(hello(boot=boot, capabilities=["run_probes"])))
             if seq > 1:
-                assert await ack(call) == (boot, seq - 1)  # where the boot stands; no command follows
-            if expect_command:
-                first = await reply(call)
-                assert first.WhichOneof("msg") == "command"
-                assert first.command.WhichOneof("action") == "run_probes" and first.command.id
+                assert await ack(call) == (boot, seq - 1)  # where the boot stands
+            first = await reply(call)
+            assert first.WhichOneof("msg") == "command"
+            assert first.command.WhichOneof("action") == "run_probes" and first.command.id
+            ids.append(first.command.id)
             await call.write(as_frame(frame(seq, boot=boot)))
             assert await ack(call) == (boot, seq)
             await call.done_writing()
             assert await call.code() == grpc.StatusCode.OK
+        # The same boot reconnecting is sent its unanswered command again (same id), not a new one;
+        # a new boot gets a new one, and the old boot's command failed with it.
+        assert ids[0] == ids[1] != ids[2]
+        old = running.app.commands.get(ids[0])
+        assert old is not None and old.state == "failed"
+        assert old.error == "the agent restarted before answering"
 
     serve(body)
 

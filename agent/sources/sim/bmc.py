@@ -27,6 +27,7 @@ from agent.sources.bmc import (
 from agent.sources.gpu import GpuInfo
 from agent.sources.redfish_values import worst
 from agent.sources.sim.bmc_chassis import HGX_H100_CHASSIS, ChassisProfile, Thresholds
+from agent.sources.sim.faults import FAULTS
 from agent.sources.sim.gpu import OperatingPoint, bounded_gauss
 from agent.sources.sim.node import SimNode
 
@@ -42,6 +43,8 @@ class BmcCondition:
 
     failed_fans: set[int] = field(default_factory=set)  # stopped: 0 rpm, health critical
     failed_psus: set[int] = field(default_factory=set)  # delivering nothing, health critical
+    bios_attributes: dict[str, str] = field(default_factory=dict)  # attributes that differ from the fleet's
+    firmware_version: str | None = None  # the BMC's own firmware, when it differs from the fleet's
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,11 @@ class SimBmc:
         self._psu_efficiency = [bounded_gauss(rng, 0.002, 0.005) for _ in range(c.psus)]
         self._psu_serials = [f"PS{rng.randrange(10**9):09d}" for _ in range(c.psus)]
         self._powered_on = self.clock() - rng.uniform(2 * 3600.0, 40 * 86400.0)
+        # The node's BMC faults act here, drawing from a stream of their own.
+        inject = random.Random(f"{seed}:{node.node}:bmc:inject")
+        for spec in node.faults:
+            if spec.level == "bmc":
+                FAULTS[spec.fault].apply(self, None if spec.target is None else str(spec.target), inject)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -101,6 +109,7 @@ class SimBmc:
         temperatures = self._temperatures(moment, noise) + self._gpu_temperatures(boards)
         fans, psus = self._fans(moment, noise), self._power_supplies(moment, noise)
         redundancy = c.redundancy_health(c.psus - len(self.condition.failed_psus))
+        bmc_version = self.condition.firmware_version or c.bmc_firmware_version
         parts: list[BmcTemperature | BmcFan | BmcPowerSupply] = [*temperatures, *fans, *psus]
         health = worst([part.health for part in parts] + [redundancy])
         seconds = [
@@ -125,11 +134,11 @@ class SimBmc:
             power_supply_redundancy_health=redundancy,
             power_consumed_watts=float(round(moment.total_watts * (1.0 + noise.gauss(0.0, 0.003)))),
             bios_version=c.bios_version,
-            bios_attributes=dict(c.bios_attributes),
+            bios_attributes={**c.bios_attributes, **self.condition.bios_attributes},
             bios_pending={},
             bios_apply_times=["OnReset"],
-            firmware=c.firmware(inventory),
-            bmc_firmware_version=c.bmc_firmware_version,
+            firmware=c.firmware(inventory, bmc_version),
+            bmc_firmware_version=bmc_version,
             log_entries=c.event_log(self._powered_on),
             gpus=boards,
         )
@@ -247,7 +256,8 @@ class SimBmc:
         weight = sum(share for i, share in enumerate(self._psu_shares) if i not in failed) or 1.0
         out = []
         for i, share in enumerate(self._psu_shares):
-            output = 0.0 if i in failed else m.total_watts * share / weight * (1.0 + noise.gauss(0.0, 0.003))
+            jitter = 1.0 + noise.gauss(0.0, 0.003)  # drawn for a failed PSU too: the rest read alike
+            output = 0.0 if i in failed else m.total_watts * share / weight * jitter
             efficiency = c.efficiency(output / c.psu_capacity_watts) + self._psu_efficiency[i]
             out.append(
                 BmcPowerSupply(

@@ -127,10 +127,10 @@ class ChassisProfile:
             critical - self.gpu_caution_margin_celsius, critical, gpu.shutdown_temperature_celsius
         )
 
-    def firmware(self, gpus: Sequence[GpuInfo]) -> list[BmcFirmware]:
+    def firmware(self, gpus: Sequence[GpuInfo], bmc_version: str | None = None) -> list[BmcFirmware]:
         """The UpdateService inventory: host firmware, the HGX baseboard's, and each GPU's VBIOS."""
         return [
-            BmcFirmware("BMC_0", "BMC Firmware", self.bmc_firmware_version, True),
+            BmcFirmware("BMC_0", "BMC Firmware", bmc_version or self.bmc_firmware_version, True),
             BmcFirmware("BIOS_0", "BIOS Firmware", self.bios_version, True),
             BmcFirmware("CPLD_0", "Motherboard CPLD", self.cpld_version, False),
             BmcFirmware("HGX_FW_HMC_0", "HGX HMC Firmware", self.hmc_version, True),

@@ -19,6 +19,10 @@ from agent.sources.sim.profile import XID_CONTAINED_ECC, XID_ROW_REMAP_EVENT, Wo
 DOWN_LINK_ERRORS_PER_SECOND = {"crc": 1.5, "replay": 0.4, "recovery": 0.05}
 # What a link that went down has counted by the time the agent first sees it.
 DOWN_LINK_ERRORS_AT_START = {"crc": 41, "replay": 7, "recovery": 3}
+# A marginal link (a worn connector or cable) stays up and carries traffic, but flits fail their
+# CRC and are replayed; it has been counting for a while when the agent starts.
+ERRORING_LINK_ERRORS_PER_SECOND = {"crc": 2.0, "replay": 0.5}
+ERRORING_LINK_ERRORS_AT_START = {"crc": 180, "replay": 45}
 
 
 @dataclass(slots=True)
@@ -54,7 +58,11 @@ class GpuCounters:
         links = []
         for link in range(p.nvlink_count):
             moved = uptime_seconds * busy * job.nvlink_duty * p.nvlink_bytes_per_second
-            errors = DOWN_LINK_ERRORS_AT_START if link in c.nvlinks_down else {}
+            errors: dict[str, int] = {}
+            if link in c.nvlinks_down:
+                errors = DOWN_LINK_ERRORS_AT_START
+            elif link in c.nvlinks_erroring:
+                errors = ERRORING_LINK_ERRORS_AT_START
             links.append(
                 LinkCounters(
                     tx_bytes=moved * rng.uniform(0.98, 1.02),
@@ -77,6 +85,7 @@ class GpuCounters:
             # Each uncorrectable error is contained (the process that touched it gets the XID) and
             # its row is marked for remapping at the next reset.
             counters.xid_pending = [XID_CONTAINED_ECC, XID_ROW_REMAP_EVENT] * c.extra_uncorrectable
+        counters.xid_pending += c.xids
         return counters
 
     def advance(self, gpu: SimGpu, seconds: float, power_watts: float, link_rates: list[float]) -> None:
@@ -89,6 +98,9 @@ class GpuCounters:
                 counters.crc_errors += DOWN_LINK_ERRORS_PER_SECOND["crc"] * seconds
                 counters.replay_errors += DOWN_LINK_ERRORS_PER_SECOND["replay"] * seconds
                 counters.recovery_errors += DOWN_LINK_ERRORS_PER_SECOND["recovery"] * seconds
+            elif link in gpu.condition.nvlinks_erroring:
+                counters.crc_errors += ERRORING_LINK_ERRORS_PER_SECOND["crc"] * seconds
+                counters.replay_errors += ERRORING_LINK_ERRORS_PER_SECOND["replay"] * seconds
 
     def take_xids(self, now: float) -> list[XidEvent]:
         """XIDs raised since the last read, stamped `now`; they join the running totals."""

@@ -71,6 +71,11 @@ class GpuCondition:
     row_remap_pending: bool = False
     extra_uncorrectable: int = 0  # uncorrectable ECC errors that led to a pending remap
     hbm_factor: float = 1.0  # degraded HBM stack
+    nvlinks_erroring: set[int] = field(default_factory=set)  # up, but CRC and replay errors rising
+    sram_uncorrectable: int = 0  # double-bit errors in on-chip SRAM (XID 48): counted, no row remap
+    xids: list[int] = field(default_factory=list)  # XIDs the fault raised, seen by the first read
+    lost: bool = False  # fallen off the bus (XID 79): answers nothing until a reset
+    vbios_version: str | None = None  # differs from the fleet's
 
 
 @dataclass(frozen=True, slots=True)

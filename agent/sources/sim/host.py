@@ -29,6 +29,7 @@ from agent.sources.host import (
     NetInterfaceReading,
     PcieAerReading,
 )
+from agent.sources.sim.faults import FAULTS
 from agent.sources.sim.gpu import bounded_gauss
 from agent.sources.sim.host_profile import DGX_H100_HOST, HostProfile, NicProfile
 from agent.sources.sim.node import SimNode
@@ -41,6 +42,8 @@ DEGRADED_SYMBOL_ERRORS_PER_SECOND = 0.8
 DEGRADED_RCV_ERRORS_PER_SECOND = 0.05
 DEGRADED_RECOVERIES_PER_SECOND = 1 / 120
 DEGRADED_LINK_DOWNS_PER_SECOND = 1 / 900
+# A port without a link polls for a peer; the driver reports the lowest rate (4X SDR) meanwhile.
+DOWN_RATE_GBPS = 10.0
 _BOOT_NAMESPACE = uuid.UUID("9b0f2c55-4f7e-4d6b-8f0e-5a8c2f3d7e61")
 
 
@@ -50,6 +53,9 @@ class HostCondition:
 
     governor: str = "performance"  # every core's cpufreq governor; "powersave" holds them near 1.2 GHz
     degraded_ib_ports: set[str] = field(default_factory=set)  # HCA names (mlx5_3): half rate, errors rising
+    down_ib_ports: set[str] = field(default_factory=set)  # no link: state down, polling, no traffic
+    numa_balancing: bool | None = None  # None: as the profile has it
+    transparent_hugepage: str | None = None  # None: as the profile has it
 
 
 @dataclass(slots=True)
@@ -63,6 +69,7 @@ class _Port:
     recoveries: float
     link_downs: float
     xmit_discards: float
+    down: bool = False  # seen down: its link-down was counted
 
 
 class SimHost:
@@ -120,6 +127,11 @@ class SimHost:
         steady = self._running_cores(self.node.load)
         self._loads = [steady, steady, steady]
         self._last = now
+        # The node's host and network faults act here, drawing from a stream of their own.
+        inject = random.Random(f"{seed}:{node.node}:host:inject")
+        for spec in node.faults:
+            if spec.level in ("host", "network"):
+                FAULTS[spec.fault].apply(self, None if spec.target is None else str(spec.target), inject)
 
     @staticmethod
     def _start_port(nic: NicProfile, rng: random.Random, busy_seconds: float) -> _Port:
@@ -171,6 +183,9 @@ class SimHost:
         used = p.memory_base_bytes + load * p.memory_job_bytes * self._memory_trait
         used = int(used * (1.0 + self._noise.gauss(0.0, 0.002)))
         freqs = [c.frequency_hz or 0.0 for c in cores]
+        numa_balancing = self.condition.numa_balancing
+        if numa_balancing is None:
+            numa_balancing = p.numa_balancing
         return HostReading(
             cpu_utilization_ratio=round(running / len(cores), 4),
             load1=round(self._loads[0], 2),
@@ -184,8 +199,8 @@ class SimHost:
             hugepages_total=0,
             hugepages_free=0,
             hugepage_size_bytes=p.hugepage_size_bytes,
-            transparent_hugepage=p.transparent_hugepage,
-            numa_balancing=p.numa_balancing,
+            transparent_hugepage=self.condition.transparent_hugepage or p.transparent_hugepage,
+            numa_balancing=numa_balancing,
             kernel=p.kernel,
             cpu_governor=self.condition.governor,
             cpu_frequency_hz=round(sum(freqs) / len(freqs), 1),
@@ -273,9 +288,14 @@ class SimHost:
     def _port(self, port: _Port, load: float, elapsed: float) -> InfinibandPortReading:
         nic = port.nic
         degraded = nic.device in self.condition.degraded_ib_ports
+        down = nic.device in self.condition.down_ib_ports
         rate = nic.rate_gbps * (DEGRADED_RATE_RATIO if degraded else 1.0)
         # Traffic follows the job, and no port moves more than its link carries.
         wire = min(load * nic.bytes_per_second * port.share, 0.9 * rate * 1e9 / 8)
+        if down:
+            rate, wire = DOWN_RATE_GBPS, 0.0
+            if not port.down:
+                port.down, port.link_downs = True, port.link_downs + 1
         port.rcv_bytes += wire * elapsed * self._noise.uniform(0.97, 1.03)
         port.xmit_bytes += wire * elapsed * self._noise.uniform(0.97, 1.03)
         if self._noise.random() < 0.002 * load:  # congestion drops a packet now and then
@@ -289,8 +309,8 @@ class SimHost:
             device=nic.device,
             port=1,
             link_layer=nic.link_layer,
-            state="active",
-            physical_state="link_up",
+            state="down" if down else "active",
+            physical_state="polling" if down else "link_up",
             rate_gbps=rate,
             link_downed_total=int(port.link_downs),
             symbol_error_total=int(port.symbol_errors),

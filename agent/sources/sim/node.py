@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from agent.probes.base import ProbeOutcome
-from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, Inventory, NvLinkReading
+from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, Inventory, NvLinkReading, XidEvent
 from agent.sources.sim.counters import GpuCounters
 from agent.sources.sim.faults import FAULTS, FaultSpec
 from agent.sources.sim.gpu import GpuTraits, SimGpu, bounded_gauss
@@ -56,6 +56,24 @@ PROBE_VARIANTS: dict[str, tuple[str, ...]] = {
 
 def _ratio(value: float) -> float:
     return round(min(1.0, max(0.0, value)), 4)
+
+
+def _lost_message(index: int) -> str:
+    return f"gpu {index} lost (fallen off the bus)"
+
+
+def _failed(probe: str, variant: str, gpu: int | None, now: float, error: str) -> ProbeOutcome:
+    return ProbeOutcome(
+        probe=probe,
+        variant=variant,
+        gpu=gpu,
+        value=0.0,
+        unit="",
+        duration_seconds=0.0,
+        time=now,
+        error=error,
+        simulated=True,
+    )
 
 
 class SimNode:
@@ -107,12 +125,17 @@ class SimNode:
         self._nccl_factor = 1.0 + bounded_gauss(rng, 0.006, 0.015)
         self.gpus = [SimGpu(i, profile, GpuTraits.draw(rng)) for i in range(gpus)]
         crc = [[rng.choice((0, 0, 0, 1, 2)) for _ in range(profile.nvlink_count)] for _ in self.gpus]
+        # Every level's faults: the GPU ones act here, the host's and the BMC's where SimHost and
+        # SimBmc are built beside this node (they read them from here), never on this node's state.
+        self.faults = list(faults)
         self.injected: list[tuple[str, int]] = []
-        for spec in faults:
+        for spec in self.faults:
+            if spec.level != "gpu":
+                continue
             index = spec.gpu if spec.gpu is not None else rng.randrange(gpus)
             if not 0 <= index < gpus:
                 raise ValueError(f"fault {spec.fault}: gpu {index} out of range (node has {gpus})")
-            FAULTS[spec.fault](self.gpus[index], rng)
+            FAULTS[spec.fault].apply(self.gpus[index], None, rng)
             self.injected.append((spec.fault, index))
         uptime = start.uniform(2 * 3600.0, 40 * 86400.0)  # since the driver loaded
         self._counters = [GpuCounters.start(g, start, crc[g.index], uptime, job) for g in self.gpus]
@@ -135,7 +158,7 @@ class SimNode:
                 name=p.name,
                 serial=f"1652{int(self._uuid(g.index)[4:12], 16) % 10**9:09d}",
                 pci_bus_id=self._bus_id(g.index),
-                vbios_version=p.vbios_version,
+                vbios_version=g.condition.vbios_version or p.vbios_version,
                 driver_version=DRIVER_VERSION,
                 board_part_number=p.board_part_number,
                 unsupported_fields=list(p.unsupported_fields),
@@ -182,11 +205,16 @@ class SimNode:
             events = counters.take_xids(now)
             self._fill_counters(reading, gpu)
             reading.xid_events = events
+            if gpu.condition.lost:  # read all the same, so that no other GPU's draws move
+                reading = self._lost_reading(gpu, events)
+                if not reading.xid_counts:
+                    continue
             readings.append(reading)
         return readings
 
     def last_errors(self) -> list[str]:
-        return []
+        """What NVML says of a GPU that fell off the bus, each read, as the NVML source does."""
+        return [_lost_message(g.index) for g in self.gpus if g.condition.lost]
 
     def close(self) -> None:
         """Nothing to release."""
@@ -202,7 +230,12 @@ class SimNode:
         gpu = self.gpus[index]
         reading = self._instant(gpu, load, now, power_spike)
         self._fill_counters(reading, gpu)
-        return reading
+        return self._lost_reading(gpu, []) if gpu.condition.lost else reading
+
+    def _lost_reading(self, gpu: SimGpu, events: list[XidEvent]) -> GpuReading:
+        """A GPU off the bus answers nothing: only its XIDs reach the stream (as from the NVML source)."""
+        counts = self._counters[gpu.index].xid_counts()
+        return GpuReading(index=gpu.index, uuid=self._uuid(gpu.index), xid_events=events, xid_counts=counts)
 
     def _instant(self, gpu: SimGpu, load: float, now: float, power_spike: float) -> GpuReading:
         """The fields that describe this moment: clocks, power, temperatures, activity, links."""
@@ -295,8 +328,8 @@ class SimNode:
             counters.ecc_corrected_lifetime + counters.ecc_corrected_volatile
         )
         # This boot's uncorrectable errors; earlier boots had none (they would have left remapped rows).
-        reading.ecc_uncorrected_volatile_total = c.extra_uncorrectable
-        reading.ecc_uncorrected_aggregate_total = c.extra_uncorrectable
+        reading.ecc_uncorrected_volatile_total = c.extra_uncorrectable + c.sram_uncorrectable
+        reading.ecc_uncorrected_aggregate_total = c.extra_uncorrectable + c.sram_uncorrectable
         reading.pcie_replay_errors_total = counters.pcie_replays
         reading.nvlinks = [self._nvlink(gpu, link) for link in range(len(counters.links))]
         reading.nvlink_tx_bytes_total = sum(link.tx_bytes_total or 0 for link in reading.nvlinks)
@@ -345,10 +378,15 @@ class SimNode:
             members = list(range(len(self.gpus))) if ranks is None else list(ranks)
             if len(members) < 2 or any(not 0 <= r < len(self.gpus) for r in members):
                 raise ValueError(f"nccl needs 2 or more GPUs within 0..{len(self.gpus) - 1}, not {members}")
+            lost = [r for r in members if self.gpus[r].condition.lost]
+            if lost:
+                return _failed(probe, variant, None, now, f"rank on GPU {lost[0]}: {_lost_message(lost[0])}")
             return self._nccl(variant, now, run_noise, [self.gpus[r] for r in members])
         if gpu is None or not 0 <= gpu < len(self.gpus):
             raise ValueError(f"probe {probe} needs a GPU index within 0..{len(self.gpus) - 1}")
         g = self.gpus[gpu]
+        if g.condition.lost:
+            return _failed(probe, variant, gpu, now, f"cuda:{gpu}: {_lost_message(gpu)}")
         during = self.reading(gpu, 1.0, now)
         during.nvlinks = []  # links are not what a compute probe's context needs; keeps results small
         params: dict[str, str]

@@ -143,3 +143,5 @@ COMPUTE_MODE_DEFAULT = 1  # ComputeMode: NVML_COMPUTEMODE_DEFAULT (0) + 1
 # XID codes a simulated fault raises (NVIDIA's XID catalogue).
 XID_ROW_REMAP_EVENT = 63  # a row remap was recorded; it takes effect at the next GPU reset
 XID_CONTAINED_ECC = 94  # uncorrectable ECC error contained to the processes that touched it
+XID_DBE = 48  # double-bit ECC error
+XID_FALLEN_OFF_BUS = 79  # the GPU has fallen off the bus: gone until reset

@@ -52,6 +52,43 @@ NODE_HEALTH_STALE: NodeHealth.ValueType  # 4
 """no frame for longer than the stale timeout"""
 Global___NodeHealth: _TypeAlias = NodeHealth  # noqa: Y015
 
+class _CommandState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CommandStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CommandState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMMAND_STATE_UNSPECIFIED: _CommandState.ValueType  # 0
+    COMMAND_STATE_PENDING: _CommandState.ValueType  # 1
+    """stored, not yet on the node's stream (not connected)"""
+    COMMAND_STATE_SENT: _CommandState.ValueType  # 2
+    """queued on the node's stream"""
+    COMMAND_STATE_RUNNING: _CommandState.ValueType  # 3
+    """the agent said it started"""
+    COMMAND_STATE_SUCCEEDED: _CommandState.ValueType  # 4
+    COMMAND_STATE_FAILED: _CommandState.ValueType  # 5
+    """the agent answered an error, or restarted before answering"""
+    COMMAND_STATE_TIMED_OUT: _CommandState.ValueType  # 6
+    """no answer before its deadline"""
+    COMMAND_STATE_CANCELLED: _CommandState.ValueType  # 7
+
+class CommandState(_CommandState, metaclass=_CommandStateEnumTypeWrapper): ...
+
+COMMAND_STATE_UNSPECIFIED: CommandState.ValueType  # 0
+COMMAND_STATE_PENDING: CommandState.ValueType  # 1
+"""stored, not yet on the node's stream (not connected)"""
+COMMAND_STATE_SENT: CommandState.ValueType  # 2
+"""queued on the node's stream"""
+COMMAND_STATE_RUNNING: CommandState.ValueType  # 3
+"""the agent said it started"""
+COMMAND_STATE_SUCCEEDED: CommandState.ValueType  # 4
+COMMAND_STATE_FAILED: CommandState.ValueType  # 5
+"""the agent answered an error, or restarted before answering"""
+COMMAND_STATE_TIMED_OUT: CommandState.ValueType  # 6
+"""no answer before its deadline"""
+COMMAND_STATE_CANCELLED: CommandState.ValueType  # 7
+Global___CommandState: _TypeAlias = CommandState  # noqa: Y015
+
 @_typing.final
 class ProbeNodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -339,3 +376,117 @@ class ListFindingsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListFindingsResponse: _TypeAlias = ListFindingsResponse  # noqa: Y015
+
+@_typing.final
+class ListCommandsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """empty: every node"""
+    limit: _builtins.int
+    """0: 100"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCommandsRequest: _TypeAlias = ListCommandsRequest  # noqa: Y015
+
+@_typing.final
+class ListCommandsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMANDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommandInfo]: ...
+    def __init__(
+        self,
+        *,
+        commands: _abc.Iterable[Global___CommandInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commands", b"commands"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCommandsResponse: _TypeAlias = ListCommandsResponse  # noqa: Y015
+
+@_typing.final
+class CommandInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REQUESTER_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    SENT_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    MUTATING_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    node: _builtins.str
+    kind: _builtins.str
+    """the Command's action: "run_probes" """
+    state: Global___CommandState.ValueType
+    requester: _builtins.str
+    """"scheduler", "on_connect", "operator:<peer>" """
+    error: _builtins.str
+    mutating: _builtins.bool
+    """changes the node's settings: at most one in flight per node"""
+    @_builtins.property
+    def created(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def sent(self) -> _timestamp_pb2.Timestamp:
+        """unset: not sent"""
+
+    @_builtins.property
+    def finished(self) -> _timestamp_pb2.Timestamp:
+        """unset: not finished"""
+
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def result(self) -> _telemetry_pb2.CommandResult:
+        """the agent's answer, when it answered"""
+
+    @_builtins.property
+    def command(self) -> _telemetry_pb2.Command: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        state: Global___CommandState.ValueType = ...,
+        requester: _builtins.str = ...,
+        created: _timestamp_pb2.Timestamp | None = ...,
+        sent: _timestamp_pb2.Timestamp | None = ...,
+        finished: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        error: _builtins.str = ...,
+        result: _telemetry_pb2.CommandResult | None = ...,
+        command: _telemetry_pb2.Command | None = ...,
+        mutating: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "created", b"created", "deadline", b"deadline", "finished", b"finished", "result", b"result", "sent", b"sent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "created", b"created", "deadline", b"deadline", "error", b"error", "finished", b"finished", "id", b"id", "kind", b"kind", "mutating", b"mutating", "node", b"node", "requester", b"requester", "result", b"result", "sent", b"sent", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommandInfo: _TypeAlias = CommandInfo  # noqa: Y015

@@ -55,6 +55,11 @@ class OperatorStub:
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.FromString,
                 _registered_method=True)
+        self.ListCommands = channel.unary_unary(
+                '/gpufleet.v1.Operator/ListCommands',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -86,6 +91,13 @@ class OperatorServicer:
         """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
         node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
         returns when the node has answered (or the timeout passed: done=false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCommands(self, request, context):
+        """Commands sent to agents (any kind), newest first, optionally for one node.
         later: DrainNode, RetuneNode
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -114,6 +126,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ProbeNode,
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.SerializeToString,
+            ),
+            'ListCommands': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCommands,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +242,33 @@ class Operator:
             '/gpufleet.v1.Operator/ProbeNode',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ProbeNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCommands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ListCommands',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,9 @@ class OperatorStub:
     """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
     node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
     returns when the node has answered (or the timeout passed: done=false).
+    """
+    ListCommands: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListCommandsRequest, _operator_pb2.ListCommandsResponse]
+    """Commands sent to agents (any kind), newest first, optionally for one node.
     later: DrainNode, RetuneNode
     """
 
@@ -61,6 +64,9 @@ class OperatorAsyncStub(OperatorStub):
     """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
     node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
     returns when the node has answered (or the timeout passed: done=false).
+    """
+    ListCommands: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListCommandsRequest, _operator_pb2.ListCommandsResponse]  # type: ignore[assignment]
+    """Commands sent to agents (any kind), newest first, optionally for one node.
     later: DrainNode, RetuneNode
     """
 
@@ -100,6 +106,15 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         """Ask a connected node to run probes now (a RunProbes command on its stream). NOT_FOUND if the
         node is unknown, FAILED_PRECONDITION if it is not connected or cannot run probes. With `wait`,
         returns when the node has answered (or the timeout passed: done=false).
+        """
+
+    @_abc_1.abstractmethod
+    def ListCommands(
+        self,
+        request: _operator_pb2.ListCommandsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListCommandsResponse, _abc.Awaitable[_operator_pb2.ListCommandsResponse]]:
+        """Commands sent to agents (any kind), newest first, optionally for one node.
         later: DrainNode, RetuneNode
         """
 

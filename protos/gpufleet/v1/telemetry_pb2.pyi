@@ -112,24 +112,28 @@ class AgentMessage(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     FRAME_FIELD_NUMBER: _builtins.int
     COMMAND_RESULT_FIELD_NUMBER: _builtins.int
+    COMMAND_STARTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
     def frame(self) -> Global___TelemetryFrame: ...
     @_builtins.property
     def command_result(self) -> Global___CommandResult: ...
+    @_builtins.property
+    def command_started(self) -> Global___CommandStarted: ...
     def __init__(
         self,
         *,
         hello: Global___Hello | None = ...,
         frame: Global___TelemetryFrame | None = ...,
         command_result: Global___CommandResult | None = ...,
+        command_started: Global___CommandStarted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command_result", b"command_result", "frame", b"frame", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command_result", b"command_result", "command_started", b"command_started", "frame", b"frame", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_result", b"command_result", "frame", b"frame", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_result", b"command_result", "command_started", b"command_started", "frame", b"frame", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "frame", "command_result"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "frame", "command_result", "command_started"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -1709,6 +1713,12 @@ Global___Ack: _TypeAlias = Ack  # noqa: Y015
 
 @_typing.final
 class Command(_message.Message):
+    """One command for the agent. Adding a command: one member here, its result in CommandResult's
+    payload, one handler file under agent/commands/ registered by the member's name (see README).
+    The controller may send the same id again (after its restart, or on a new stream): the agent
+    runs each id once and answers a repeat with the result it kept.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -1771,26 +1781,85 @@ class RunProbes(_message.Message):
 Global___RunProbes: _TypeAlias = RunProbes  # noqa: Y015
 
 @_typing.final
+class CommandStarted(_message.Message):
+    """The agent began running a command (the controller's state `running`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    command_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        command_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommandStarted: _TypeAlias = CommandStarted  # noqa: Y015
+
+@_typing.final
 class CommandResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     COMMAND_ID_FIELD_NUMBER: _builtins.int
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    REPEATED_FIELD_NUMBER: _builtins.int
+    RUN_PROBES_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     ok: _builtins.bool
     error: _builtins.str
+    repeated: _builtins.bool
+    """answered from the agent's memory of this id: not run again"""
+    @_builtins.property
+    def run_probes(self) -> Global___RunProbesResult: ...
     def __init__(
         self,
         *,
         command_id: _builtins.str = ...,
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
+        repeated: _builtins.bool = ...,
+        run_probes: Global___RunProbesResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "run_probes", b"run_probes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "error", b"error", "ok", b"ok", "payload", b"payload", "repeated", b"repeated", "run_probes", b"run_probes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_probes"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___CommandResult: _TypeAlias = CommandResult  # noqa: Y015
+
+@_typing.final
+class RunProbesResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    results: _builtins.int
+    """probe results produced (they ride in frames, with this command's id)"""
+    failed: _builtins.int
+    """of which failed"""
+    duration_seconds: _builtins.float
+    """wall time of the run"""
+    def __init__(
+        self,
+        *,
+        results: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        duration_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "error", b"error", "ok", b"ok"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_seconds", b"duration_seconds", "failed", b"failed", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___CommandResult: _TypeAlias = CommandResult  # noqa: Y015
+Global___RunProbesResult: _TypeAlias = RunProbesResult  # noqa: Y015

@@ -52,13 +52,15 @@ class SimAgent:
     agent: Agent
     exporter: Exporter
     gpu: SimNode
+    rounds: int = 0
 
     def sample(self) -> Snapshot:
         return self.agent.sample()
 
     def run_probes(self, names: Sequence[str] = ()) -> None:
         """One probe round through the agent's command path; the results ride the next sample."""
-        command = pb.Command(id="probe-round", run_probes=pb.RunProbes(probes=list(names)))
+        self.rounds += 1  # a new id each round: the agent answers a repeated id without running it
+        command = pb.Command(id=f"probe-round-{self.rounds}", run_probes=pb.RunProbes(probes=list(names)))
         result = asyncio.run(self.agent.handle_command(command))
         assert result.ok, result.error
 

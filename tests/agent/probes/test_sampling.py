@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from agent.probes.sampling import Sample, Sampler, during
 from agent.sources.errors import SourceError
@@ -49,7 +50,7 @@ def test_the_sampler_polls_until_stopped_and_gives_windows() -> None:
     gpus = Gpus(gpus=2)
     start = time.time()
     with Sampler(gpus, interval=0.02) as sampler:
-        time.sleep(0.2)
+        until(lambda: gpus.reads >= 5)  # ~0.1 s idle; a loaded machine's thread may take longer
     end = time.time()
     assert gpus.reads >= 5
     window = sampler.window(1, start, end)
@@ -67,5 +68,12 @@ class Broken(Gpus):
 
 def test_a_failing_source_is_counted_not_raised() -> None:
     with Sampler(Broken(), interval=0.02) as sampler:
-        time.sleep(0.05)
+        until(lambda: sampler.errors >= 2)
     assert sampler.errors >= 2 and sampler.samples == {}
+
+
+def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for the sampler's thread to get there, however slowly a loaded machine runs it."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -101,7 +101,9 @@ def test_stop_does_not_wait_for_a_hung_bmc() -> None:
     assert source.polling.wait(5)
     start = time.monotonic()
     poller.stop(timeout=0.2)
-    assert time.monotonic() - start < 1.0
+    # The poll hangs until `release`, set below: a stop that waited for it would never return, one
+    # that ignored its timeout would take stop's default 2 s. Room for a loaded CI machine's stalls.
+    assert time.monotonic() - start < 1.5
     assert source.closed == 0  # the poll in flight still uses the session: no logout under it
     release.set()
 
@@ -119,7 +121,7 @@ def test_gpu_sampling_never_waits_for_the_bmc() -> None:
         for _ in range(3):
             start = time.perf_counter()
             snapshot = agent.sample()
-            assert time.perf_counter() - start < 0.5
+            assert time.perf_counter() - start < 2.0  # the BMC hangs until `release`; slack for load
             assert len(snapshot.gpus) == 2
             assert snapshot.bmc is None and "bmc" in snapshot.collectors  # nothing to show yet
         assert [g.index for g in source.seen_gpus] == [0, 1]  # the poller got the inventory

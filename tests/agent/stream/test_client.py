@@ -472,12 +472,16 @@ def test_agent_answers_a_probe_command_and_sends_the_results_at_once(tmp_path: P
                 await until(lambda: bool(probe_frames()), "a frame with probe results")
                 await until(lambda: agent.spool is not None and len(agent.spool) == 0, "acks")
             (result,) = controller.of_kind("command_result")
-            assert result.command_result == pb.CommandResult(command_id="p1", ok=True)
+            answer = result.command_result
+            assert (answer.command_id, answer.ok, answer.error, answer.repeated) == ("p1", True, "", False)
+            (started,) = controller.of_kind("command_started")  # before the answer: the state `running`
+            assert started.command_started.command_id == "p1"
             (with_probes,) = probe_frames()
             # The first frame, if the results beat its sample, else the one right after it; never the
             # next tick's, a minute away. Which of the two is a race between threads.
             assert with_probes.seq in (1, 2)
             assert {p.probe for p in with_probes.probes} == {"gemm", "membw", "pcie", "nccl"}
+            assert (answer.run_probes.results, answer.run_probes.failed) == (len(with_probes.probes), 0)
             hello_msg = controller.received(0)[0].hello
             assert hello_msg.boot_id == agent.boot_id == with_probes.boot_id
 

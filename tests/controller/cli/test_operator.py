@@ -78,16 +78,16 @@ def test_nodes_json(controller: ControllerThread, capsys: Capture) -> None:
     doc = json_out(capsys)
     assert list(doc) == ["nodes"]
     nodes = doc["nodes"]
-    assert [(n["name"], n["health"], n["active_findings"]) for n in nodes] == [
-        ("a-healthy", "healthy", 0),
-        ("b-degraded", "degraded", 2),
+    assert [(n["name"], n["health"], n["active_findings"]) for n in nodes] == [  # worst first
         ("c-critical", "critical", 3),
+        ("b-degraded", "degraded", 2),
         ("d-stale", "stale", 1),
+        ("a-healthy", "healthy", 0),
         ("e-returned", "healthy", 0),
     ]
-    a = nodes[0]
+    a = nodes[3]
     assert a["acked_seq"] == 1 and isinstance(a["acked_seq"], int)
-    assert a["connected"] is True and nodes[3]["connected"] is False
+    assert a["connected"] is True and nodes[2]["connected"] is False
     assert a["gpu_count"] == 2 and a["source"] == "sim" and a["boot_id"] == "b1"
     assert a["last_seen"] == "2027-01-15T08:00:00Z"  # T0, RFC 3339 in UTC
 

@@ -10,9 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from controller.app import ControllerApp
 from controller.cli.main import main
+from controller.cli.output import print_document
+from controller.cli.probe_node import response_to_dict
+from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import ControllerThread, config, hello
 from tests.support import free_port
@@ -43,7 +47,7 @@ async def scripted(app: ControllerApp, node: str, behaviour: str) -> None:
     await app.ingest.hello(h)
     outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
     app.connected(node)
-    app.probing.stream_opened(h, outbox)
+    app.commands.open_stream(h, outbox, "scripted")
     seq = 0
     while True:
         command = (await outbox.get()).command
@@ -58,7 +62,7 @@ async def scripted(app: ControllerApp, node: str, behaviour: str) -> None:
         await app.ingest.frame(node, frame)
         app.probing.frame_results(node, frame)
         error = "gemm/bf16: check failed: NaN" if behaviour == "fail" else ""
-        app.probing.command_result(node, pb.CommandResult(command_id=command.id, ok=not error, error=error))
+        app.commands.answered(node, pb.CommandResult(command_id=command.id, ok=not error, error=error))
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +181,36 @@ def test_an_unreachable_controller_exits_1(capsys: Capture) -> None:
     code, out, err = run(capsys, "probe-node", "good", "--controller", f"127.0.0.1:{free_port()}")
     assert (code, out) == (1, "")
     assert err.startswith("gpufleet probe-node: cannot reach controller at 127.0.0.1:")
+
+
+def test_yaml_is_the_json_document(controller: ControllerThread, capsys: Capture) -> None:
+    code, out, err = run(
+        capsys, "probe-node", "good", "--gpu", "0", "--controller", controller.address, "-o", "yaml"
+    )
+    assert (code, err) == (0, "")
+    doc = yaml.safe_load(out)
+    assert list(doc) == ["node", "command_id", "done", "ok", "error", "results"]
+    (only,) = doc["results"]
+    assert (only["probe"], only["gpu"], only["value"], only["command_id"]) == (
+        "gemm",
+        0,
+        700.0,
+        doc["command_id"],
+    )
+    resp = operator_pb2.ProbeNodeResponse(
+        command_id="c1", done=True, ok=True, results=[result("gemm", "bf16", 0, 1.0, "c1")]
+    )
+    for fmt in ("json", "yaml"):
+        print_document(response_to_dict("good", resp), fmt)
+    as_json, as_yaml = capsys.readouterr().out.split("\n}\n")
+    assert yaml.safe_load(as_yaml) == json.loads(as_json + "}") == response_to_dict("good", resp)
+
+
+def test_wide_table_has_more_columns(
+    controller: ControllerThread, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run(capsys, "probe-node", "good", "--controller", controller.address, "-o", "wide")
+    assert (code, err) == (0, "")
+    header = next(line for line in out.splitlines() if "PROBE" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]][-4:] == ["SECONDS", "DEVICE", "SM MHz", "TEMP C"]

@@ -7,11 +7,15 @@ import pytest
 
 from agent.sources.sim import FAULTS, FaultSpec
 from controller.config import DetectConfig, DetectorConfig
+from controller.detect import DETECTED
 from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
+from protos.names import CAUSES
 from tests.simfleet import SimFleet
 
 WINDOW = 5.0
+# The simulator's faults the detectors claim to find: their cause, from a field the fault shows in.
+DETECTABLE = sorted(n for n, f in FAULTS.items() if set(f.shows_in) & DETECTED.get(f.cause, frozenset()))
 
 
 def detect(sim: SimFleet, **overrides: object) -> list[tuple[str, int | None, str, str]]:
@@ -34,11 +38,16 @@ def test_healthy_fleet_has_no_findings(seed: int) -> None:
     assert detect(run(24, {}, seed)) == []
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", DETECTABLE)
 def test_each_fault_is_found_with_its_cause_and_nothing_else(fault: str) -> None:
     sim = run(12, {"node-05": [FaultSpec(fault, 2)]})
     found = detect(sim)
-    assert {(n, g, c) for n, g, c, _ in found} == {("node-05", 2, fault)}
+    assert {(n, g, c) for n, g, c, _ in found} == {("node-05", 2, FAULTS[fault].cause)}
+
+
+def test_detected_causes_are_the_contracts_and_each_has_a_fault_to_show_it() -> None:
+    assert set(DETECTED) <= set(CAUSES)
+    assert {FAULTS[name].cause for name in DETECTABLE} == set(DETECTED)
 
 
 def test_throttle_needs_the_window() -> None:

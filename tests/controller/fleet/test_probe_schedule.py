@@ -244,14 +244,15 @@ def test_a_small_fleet_still_probes_one_node_at_a_time() -> None:
     assert plans(fleet, in_flight=("b",)) == []
 
 
-# The book of commands: in flight until answered, given up after the timeout or a restart
+# The book of probe commands: in flight until the command channel finishes them (its own tests:
+# tests/controller/commands/)
 
 
 def command(node: str = "n1", reason: str = "periodic", at: float = T0, cid: str = "c1") -> ProbeCommand:
     return ProbeCommand(id=cid, node=node, boot_id="b1", reason=reason, sent_at=at, run=pb.RunProbes())
 
 
-def test_a_command_is_in_flight_until_its_timeout() -> None:
+def test_a_command_is_in_flight_until_the_channel_finishes_it() -> None:
     book = ProbeCommands()
     c = command()
     book.start(c, [("n1", 0), ("n1", None)])
@@ -259,12 +260,12 @@ def test_a_command_is_in_flight_until_its_timeout() -> None:
     assert book.sent["periodic"] == 1
     with pytest.raises(ValueError, match="already has probe command c1"):
         book.start(command(cid="c2"), [])
-    assert book.expire(T0 + 600, timeout=600) == []
-    assert book.expire(T0 + 601, timeout=600) == [c]
+    book.finish(c, ok=False, error="no answer within 600s", failure="timeout")
     assert book.in_flight == {} and c.done and not c.answered and not c.ok
     assert c.error == "no answer within 600s"
     assert book.failed[("periodic", "timeout")] == 1
-    assert book.answered("n1", pb.CommandResult(command_id="c1", ok=True)) is None  # too late
+    book.finish(c, ok=True, error="", failure="")  # too late: finished once
+    assert not c.ok and book.failed[("periodic", "timeout")] == 1
 
 
 def test_answers_and_results_are_kept_by_command_id() -> None:
@@ -279,17 +280,16 @@ def test_answers_and_results_are_kept_by_command_id() -> None:
         "n2", [pb.ProbeResult(probe="pcie", variant="h2d", gpu=0, command_id="c1")]
     )  # not its node
     assert c.result_list() == [mine] and c.results_seen.is_set()
-    assert book.answered("n2", pb.CommandResult(command_id="c1", ok=True)) is None
-    assert book.answered("n1", pb.CommandResult(command_id="c1", ok=False, error="gemm/bf16: NaN")) is c
+    book.finish(c, ok=False, error="gemm/bf16: NaN", failure="error")
     assert (c.answered, c.ok, c.error) == (True, False, "gemm/bf16: NaN")
     assert book.failed[("operator", "error")] == 1 and book.in_flight == {}
     assert book.get("c1") is c
 
 
-def test_a_new_boot_ends_the_old_boots_command() -> None:
+def test_a_command_never_sent_is_discarded() -> None:
     book = ProbeCommands()
-    c = command(reason="on_connect")
-    book.start(c, [])
-    assert book.restarted("n1", "b1") is None  # a reconnect of the same boot: still in flight
-    assert book.restarted("n1", "b2") is c
-    assert not c.answered and book.failed[("on_connect", "restarted")] == 1
+    c = command(reason="operator")
+    book.start(c, [("n1", 0)])
+    book.discard(c)
+    assert book.in_flight == {} and book.get("c1") is None and book.sent["operator"] == 0
+    book.start(command(cid="c2"), [])  # the node is free again

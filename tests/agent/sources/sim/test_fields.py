@@ -18,6 +18,7 @@ import pytest
 
 from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, NvLinkReading, XidCount, XidEvent
 from agent.sources.sim import FAULTS, FaultSpec, SimNode
+from agent.sources.sim.profile import H100_SXM
 from agent.stream import frames
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import clock_event_reason_names, enum_name
@@ -366,21 +367,31 @@ MOVES: dict[str, tuple[set[str], set[str]]] = {
         {"gpm_dram_activity_ratio", "memory_utilization_ratio"},
         {"gpm_dram_activity_ratio", "memory_utilization_ratio"},
     ),
+    "nvlink_crc_errors": ({"nvlinks"}, {"nvlinks"}),  # up and carrying traffic: only error counters move
+    # Off the bus: nothing but the XIDs is read, so every field but those goes missing.
+    "xid_79": ({"sm_clock_hz", "power_watts", "nvlinks", "xid_counts"}, set(fields(GpuReading))),
+    "xid_48": (
+        {"ecc_uncorrected_volatile_total", "ecc_uncorrected_aggregate_total", "xid_counts"},
+        {"ecc_uncorrected_volatile_total", "ecc_uncorrected_aggregate_total", "xid_counts", "xid_events"},
+    ),
+    "vbios_drift": (set(), set()),  # the inventory shows it (test_vbios_drift_changes_the_inventory_only)
 }
+GPU_FAULTS = sorted(name for name, fault in FAULTS.items() if fault.level == "gpu")
 
 
-def test_every_fault_has_its_fields() -> None:
-    assert set(MOVES) == set(FAULTS)
+def test_every_gpu_fault_has_its_fields() -> None:
+    assert set(MOVES) == set(GPU_FAULTS)
 
 
 def twin_histories(fault: str, count: int = 4) -> tuple[list[list[GpuReading]], list[list[GpuReading]]]:
     faulty, faulty_clock = node_and_clock([FaultSpec(fault, GPU)])
     twin, twin_clock = node_and_clock()
-    assert faulty.inventory() == twin.inventory()  # a fault changes readings, never the inventory
+    if fault != "vbios_drift":
+        assert faulty.inventory() == twin.inventory()  # a fault changes readings, not the inventory
     return reads(faulty, faulty_clock, count), reads(twin, twin_clock, count)
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", GPU_FAULTS)
 def test_fault_moves_its_fields_and_nothing_else(fault: str) -> None:
     faulty, twin = twin_histories(fault)
     must, may = MOVES[fault]
@@ -490,3 +501,61 @@ def test_hbm_degraded_lowers_dram_activity_only() -> None:
         b.memory_clock_hz,
         b.gpm_sm_activity_ratio,
     )
+
+
+def test_nvlink_crc_errors_keep_the_links_up_and_their_errors_rising() -> None:
+    faulty, twin = twin_histories("nvlink_crc_errors", count=5)
+    first, last, healthy = faulty[0][GPU], faulty[-1][GPU], twin[-1][GPU]
+    erroring = [
+        link.link
+        for link in last.nvlinks
+        if link.crc_errors_total != healthy.nvlinks[link.link].crc_errors_total
+    ]
+    assert 1 <= len(erroring) <= 3
+    assert all(link.active for link in last.nvlinks)
+    for link in erroring:
+        a, b, t = first.nvlinks[link], last.nvlinks[link], healthy.nvlinks[link]
+        assert (a.crc_errors_total or 0) < (b.crc_errors_total or 0)
+        assert (a.replay_errors_total or 0) < (b.replay_errors_total or 0)
+        assert (b.tx_bytes_total, b.rx_bytes_total, b.recovery_errors_total) == (
+            t.tx_bytes_total,
+            t.rx_bytes_total,
+            t.recovery_errors_total,
+        )
+    assert last.nvlink_tx_bytes_total == healthy.nvlink_tx_bytes_total
+
+
+def test_xid_79_leaves_only_the_xids_of_a_gpu_off_the_bus() -> None:
+    node, clock = node_and_clock([FaultSpec("xid_79", GPU)])
+    first, later = reads(node, clock, 3)[0::2]
+    lost = first[GPU]
+    assert [e.code for e in lost.xid_events] == [79] and lost.xid_events[0].unix_time_seconds == START
+    assert lost.uuid == node.inventory().gpus[GPU].uuid
+    assert all(
+        missing(getattr(lost, name))
+        for name in set(fields(lost)) - {"index", "uuid", "xid_events", "xid_counts"}
+    )
+    assert later[GPU].xid_events == [] and [(c.code, c.total) for c in later[GPU].xid_counts] == [(79, 1)]
+    assert node.last_errors() == [f"gpu {GPU} lost (fallen off the bus)"]
+    gemm = node.probe("gemm", "bf16", GPU)
+    assert gemm.value == 0.0 and "fallen off the bus" in gemm.error
+    assert "fallen off the bus" in node.probe("nccl", "all_reduce", None).error
+    assert node.probe("nccl", "all_reduce", None, ranks=[0, 1]).error == ""  # the others still work
+
+
+def test_xid_48_counts_one_uncorrected_error_and_remaps_no_row() -> None:
+    faulty, twin = twin_histories("xid_48")
+    first, last, healthy = faulty[0][GPU], faulty[-1][GPU], twin[-1][GPU]
+    assert [e.code for e in first.xid_events] == [48]
+    assert last.xid_events == [] and [(c.code, c.total) for c in last.xid_counts] == [(48, 1)]
+    assert last.ecc_uncorrected_volatile_total == (healthy.ecc_uncorrected_volatile_total or 0) + 1
+    assert (last.row_remap_pending, last.row_remap_uncorrectable_total) == (False, 0)
+
+
+def test_vbios_drift_changes_the_inventory_only() -> None:
+    faulty, _ = node_and_clock([FaultSpec("vbios_drift", GPU)])
+    twin, _ = node_and_clock()
+    drifted, healthy = faulty.inventory(), twin.inventory()
+    assert drifted.gpus[GPU].vbios_version != H100_SXM.vbios_version
+    assert dataclasses.replace(drifted.gpus[GPU], vbios_version=H100_SXM.vbios_version) == healthy.gpus[GPU]
+    assert drifted.gpus[:GPU] + drifted.gpus[GPU + 1 :] == healthy.gpus[:GPU] + healthy.gpus[GPU + 1 :]

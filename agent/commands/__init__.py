@@ -1,0 +1,1 @@
+"""Commands from the controller: one handler file per `Command` oneof member (see registry.py)."""

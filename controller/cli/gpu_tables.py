@@ -1,0 +1,155 @@
+"""Per-GPU tables: `gpufleet node NAME`'s latest readings and probe results, `gpufleet probe-node`'s run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from controller.cli.layout import Cell, Col, make_table
+from controller.cli.tables import age
+from protos.gpufleet.v1 import telemetry_pb2
+from protos.names import clock_event_reason_names
+
+
+def _fmt(sample: telemetry_pb2.GpuSample, field: str, scale: float = 1.0, digits: int = 0) -> str:
+    if not sample.HasField(field):  # type: ignore[arg-type]
+        return "-"
+    return f"{getattr(sample, field) / scale:.{digits}f}"
+
+
+def _pcie(g: telemetry_pb2.GpuSample) -> str:
+    if not (g.HasField("pcie_link_gen") and g.HasField("pcie_link_width")):
+        return "-"
+    pcie = f"gen{g.pcie_link_gen} x{g.pcie_link_width}"
+    if g.pcie_link_gen < g.pcie_link_gen_max or g.pcie_link_width < g.pcie_link_width_max:
+        pcie += f" (max gen{g.pcie_link_gen_max} x{g.pcie_link_width_max})"
+    return pcie
+
+
+def _remap(g: telemetry_pb2.GpuSample) -> str:
+    if not g.HasField("row_remap_pending"):
+        return "-"
+    return "pending" if g.row_remap_pending else ("failed" if g.row_remap_failure else "ok")
+
+
+def gpus_table(gpus: Sequence[telemetry_pb2.GpuSample], *, wide: bool = False) -> Table:
+    columns = (
+        Col("GPU", key=True),
+        Col("UUID", drop=13, wide=True),
+        Col("UTIL %", drop=10, wide=True),
+        Col("SM MHz", drop=3),
+        Col("MEM MHz", drop=6),
+        Col("POWER W", drop=4),
+        Col("LIMIT W", drop=5),
+        Col("TEMP C", drop=2),
+        Col("MEM TEMP C", drop=11, wide=True),
+        Col("PSTATE", drop=12, wide=True),
+        Col("PCIE", drop=7, wrap=True),
+        Col("NVLINK", drop=8),
+        Col("ROW REMAP", drop=9),
+        Col("XID", drop=0),
+        Col("REASONS", drop=1, wrap=True),
+    )
+    rows: list[Sequence[Cell]] = []
+    for g in gpus:
+        links = f"{sum(1 for link in g.nvlinks if link.active)}/{len(g.nvlinks)}" if g.nvlinks else "-"
+        reasons = ", ".join(clock_event_reason_names(g.clock_event_reasons)) if g.clock_event_reasons else ""
+        util = _fmt(g, "gpu_utilization_ratio", 0.01)
+        pstate = f"P{g.performance_state}" if g.HasField("performance_state") else "-"
+        rows.append(
+            (
+                str(g.index),
+                g.uuid or "-",
+                util,
+                _fmt(g, "sm_clock_hz", 1e6),
+                _fmt(g, "memory_clock_hz", 1e6),
+                _fmt(g, "power_watts"),
+                _fmt(g, "enforced_power_limit_watts"),
+                _fmt(g, "temperature_celsius"),
+                _fmt(g, "memory_temperature_celsius"),
+                pstate,
+                _pcie(g),
+                links,
+                _remap(g),
+                ", ".join(f"{c.code} x{c.total}" for c in g.xid_counts) or "-",
+                reasons,
+            )
+        )
+    return make_table("GPUs (latest readings)", columns, rows, wide=wide)
+
+
+def _gpu(r: telemetry_pb2.ProbeResult) -> str:
+    return str(r.gpu) if r.HasField("gpu") else "node"
+
+
+def _check(r: telemetry_pb2.ProbeResult) -> str:
+    if not r.HasField("check_passed"):
+        return "-"
+    check = "ok" if r.check_passed else "FAILED"
+    if r.HasField("check_relative_error"):
+        check += f" ({r.check_relative_error:.1e})"
+    return check
+
+
+def probes_table(probes: Sequence[telemetry_pb2.ProbeResult], *, wide: bool = False) -> Table:
+    columns = (
+        Col("PROBE", key=True),
+        Col("VARIANT", key=True),
+        Col("GPU", key=True),
+        Col("VALUE", drop=1, wrap=True),
+        Col("PEAK", drop=2),
+        Col("WHEN", drop=3),
+        Col("MODE", drop=4, wide=True),
+        Col("SECONDS", drop=5, wide=True),
+        Col("CHECK", drop=6, wide=True),
+    )
+    rows: list[Sequence[Cell]] = []
+    for p in probes:
+        value = Text(f"failed: {p.error}", style="red") if p.error else f"{p.value:.1f} {p.unit}"
+        peak = f"{p.peak_ratio:.0%}" if p.HasField("peak_ratio") else "-"
+        mode = (p.mode or "-") + (" (simulated)" if p.simulated else "")
+        when = age(p.time.seconds)
+        rows.append(
+            (p.probe, p.variant, _gpu(p), value, peak, when, mode, f"{p.duration_seconds:.1f}", _check(p))
+        )
+    return make_table("Probe results (latest)", columns, rows, wide=wide)
+
+
+def probe_run_table(results: Sequence[telemetry_pb2.ProbeResult], title: str, *, wide: bool = False) -> Table:
+    """The results of one probe command (`gpufleet probe-node`), in the order the controller sends them."""
+    columns = (
+        Col("PROBE", key=True),
+        Col("VARIANT", key=True),
+        Col("GPU", key=True),
+        Col("VALUE", justify="right", drop=1, wrap=True),
+        Col("UNIT", drop=2),
+        Col("PEAK", justify="right", drop=3),
+        Col("MODE", drop=5),
+        Col("CHECK", drop=4),
+        Col("SECONDS", justify="right", drop=6, wide=True),
+        Col("DEVICE", drop=7, wide=True),
+        Col("SM MHz", justify="right", drop=8, wide=True),
+        Col("TEMP C", justify="right", drop=9, wide=True),
+    )
+    rows: list[Sequence[Cell]] = []
+    for r in results:
+        value: Cell = Text(f"failed: {r.error}", style="red", justify="left") if r.error else f"{r.value:.1f}"
+        rows.append(
+            (
+                r.probe,
+                r.variant,
+                _gpu(r),
+                value,
+                "" if r.error else r.unit,
+                f"{r.peak_ratio:.0%}" if r.HasField("peak_ratio") and not r.error else "-",
+                (r.mode or "-") + (" (simulated)" if r.simulated else ""),
+                _check(r),
+                f"{r.duration_seconds:.1f}",
+                r.device or "-",
+                _fmt(r.during, "sm_clock_hz", 1e6),
+                _fmt(r.during, "temperature_celsius"),
+            )
+        )
+    return make_table(title, columns, rows, wide=wide)

@@ -1,0 +1,111 @@
+"""Tables that never cut what identifies a row.
+
+A column is a `Col`: `key` columns (node name, GPU, finding id, ...) are never wrapped, cut or
+dropped. When a table is wider than the terminal, `wrap` columns (free text: evidence, reasons)
+wrap, down to WRAP_MIN characters or their longest word, and the others go, highest `drop` first.
+Piped output (no terminal, no $COLUMNS) is never narrowed: every row stays on one line, whole,
+for grep and awk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+from rich.table import Column, Table
+from rich.text import Text
+
+Cell = str | Text
+PIPE_WIDTH = 1000  # text beside the tables when piped: never folded
+WRAP_MIN = 16
+
+
+@dataclass
+class Col(Column):
+    key: bool = False  # identifies the row: never wrapped, cut or dropped
+    drop: int = 0  # when too narrow, dropped highest first; 0: never dropped
+    wrap: bool = False  # free text: wraps when too narrow (other columns are whole or dropped)
+    wide: bool = False  # shown only with -o wide
+
+
+def make_table(
+    title: str, columns: Sequence[Col], rows: Iterable[Sequence[Cell]], *, wide: bool = False
+) -> Table:
+    """A table of the columns `wide` selects; each row gives a cell for every column in `columns`."""
+    shown = [i for i, c in enumerate(columns) if wide or not c.wide]
+    table = Table(*(columns[i] for i in shown), title=title, title_justify="left")
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    for column in table.columns:
+        if isinstance(column, Col) and column.key:
+            column.no_wrap = True
+            column.min_width = max(_widths(column)[1], column.min_width or 0)
+    return table
+
+
+def _widths(column: Column) -> tuple[int, int]:
+    """The narrowest (longest word) and widest (one line) the column's cells can be, padding excluded."""
+    console = Console(width=PIPE_WIDTH)
+    cells: list[RenderableType] = [column.header, *column.cells]
+    measured = [Measurement.get(console, console.options, c) for c in cells]
+    return max(m.minimum for m in measured), max(m.maximum for m in measured)
+
+
+def _narrowest(column: Column, low: int, high: int) -> int:
+    if isinstance(column, Col) and column.wrap and not column.key:
+        return min(high, max(low, WRAP_MIN))
+    return high
+
+
+def _border(table: Table) -> int:
+    """Borders and padding around the cells: one rule per column and the edge, one space each side."""
+    n = len(table.columns)
+    return (n + 1 if table.box else 0) + 2 * n
+
+
+def fit(table: Table, width: int | None) -> int:
+    """Narrow `table` to `width` (None: leave it whole); the width it will print at."""
+    ranges = [_widths(c) for c in table.columns]
+    natural = sum(high for _, high in ranges) + _border(table)
+    if width is None or natural <= width:
+        return natural
+    lows = [_narrowest(c, low, high) for c, (low, high) in zip(table.columns, ranges, strict=True)]
+    while sum(lows) + _border(table) > width:
+        droppable = [i for i, c in enumerate(table.columns) if isinstance(c, Col) and c.drop and not c.key]
+        if not droppable:
+            break  # only what identifies a row is left: print it wider than the terminal, whole
+        i = max(droppable, key=lambda j: getattr(table.columns[j], "drop", 0))
+        del table.columns[i], ranges[i], lows[i]
+    widths = [high for _, high in ranges]
+    excess = sum(widths) + _border(table) - width
+    while excess > 0:  # take a character at a time from the widest column that can still wrap
+        shrinkable = [i for i in range(len(widths)) if widths[i] > lows[i]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda j: widths[j])
+        widths[widest] -= 1
+        excess -= 1
+    for column, w in zip(table.columns, widths, strict=True):
+        column.width = w
+    for i, column in enumerate(table.columns):
+        column._index = i
+    return max(width, sum(widths) + _border(table))
+
+
+def terminal_width() -> int | None:
+    """The terminal's width ($COLUMNS first); None when piped without $COLUMNS."""
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console.width
+    return None
+
+
+def show(*items: RenderableType, width: int | None = None) -> None:
+    """Print tables (fitted to the terminal) and text on stdout; `width` overrides the terminal's."""
+    width = width or terminal_width()
+    for item in items:
+        needed = fit(item, width) if isinstance(item, Table) else 0
+        Console(width=max(width or PIPE_WIDTH, needed)).print(item)

@@ -1,0 +1,109 @@
+"""Commands sent to agents, as stored: one row per command id, rewritten on every state change.
+
+The functions run in the store thread (see writer.py); Store in sqlite.py is their async face.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+OPEN_STATES = ("pending", "sent", "running")
+FINAL_STATES = ("succeeded", "failed", "timed_out", "cancelled")
+STATES = OPEN_STATES + FINAL_STATES
+
+
+@dataclass(slots=True)
+class CommandRecord:
+    id: str
+    node: str
+    kind: str
+    requester: str
+    created: float
+    deadline: float
+    command: pb.Command
+    state: str = "pending"
+    sent: float | None = None
+    finished: float | None = None
+    boot_id: str = ""  # the agent boot it was last sent to
+    error: str = ""
+    result: pb.CommandResult | None = None
+    failure: str = ""  # not stored: how this controller saw it fail (error, timeout, restarted)
+
+    @property
+    def open(self) -> bool:
+        return self.state in OPEN_STATES
+
+
+COLUMNS = (
+    "id, node, kind, requester, state, created, sent, finished, deadline, boot_id, error, command, result"
+)
+
+
+def save_command(conn: sqlite3.Connection, r: CommandRecord) -> None:
+    conn.execute(
+        f"INSERT OR REPLACE INTO commands ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            r.id,
+            r.node,
+            r.kind,
+            r.requester,
+            r.state,
+            r.created,
+            r.sent,
+            r.finished,
+            r.deadline,
+            r.boot_id,
+            r.error,
+            r.command.SerializeToString(),
+            None if r.result is None else r.result.SerializeToString(),
+        ),
+    )
+
+
+def _record(row: tuple[object, ...]) -> CommandRecord:
+    cid, node, kind, requester, state, created, sent, finished, deadline, boot_id, error, command, result = (
+        row
+    )
+    assert isinstance(command, bytes) and (result is None or isinstance(result, bytes))
+    return CommandRecord(
+        id=str(cid),
+        node=str(node),
+        kind=str(kind),
+        requester=str(requester),
+        state=str(state),
+        created=float(created),  # type: ignore[arg-type]
+        sent=None if sent is None else float(sent),  # type: ignore[arg-type]
+        finished=None if finished is None else float(finished),  # type: ignore[arg-type]
+        deadline=float(deadline),  # type: ignore[arg-type]
+        boot_id=str(boot_id),
+        error=str(error),
+        command=pb.Command.FromString(command),
+        result=None if result is None else pb.CommandResult.FromString(result),
+    )
+
+
+def list_commands(conn: sqlite3.Connection, node: str, limit: int) -> list[CommandRecord]:
+    """Newest first, optionally one node's."""
+    sql = f"SELECT {COLUMNS} FROM commands"
+    args: list[object] = []
+    if node:
+        sql += " WHERE node = ?"
+        args.append(node)
+    sql += " ORDER BY created DESC, id LIMIT ?"
+    args.append(limit)
+    return [_record(row) for row in conn.execute(sql, args)]
+
+
+def open_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
+    """Commands not finished, oldest first: what a restarted controller still owes its nodes."""
+    rows = conn.execute(f"SELECT {COLUMNS} FROM commands WHERE finished IS NULL ORDER BY created, id")
+    return [_record(row) for row in rows]
+
+
+def prune_commands(conn: sqlite3.Connection, before: float) -> int:
+    return conn.execute(
+        "DELETE FROM commands WHERE finished IS NOT NULL AND finished < ?", (before,)
+    ).rowcount
