@@ -16,12 +16,12 @@ import sys
 from collections.abc import Callable
 
 from agent import version
-from agent.bmc_setup import endpoint
+from agent.compose.bmc import endpoint
 from agent.config import BmcConfig
 from agent.jsonout import finite
 from agent.sources.bmc import BmcSample
-from agent.sources.bmc_credentials import ENV_PASSWORD, ENV_USERNAME
-from agent.sources.redfish import BmcError
+from agent.sources.redfish.credentials import ENV_PASSWORD, ENV_USERNAME
+from agent.sources.redfish.session import BmcError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, BmcError) as exc:
         print(f"gpufleet bmc: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    from agent.sources.redfish_bmc import RedfishBmc
+    from agent.sources.redfish.bmc import RedfishBmc
 
     progress: Callable[[str], None] | None = None
     if sys.stderr.isatty():

@@ -12,15 +12,15 @@ import sys
 from typing import Any
 
 from agent import version
-from agent.bmc_setup import build_bmc
-from agent.config import AgentConfig, ConfigError, load
-from agent.exporter import Exporter, MetricsServer, MetricsServerError
+from agent.compose.bmc import build_bmc
+from agent.compose.metrics import metrics_server
+from agent.compose.sources import build_sources
+from agent.config import ConfigError, load
+from agent.exporter import MetricsServer, MetricsServerError
 from agent.jsonout import finite
-from agent.probes.base import ProbeRunner
 from agent.snapshot import Snapshot
 from agent.sources.errors import SourceError
-from agent.sources.gpu import GpuSource, Inventory
-from agent.sources.host import HostReader, HostSource
+from agent.sources.gpu import Inventory
 from agent.sources.sim.faults import FaultSpec
 from agent.sources.sim.faults.listing import fault_list
 from protos.gpufleet.v1 import telemetry_pb2
@@ -121,35 +121,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def build_sources(config: AgentConfig) -> tuple[GpuSource, HostReader, ProbeRunner]:
-    """The GPU source, host and probe runner the config asks for; SourceError if NVML cannot start.
-
-    The simulator brings its own host (SimHost, driven by the node's load) and modelled probes;
-    NVML goes with the real host under `host_root` and real probes where torch sees the GPUs
-    (else a runner that says why not).
-    """
-    if config.source == "sim":
-        from agent.probes.modelled import ModelledProbes
-        from agent.sources.sim import SimHost, SimNode
-
-        sim = config.sim
-        node = SimNode(
-            config.node,
-            gpus=sim.gpus,
-            seed=sim.seed,
-            load=sim.load,
-            faults=[f.spec() for f in sim.faults],
-            idle_every_seconds=sim.idle_every_seconds,
-            idle_seconds=sim.idle_seconds,
-        )
-        return node, SimHost(node, seed=sim.seed), ModelledProbes(node)
-    from agent.probes.setup import real_probes
-    from agent.sources.nvml import NvmlSource
-
-    source = NvmlSource(slow_every=config.nvml.slow_every_cycles, xid_events=config.nvml.xid_events)
-    return source, HostSource(config.host_root), real_probes(config.probes)
-
-
 def _snapshot_json(agent_inventory: Inventory, snapshot: Snapshot, node: str) -> str:
     """One snapshot as stable JSON: sorted keys, NaN and infinities as null, enum values also named.
 
@@ -234,24 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
         return 0 if all(s.success for s in snapshot.collectors.values()) else 1
     try:
-        server = _metrics_server(agent, config)
+        server = metrics_server(agent, config)
     except MetricsServerError as exc:  # before sampling: the agent never half-starts
         agent.close()
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve(agent, server))
-
-
-def _metrics_server(agent: Any, config: AgentConfig) -> MetricsServer | None:
-    """Bind /metrics where the config says (None: not served) and attach its exporter to `agent`."""
-    if config.metrics.address is None:
-        return None
-    exporter = Exporter(
-        config.node, agent.inventory, agent.host_facts, dcgm_compat=config.metrics.dcgm_compat
-    )
-    server = MetricsServer(config.metrics.address, exporter.render, title=f"gpufleet agent on {config.node}")
-    agent.exporter = exporter
-    return server
 
 
 def _parse_faults(specs: list[str], gpus: int) -> list[Any]:

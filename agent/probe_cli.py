@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from agent.compose.probes import open_nvml, policy, timeouts
 from agent.config import ConfigError, ProbesConfig, load
 from agent.jsonout import finite
 from agent.probes.base import ProbeOutcome
 from agent.probes.kernels import names
 from agent.probes.runner import Device, OpenSource, TorchProbes
-from agent.probes.setup import open_nvml, policy, timeouts
 from agent.probes.suite import SUITE_BUDGET_SECONDS
 from agent.probes.worker import NO_CUDA
 from agent.probes.worker_client import WorkerError, run_worker

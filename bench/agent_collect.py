@@ -1,6 +1,6 @@
 """What one agent collection cycle costs: wall and CPU time, RSS, NVML calls, frame size.
 
-Builds the agent as `gpufleet agent` does (agent.config.load, agent.cli.build_sources, the host
+Builds the agent as `gpufleet agent` does (agent.config.load, agent.compose.sources.build_sources, the host
 source, agent.daemon.Agent) and runs N cycles of Agent.sample() plus the frame the stream would
 send (agent.stream.frames.frame, serialised). Probes are not run and nothing is spooled or sent,
 so the figures are the collection path alone. Prints figures and a verdict against each budget;
@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from agent.cli import build_sources
+from agent.compose.sources import build_sources
 from agent.config import ConfigError, load
 from agent.daemon import Agent
 from agent.sources.errors import SourceError

@@ -28,9 +28,9 @@ def build(args: argparse.Namespace) -> BmcSource:
         from agent.sources.sim.bmc import SimBmc
 
         return SimBmc(SimNode("bench-node"))
-    from agent.bmc_setup import endpoint
+    from agent.compose.bmc import endpoint
     from agent.config import BmcConfig
-    from agent.sources.redfish_bmc import RedfishBmc
+    from agent.sources.redfish.bmc import RedfishBmc
 
     cfg = BmcConfig(
         url=args.url,

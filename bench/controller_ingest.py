@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.probes.modelled import ModelledProbes
 from agent.snapshot import Snapshot
 from agent.sources.sim import SimNode
+from agent.sources.sim.probes import ModelledProbes
 from agent.stream import frames
 from controller.app import ControllerApp
 from controller.config import ControllerConfig

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from agent.config import load
 from agent.daemon import Agent
 from agent.exporter import Exporter, MetricsServer
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
 from agent.sources.sim.bmc import SimBmc
 from agent.sources.sim.host import SimHost
+from agent.sources.sim.probes import ModelledProbes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"

@@ -2,6 +2,6 @@
 
 import sys
 
-from controller.cli.main import main
+from controller.main import main
 
 sys.exit(main())

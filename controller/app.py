@@ -1,7 +1,10 @@
 """The controller's core, without gRPC: store, fleet state, ingest, connections, detection passes,
 the command channel to agents (controller/commands/) and probe commands (controller/probing.py).
 
-Servicers translate the wire to calls on this object; tests drive it directly.
+This is the controller's composition root: ControllerApp.__init__ wires every subsystem from the
+config, and a new one (tuning, Kubernetes) plugs in here; controller/server.py adds gRPC and
+/metrics around it, and controller/main.py is the `gpufleet` command's dispatcher. Servicers
+translate the wire to calls on this object; tests drive it directly.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from collections.abc import Callable
 from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.detect.base import DetectContext, discover
-from controller.detect.finding import FindingKey
 from controller.detect.runner import PassReport, run_detectors
+from controller.fleet.finding import FindingKey
 from controller.fleet.findings import StoredFinding, reconcile
-from controller.fleet.ingest import Ingest
 from controller.fleet.model import Fleet
+from controller.ingest import Ingest
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.store.sqlite import Store

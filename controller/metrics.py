@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from controller.app import ControllerApp
-from controller.detect.finding import SEVERITIES
+from controller.fleet.finding import SEVERITIES
 from controller.fleet.health import node_health
 from controller.metrics_record import SecondsHistogram
 from protos.gpufleet.v1 import operator_pb2

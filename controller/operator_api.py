@@ -10,8 +10,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from controller.app import ControllerApp
 from controller.commands.kinds import CommandKind
-from controller.detect.finding import Evidence
 from controller.errors import InvalidMessage, NotFound
+from controller.fleet.finding import Evidence
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState

@@ -6,9 +6,9 @@ Controller side: plan_frame/apply_frame (the same updates ingest makes, without 
 
 from __future__ import annotations
 
-from agent.probes.modelled import ModelledProbes
 from agent.snapshot import Snapshot
 from agent.sources.sim import FaultSpec, SimNode
+from agent.sources.sim.probes import ModelledProbes
 from agent.stream import frames
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.probes.worker import NO_TORCH
-from controller.cli.main import AGENT_COMMANDS, build_parser
+from controller.main import AGENT_COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.config import DetectConfig
-from controller.detect.finding import Finding
+from controller.fleet.finding import Finding
 from controller.fleet.model import Fleet
 
 

@@ -7,7 +7,7 @@ explains nothing, the cause is slow_unknown: we never guess.
 
 from __future__ import annotations
 
-from controller.detect.finding import Evidence
+from controller.fleet.finding import Evidence
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import clock_event_reason_names

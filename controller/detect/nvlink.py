@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import nvlink_evidence
-from controller.detect.finding import Finding
+from controller.fleet.finding import Finding
 
 NAME = "nvlink"
 

@@ -11,8 +11,8 @@ from collections import defaultdict
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import explain_gpu, explain_node
-from controller.detect.finding import Evidence, Finding
 from controller.detect.stats import Baseline, baseline
+from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
 
 NAME = "probe_outlier"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controller.detect.base import DetectContext, register
-from controller.detect.finding import Evidence, Finding
+from controller.fleet.finding import Evidence, Finding
 
 NAME = "row_remap"
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from controller.detect.base import DetectContext, discover
-from controller.detect.finding import Finding, FindingKey, worse
+from controller.fleet.finding import Finding, FindingKey, worse
 
 log = logging.getLogger("gpufleet.controller.detect")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import THERMAL, clock_cause
-from controller.detect.finding import Evidence, Finding
+from controller.fleet.finding import Evidence, Finding
 
 NAME = "throttle"
 

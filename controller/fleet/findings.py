@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from controller.detect.finding import Finding, FindingKey
+from controller.fleet.finding import Finding, FindingKey
 
 
 @dataclass(slots=True)

@@ -77,3 +77,18 @@ class Fleet:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     probes: dict[ProbeKey, ProbeRecord] = field(default_factory=dict)
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, boot) -> highest contiguous seq
+
+
+@dataclass(slots=True)
+class FrameWrite:
+    """Everything one accepted frame changes, written in one transaction with its ack position."""
+
+    node: str
+    boot_id: str
+    seq: int
+    time: float
+    gpus: list[GpuState] = field(default_factory=list)
+    host: pb.HostSample | None = None
+    probes: list[ProbeRecord] = field(default_factory=list)
+    bmc: bmc_pb2.BmcSample | None = None
+    bmc_time: float = 0.0  # the BMC poll's start, which is not the frame's time

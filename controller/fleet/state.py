@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 
 from controller.fleet.conditions import update_held
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
 from controller.fleet.sanitize import clear_non_finite
-from controller.store.sqlite import FrameWrite
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 

@@ -12,7 +12,6 @@ import copy
 import json
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from time import perf_counter
@@ -20,9 +19,9 @@ from typing import TypeVar
 
 import msgspec
 
-from controller.detect.finding import Finding
+from controller.fleet.finding import Finding
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.store import commands as command_rows
 from controller.store.commands import CommandRecord
@@ -44,21 +43,6 @@ OPERATIONS = (
     "list_commands",
     "load_commands",
 )
-
-
-@dataclass(slots=True)
-class FrameWrite:
-    """Everything one accepted frame changes, written in one transaction with its ack position."""
-
-    node: str
-    boot_id: str
-    seq: int
-    time: float
-    gpus: list[GpuState] = field(default_factory=list)
-    host: pb.HostSample | None = None
-    probes: list[ProbeRecord] = field(default_factory=list)
-    bmc: bmc_pb2.BmcSample | None = None
-    bmc_time: float = 0.0  # the BMC poll's start, which is not the frame's time
 
 
 class Store:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent import bmc_cli
-from agent.bmc_setup import endpoint
+from agent.compose.bmc import endpoint
 from agent.config import BmcConfig
-from agent.sources.redfish import BmcError
+from agent.sources.redfish.session import BmcError
 
 
 def test_a_url_holding_credentials_is_refused_without_echoing_them(

@@ -395,8 +395,8 @@ def test_bad_probe_config(overrides: dict[str, Any], expected: str) -> None:
 
 
 def test_disabled_probes_say_so() -> None:
+    from agent.compose.probes import real_probes
     from agent.config import ProbesConfig
-    from agent.probes.setup import real_probes
 
     runner = real_probes(ProbesConfig(enabled=False))
     assert runner.available() == []

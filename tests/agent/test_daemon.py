@@ -15,13 +15,14 @@ import pytest
 from agent.config import load
 from agent.daemon import Agent
 from agent.probes.base import NoProbes, ProbeOutcome, ProbeRunner
-from agent.probes.modelled import ModelledProbes
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuReading, Inventory
-from agent.sources.host import HostReader, HostReading, HostSource
+from agent.sources.host import HostReader, HostReading
+from agent.sources.linux.source import HostSource
 from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
 from agent.sources.sim.node import PROBE_VARIANTS
+from agent.sources.sim.probes import ModelledProbes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import grpc
 
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
-from controller.detect.finding import Evidence, Finding
+from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
 from controller.server import build_server
 from protos.gpufleet.v1 import bmc_pb2

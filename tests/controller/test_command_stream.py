@@ -15,9 +15,9 @@ import pytest
 from agent.config import load
 from agent.daemon import Agent
 from agent.probes.base import ProbeOutcome
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
+from agent.sources.sim.probes import ModelledProbes
 from controller.config import ProbeConfig
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc

@@ -20,7 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 from controller import metrics_http
 from controller.app import ControllerApp
 from controller.detect.base import discover
-from controller.detect.finding import SEVERITIES
+from controller.fleet.finding import SEVERITIES
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.store.sqlite import OPERATIONS

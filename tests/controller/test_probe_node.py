@@ -21,9 +21,9 @@ from prometheus_client import generate_latest
 
 from agent.config import load
 from agent.daemon import Agent
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
+from agent.sources.sim.probes import ModelledProbes
 from controller.config import ProbeConfig
 from controller.metrics import controller_registry
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc

@@ -25,7 +25,7 @@ from agent.sources.bmc import (
     BmcTemperature,
 )
 from agent.sources.gpu import GpuInfo
-from agent.sources.redfish_values import worst
+from agent.sources.redfish.values import worst
 from agent.sources.sim.bmc_chassis import HGX_H100_CHASSIS, ChassisProfile, Thresholds
 from agent.sources.sim.faults import FAULTS
 from agent.sources.sim.gpu import OperatingPoint, bounded_gauss

@@ -22,11 +22,11 @@ from prometheus_client.samples import Sample
 from agent.config import load
 from agent.daemon import Agent
 from agent.exporter import Exporter, MetricsServer
-from agent.probes.modelled import ModelledProbes
 from agent.snapshot import Snapshot
 from agent.sources.sim import SimNode
 from agent.sources.sim.bmc import SimBmc
 from agent.sources.sim.faults import FaultSpec
+from agent.sources.sim.probes import ModelledProbes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.support import require
 

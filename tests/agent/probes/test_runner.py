@@ -299,7 +299,7 @@ def test_real_gpu_end_to_end() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible to torch")
-    from agent.probes.setup import open_nvml
+    from agent.compose.probes import open_nvml
     from agent.sources.errors import SourceError
 
     try:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sources.bmc_credentials import ENV_PASSWORD, ENV_USERNAME, load_credentials
-from agent.sources.redfish import BmcError, Credentials
+from agent.sources.redfish.credentials import ENV_PASSWORD, ENV_USERNAME, load_credentials
+from agent.sources.redfish.session import BmcError, Credentials
 
 
 def test_nothing_configured_means_anonymous() -> None:

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from agent.sources.bmc_settings import patch_bios_settings, read_bios_settings
-from agent.sources.redfish import BmcEndpoint, BmcError, Credentials, RedfishSession
+from agent.sources.redfish.session import BmcEndpoint, BmcError, Credentials, RedfishSession
+from agent.sources.redfish.settings import patch_bios_settings, read_bios_settings
 from tests.redfish_servers import FakeBmcServer, RunningServer
 
 SETTINGS = "/redfish/v1/Systems/System_0/Bios/Settings"

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from agent.sources.errors import SourceError
-from agent.sources.host import HostSource
+from agent.sources.linux.source import HostSource
 
 BOOT_ID = "0e6f8a3c-59c1-4d0b-9d7e-2b7a7cbd1f42"
 CPUINFO = """\

@@ -17,11 +17,11 @@ from agent.snapshot import Snapshot
 from agent.sources.host import (
     CpuCoreReading,
     DiskReading,
-    HostSource,
     InfinibandPortReading,
     NetInterfaceReading,
     PcieAerReading,
 )
+from agent.sources.linux.source import HostSource
 from agent.sources.sim import SimNode
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "host" / "vm-ib-aer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.sources.host_proc import (
+from agent.sources.linux.proc import (
     CpuTimes,
     parse_bracketed,
     parse_meminfo,
@@ -13,7 +13,7 @@ from agent.sources.host_proc import (
     parse_stat,
     utilization,
 )
-from agent.sources.host_sys import natural_key, parse_ib_phys_state, parse_ib_rate, parse_ib_state
+from agent.sources.linux.sysfs import natural_key, parse_ib_phys_state, parse_ib_rate, parse_ib_state
 
 NET_DEV_HEADER = (
     "Inter-|   Receive                                                |  Transmit\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.sources import nvml as nvml_module
 from agent.sources.errors import SourceError
 from agent.sources.gpu import ComputeProcess, GpuReading
-from agent.sources.nvml import NvmlSource
+from agent.sources.nvml import source as nvml_module
+from agent.sources.nvml.source import NvmlSource
 from tests.agent.sources.test_nvml_fake import CLUSTER_UUID, DOWN_LINK, H100_LINKS, FakeNvml, fast_xid_thread
 
 ROW_REMAP_FIELDS = [
@@ -321,8 +321,9 @@ def test_only_the_nvml_module_imports_pynvml() -> None:
     sources = nvml_module.__file__
     assert sources is not None
     importing = re.compile(r"^\s*(import|from)\s+pynvml\b", re.MULTILINE)
-    found = [p.name for p in Path(sources).parent.rglob("*.py") if importing.search(p.read_text())]
-    assert found == ["nvml.py"]
+    tree = Path(sources).parent.parent  # agent/sources
+    found = [p.relative_to(tree).as_posix() for p in tree.rglob("*.py") if importing.search(p.read_text())]
+    assert found == ["nvml/source.py"]
 
 
 def test_nvml_is_initialised_and_shut_down_once(fake: FakeNvml) -> None:

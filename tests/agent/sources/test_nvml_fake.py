@@ -22,10 +22,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.sources import nvml as nvml_module
-from agent.sources import nvml_catalogue
-from agent.sources.nvml_gpm import METRICS
-from agent.sources.nvml_query import ALL_LINKS, Fn, Query
+from agent.sources.nvml import catalogue as nvml_catalogue
+from agent.sources.nvml import source as nvml_module
+from agent.sources.nvml.gpm import METRICS
+from agent.sources.nvml.query import ALL_LINKS, Fn, Query
 
 H100_LINKS = 18
 DOWN_LINK = 5

@@ -9,8 +9,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.sources.nvml import NvmlSource
-from agent.sources.nvml_query import ALL_LINKS
+from agent.sources.nvml.query import ALL_LINKS
+from agent.sources.nvml.source import NvmlSource
 from tests.agent.sources.test_nvml_fake import UINT, FakeNvml, fast_xid_thread
 
 FI = pynvml

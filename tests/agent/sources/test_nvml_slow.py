@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from agent.sources.gpu import ComputeProcess
-from agent.sources.nvml import NvmlSource
+from agent.sources.nvml.source import NvmlSource
 from tests.agent.sources.test_nvml_fake import H100_LINKS, FakeNvml, fast_xid_thread
 
 

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from agent.sources import nvml as nvml_module
-from agent.sources import nvml_xid
 from agent.sources.gpu import GpuReading, XidCount
-from agent.sources.nvml import NvmlSource
+from agent.sources.nvml import source as nvml_module
+from agent.sources.nvml import xid as nvml_xid
+from agent.sources.nvml.source import NvmlSource
 from tests.agent.sources.test_nvml_fake import FakeNvml, fast_xid_thread
 
 
@@ -104,7 +104,7 @@ def test_xids_of_a_lost_gpu_are_still_counted_and_carried(fake: FakeNvml, source
 def test_the_xid_thread_survives_nvml_errors(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.sources.nvml_xid")
+    caplog.set_level(logging.WARNING, logger="agent.sources.nvml.xid")
     fake.events.put(pynvml.NVML_ERROR_UNKNOWN)
     fake.events.put(pynvml.NVML_ERROR_GPU_IS_LOST)
     fake.xid(1, 31)

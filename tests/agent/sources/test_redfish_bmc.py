@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from agent.sources.bmc import SECTIONS, BmcSample
 from agent.sources.gpu import GpuInfo
-from agent.sources.redfish import BmcEndpoint, Credentials
-from agent.sources.redfish_bmc import RedfishBmc
+from agent.sources.redfish.bmc import RedfishBmc
+from agent.sources.redfish.session import BmcEndpoint, Credentials
 from tests.redfish_servers import LEGACY_ONLY, FakeBmcServer, RunningServer
 
 HGX_SERIALS = [f"16549220000{k}" for k in range(1, 9)]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from agent.sources.bmc import SECTIONS, BmcSample
-from agent.sources.redfish import BmcEndpoint, BmcError, Credentials, RedfishSession
-from agent.sources.redfish_bmc import RedfishBmc
+from agent.sources.redfish.bmc import RedfishBmc
+from agent.sources.redfish.session import BmcEndpoint, BmcError, Credentials, RedfishSession
 from tests.redfish_servers import HGX_NODE, FakeBmcServer, TlsFiles
 
 ADMIN = Credentials("admin", "secret")

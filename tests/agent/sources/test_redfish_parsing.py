@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 
 from agent.sources.gpu import GpuInfo
-from agent.sources.redfish_gpus import GpuBoard, board_slot, gpu_board, map_boards
-from agent.sources.redfish_inventory import attribute_text, bios_pending, log_entry, newest
-from agent.sources.redfish_thermal import context_of, fans_from_legacy, temperatures_from_legacy
-from agent.sources.redfish_values import health, number, snake, worst
+from agent.sources.redfish.gpus import GpuBoard, board_slot, gpu_board, map_boards
+from agent.sources.redfish.inventory import attribute_text, bios_pending, log_entry, newest
+from agent.sources.redfish.thermal import context_of, fans_from_legacy, temperatures_from_legacy
+from agent.sources.redfish.values import health, number, snake, worst
 
 
 def test_sensor_context_from_name_where_physical_context_says_little() -> None:
@@ -151,4 +151,4 @@ def test_only_the_redfish_module_imports_the_redfish_library() -> None:
         for p in (repo / package).rglob("*.py")
         if importing.search(p.read_text())
     ]
-    assert found == ["agent/sources/redfish.py"]
+    assert found == ["agent/sources/redfish/session.py"]

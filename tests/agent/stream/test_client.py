@@ -18,9 +18,9 @@ import pytest
 
 from agent.config import load
 from agent.daemon import Agent
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
+from agent.sources.sim.probes import ModelledProbes
 from agent.stream.backoff import Backoff
 from agent.stream.client import StreamClient
 from agent.stream.spool import Spool

@@ -15,7 +15,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agent.config import load
 from agent.daemon import Agent
 from agent.probes.base import ProbeOutcome
-from agent.probes.modelled import ModelledProbes
 from agent.snapshot import CollectorStatus, Snapshot
 from agent.sources.gpu import (
     ComputeProcess,
@@ -36,6 +35,7 @@ from agent.sources.host import (
     PcieAerReading,
 )
 from agent.sources.sim import SimHost, SimNode
+from agent.sources.sim.probes import ModelledProbes
 from agent.stream import frames
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from controller.app import ControllerApp
-from controller.cli.main import main
+from controller.main import main
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import ControllerThread, config, hello
 from tests.support import free_port

@@ -15,7 +15,7 @@ import pytest
 
 from controller.app import ControllerApp
 from controller.cli import operator
-from controller.cli.main import main
+from controller.main import main
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import (
     STALE_AFTER,

@@ -18,8 +18,8 @@ import yaml
 
 from controller.app import ControllerApp
 from controller.cli import operator
-from controller.cli.main import build_parser, main
 from controller.cli.output import CONTROLLER_ENV, DEFAULT_CONTROLLER, OUTPUT_FORMATS
+from controller.main import build_parser, main
 from protos.gpufleet.v1 import operator_pb2
 from tests.controller.harness import (
     H100,

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from controller.app import ControllerApp
-from controller.cli.main import main
 from controller.cli.output import print_document
 from controller.cli.probe_node import response_to_dict
+from controller.main import main
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import ControllerThread, config, hello

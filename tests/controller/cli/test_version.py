@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import version as version_module
-from controller.cli.main import main
+from controller.main import main
 
 ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from controller.detect.finding import Evidence, Finding
 from controller.errors import StoreUnavailable
+from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import GpuState, ProbeRecord
-from controller.store.sqlite import FrameWrite, Store
+from controller.fleet.model import FrameWrite, GpuState, ProbeRecord
+from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import bmc_sample
 

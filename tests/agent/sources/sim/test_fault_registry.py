@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agent import cli
-from agent.bmc_setup import build_bmc
+from agent.compose.bmc import build_bmc
+from agent.compose.sources import build_sources
 from agent.config import ConfigError, load
 from agent.sources.sim import FAULTS, FaultSpec
 from agent.sources.sim.bmc import SimBmc
@@ -152,7 +153,7 @@ def test_config_faults_reach_host_and_bmc() -> None:
         {"fault": "xid_48", "gpu": 1},
     ]
     config = load(None, {"node": "n3", "source": "sim", "sim": {"gpus": 2, "faults": faults}})
-    gpu, host, _ = cli.build_sources(config)
+    gpu, host, _ = build_sources(config)
     bmc = build_bmc(config, gpu)
     assert isinstance(host, SimHost) and isinstance(bmc, SimBmc)
     assert host.condition.governor == "powersave" and host.condition.down_ib_ports == {"mlx5_4"}

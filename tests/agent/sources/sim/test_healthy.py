@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
+from agent.sources.sim.probes import ModelledProbes
 from protos.names import clock_event_reason_names
 
 

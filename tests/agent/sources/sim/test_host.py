@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from agent.cli import build_sources
+from agent.compose.sources import build_sources
 from agent.config import load
 from agent.sources.host import HostReading
 from agent.sources.sim import SimHost, SimNode

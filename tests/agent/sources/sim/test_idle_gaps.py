@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from agent.cli import build_sources
+from agent.compose.sources import build_sources
 from agent.config import ConfigError, load
 from agent.sources.sim import FaultSpec, SimHost, SimNode
 from protos.names import clock_event_reason_names

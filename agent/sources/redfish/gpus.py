@@ -16,8 +16,8 @@ from typing import Any
 
 from agent.sources.bmc import BmcGpu
 from agent.sources.gpu import GpuInfo
-from agent.sources.redfish_thermal import is_temperature_sensor
-from agent.sources.redfish_values import health, member_id, number, snake, text
+from agent.sources.redfish.thermal import is_temperature_sensor
+from agent.sources.redfish.values import health, member_id, number, snake, text
 
 # HGX_GPU_SXM_1, GPU_SXM_1, HGX_GPU_1; not HGX_ERoT_GPU_SXM_1 (its root of trust) nor NVSwitches.
 _BOARD = re.compile(r"^(?:HGX_)?GPU_(?:SXM_)?(\d+)$", re.IGNORECASE)

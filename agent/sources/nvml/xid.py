@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.sources.gpu import XidCount, XidEvent
-from agent.sources.nvml_query import address, error_code
+from agent.sources.nvml.query import address, error_code
 
 log = logging.getLogger(__name__)
 

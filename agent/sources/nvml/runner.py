@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sources.nvml_query import Query, error_code
+from agent.sources.nvml.query import Query, error_code
 
 # Union members of c_nvmlValue_t by the field value's valueType, and their width in bits.
 _VALUE_MEMBERS = {

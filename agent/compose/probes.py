@@ -35,7 +35,7 @@ def timeouts(cfg: ProbesConfig) -> Timeouts:
 
 def open_nvml(complete: bool) -> GpuSource:
     """A GPU source of the probe runner's own (the agent's sampling loop keeps its own)."""
-    from agent.sources.nvml import NvmlSource
+    from agent.sources.nvml.source import NvmlSource
 
     return NvmlSource(slow_every=1 if complete else SLOW_NEVER, xid_events=False)
 

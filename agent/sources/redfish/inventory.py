@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.sources.bmc import BmcFirmware, BmcLogEntry
-from agent.sources.redfish_values import member_id, obj, text
+from agent.sources.redfish.values import member_id, obj, text
 
 MAX_MESSAGE = 500  # characters of a log message kept; SEL text is short, OEM dumps are not
 

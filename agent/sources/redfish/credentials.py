@@ -13,7 +13,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent.sources.redfish import BmcError, Credentials
+from agent.sources.redfish.session import BmcError, Credentials
 
 log = logging.getLogger("gpufleet.agent.bmc")
 ENV_USERNAME = "GPUFLEET_BMC_USERNAME"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.sources import redfish_inventory as inv
-from agent.sources.redfish import BmcError, RedfishSession
-from agent.sources.redfish_bmc import host_system
-from agent.sources.redfish_values import link
+from agent.sources.redfish import inventory as inv
+from agent.sources.redfish.bmc import host_system
+from agent.sources.redfish.session import BmcError, RedfishSession
+from agent.sources.redfish.values import link
 
 AttributeValue = str | int | float | bool
 

@@ -12,14 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agent.sources.host import (
-    GPU_PCI_CLASSES,
-    NVIDIA_PCI_VENDOR,
-    InfinibandPortReading,
-    PcieAerReading,
-)
+from agent.sources.host import InfinibandPortReading, PcieAerReading
 
 T = TypeVar("T")
+
+NVIDIA_PCI_VENDOR = "0x10de"
+GPU_PCI_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers
 
 IB_WORD_BYTES = 4  # port_rcv_data / port_xmit_data count 32-bit words (IBA PortCounters)
 # Block devices that are not disks.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.probes.modelled import ModelledProbes
 from agent.sources.sim import SimNode
+from agent.sources.sim.probes import ModelledProbes
 
 
 def runner(gpus: int = 4) -> ModelledProbes:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.sources.redfish import BmcError, Resource, resource_path
-from agent.sources.redfish_values import obj
+from agent.sources.redfish.session import BmcError, Resource, resource_path
+from agent.sources.redfish.values import obj
 
 # These end the poll: the next request would fail the same way (after another timeout, maybe).
 FATAL_KINDS = ("unreachable", "timeout", "tls", "auth")

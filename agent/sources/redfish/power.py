@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.sources.bmc import BmcPowerSupply
-from agent.sources.redfish_values import health, number, state, text
+from agent.sources.redfish.values import health, number, state, text
 
 
 def _psu(

@@ -17,15 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.sources import redfish_inventory as inv
-from agent.sources import redfish_power as pwr
-from agent.sources import redfish_thermal as thermal
 from agent.sources.bmc import SECTIONS, BmcLogEntry, BmcSample, BmcSectionStatus
 from agent.sources.gpu import GpuInfo
-from agent.sources.redfish import BmcEndpoint, BmcError, RedfishSession
-from agent.sources.redfish_gpus import board_slot, gpu_board, map_boards
-from agent.sources.redfish_reader import FATAL_KINDS, Reader, claims_expand
-from agent.sources.redfish_values import health, link, links, member_id, text, worst
+from agent.sources.redfish import inventory as inv
+from agent.sources.redfish import power as pwr
+from agent.sources.redfish import thermal
+from agent.sources.redfish.gpus import board_slot, gpu_board, map_boards
+from agent.sources.redfish.reader import FATAL_KINDS, Reader, claims_expand
+from agent.sources.redfish.session import BmcEndpoint, BmcError, RedfishSession
+from agent.sources.redfish.values import health, link, links, member_id, text, worst
 
 log = logging.getLogger("gpufleet.agent.bmc")
 INVENTORY_SECTIONS = ("bios", "firmware")

@@ -11,15 +11,15 @@ from agent.config import AgentConfig, BmcConfig
 if TYPE_CHECKING:
     from agent.sources.bmc import BmcSource
     from agent.sources.gpu import GpuSource
-    from agent.sources.redfish import BmcEndpoint
+    from agent.sources.redfish.session import BmcEndpoint
 
 
 def endpoint(cfg: BmcConfig, url: str) -> BmcEndpoint:
     """The endpoint for `url` with credentials resolved now; BmcError(kind="config") if they can't be."""
     from urllib.parse import urlsplit
 
-    from agent.sources.bmc_credentials import load_credentials
-    from agent.sources.redfish import BmcEndpoint, BmcError
+    from agent.sources.redfish.credentials import load_credentials
+    from agent.sources.redfish.session import BmcEndpoint, BmcError
 
     if "@" in urlsplit(url).netloc:
         # requests would log in with them, and the URL is the BMC's label in logs, metrics and
@@ -45,7 +45,7 @@ def endpoint(cfg: BmcConfig, url: str) -> BmcEndpoint:
 def build_bmc(config: AgentConfig, gpu: GpuSource) -> BmcSource | None:
     cfg = config.bmc
     if cfg.url:
-        from agent.sources.redfish_bmc import RedfishBmc
+        from agent.sources.redfish.bmc import RedfishBmc
 
         return RedfishBmc(
             endpoint(cfg, cfg.url), log_entries=cfg.log_entries, inventory_every=cfg.inventory_every_polls

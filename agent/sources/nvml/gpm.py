@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sources.nvml_query import Query, address
+from agent.sources.nvml.query import Query, address
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Functions and constants are named as strings and looked up on the module the source passes in, so
 that a pynvml or driver without one reads as FUNCTION_NOT_FOUND (unsupported), never as an import
-or attribute error. The catalogue of questions itself is in nvml_catalogue.py.
+or attribute error. The catalogue of questions itself is in catalogue.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 from agent.sources.errors import SourceError
 from agent.sources.gpu import GpuInfo, GpuReading, Inventory, NvLinkReading
-from agent.sources.nvml_catalogue import (
+from agent.sources.nvml.catalogue import (
     CALL_READINGS,
     FIELD_READINGS,
     IDENTITY,
@@ -26,10 +26,10 @@ from agent.sources.nvml_catalogue import (
     MEMORY,
     MIG_MODE,
 )
-from agent.sources.nvml_gpm import GpmSampler
-from agent.sources.nvml_query import Query, error_code, fn, text
-from agent.sources.nvml_runner import CounterSample, GpuLost, QueryRunner, Subject
-from agent.sources.nvml_xid import XidWatcher
+from agent.sources.nvml.gpm import GpmSampler
+from agent.sources.nvml.query import Query, error_code, fn, text
+from agent.sources.nvml.runner import CounterSample, GpuLost, QueryRunner, Subject
+from agent.sources.nvml.xid import XidWatcher
 
 try:
     import pynvml as _pynvml

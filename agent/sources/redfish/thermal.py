@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.sources.bmc import BmcFan, BmcTemperature
-from agent.sources.redfish_values import health, number, obj, snake, state, text
+from agent.sources.redfish.values import health, number, obj, snake, state, text
 
 # Name fragments that say where a sensor sits when PhysicalContext does not (Dell calls the inlet
 # sensor "System Board Inlet Temp" with context SystemBoard, for example).

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from agent.sources.gpu import ComputeProcess
-from agent.sources.nvml_query import (
+from agent.sources.nvml.query import (
     ALL_LINKS,
     Call,
     Query,
