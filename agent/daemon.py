@@ -23,6 +23,7 @@ from agent.commands.registry import CommandContext
 from agent.config import AgentConfig
 from agent.exporter import Exporter
 from agent.probes.base import ProbeOutcome, ProbeRunner
+from agent.probes.kernels import infos
 from agent.snapshot import CollectorStatus, Snapshot
 from agent.sources.bmc import BmcSource
 from agent.sources.bmc_poller import BmcPoller
@@ -130,15 +131,19 @@ class Agent:
             self._failing[status.name] = status.error
 
     def hello(self) -> pb.Hello:
+        """Hello: inventory, host facts, commands served, and each offered probe with its declared
+        facts (a ProbeInfo from its kernel's file), from which the controller schedules and compares it."""
+        offered = self.probes.available()
         return frames.hello(
             self.config.node,
             self.boot_id,
             version(),
             self.inventory,
             host=self.host_facts,
-            probes=self.probes.available(),
+            probes=offered,
             started_at=self.started_at,
             capabilities=self.commands.capabilities,
+            probe_infos=infos(offered),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

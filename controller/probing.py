@@ -18,7 +18,8 @@ from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.errors import FailedPrecondition, InvalidMessage, NotFound
 from controller.fleet.model import Fleet, NodeState
-from controller.fleet.probe_schedule import CAPABILITY, NODE_LEVEL_PROBES, ProbePlan, ProbeTarget, plan_probes
+from controller.fleet.probe_info import node_level_probes, probe_infos
+from controller.fleet.probe_schedule import CAPABILITY, ProbePlan, ProbeTarget, plan_probes
 from controller.probe_commands import ProbeCommand, ProbeCommands
 from controller.store.commands import CommandRecord
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -192,7 +193,7 @@ def _check_request(node: NodeState, run: pb.RunProbes) -> None:
     if missing:
         have = ", ".join(map(str, sorted(present)))
         raise InvalidMessage(f"node {node.name} has no GPU {', '.join(map(str, missing))} (it has: {have})")
-    offered = set(node.hello.probes)
+    offered = set(probe_infos(node.hello))
     unknown = [p for p in run.probes if p not in offered]
     if unknown:
         have = ", ".join(sorted(offered)) or "none"
@@ -205,8 +206,9 @@ def _targets(node: NodeState, run: pb.RunProbes) -> list[ProbeTarget]:
     """What a run probes, for the scheduler's book of attempts. A node-level probe counts only on
     every GPU: an all-reduce over some of them is not comparable with the node's usual one."""
     names = set(run.probes)
-    per_gpu = not names or bool(names - NODE_LEVEL_PROBES)
-    node_level = not run.gpus and (not names or bool(names & NODE_LEVEL_PROBES))
+    whole_node = node_level_probes(node.hello)  # as the node's Hello describes its probes
+    per_gpu = not names or bool(names - whole_node)
+    node_level = not run.gpus and (not names or bool(names & whole_node))
     gpus = list(run.gpus) or [g.index for g in node.hello.inventory.gpus]
     targets: list[ProbeTarget] = [(node.name, g) for g in gpus] if per_gpu else []
     return [*targets, (node.name, None)] if node_level else targets

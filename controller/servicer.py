@@ -64,12 +64,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             while True:
                 getter = asyncio.create_task(outbox.get())
                 done, _ = await asyncio.wait({getter, reader, replaced}, return_when=asyncio.FIRST_COMPLETED)
+                # Replaced first, even when a message came in the same wakeup: a replaced stream sends
+                # nothing more (its commands went again, same ids, on the newer stream).
+                if replaced in done:  # (the channel logged it) unsent messages go with the stream
+                    getter.cancel()
+                    await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
                 if getter in done:
                     yield getter.result()
                     continue
                 getter.cancel()
-                if replaced in done:  # (the channel logged it) unsent messages go with the stream
-                    await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
                 while not outbox.empty():
                     yield outbox.get_nowait()
                 reader.result()  # raises the error that ended the stream, if any

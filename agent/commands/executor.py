@@ -1,8 +1,11 @@
 """Runs commands from the controller through the registered handlers, each id once.
 
-An unknown kind is answered ok=false. A repeated id (the controller re-sends after its restart or on
-a new stream) is answered from CommandMemory with `repeated` set; a repeat that arrives while the
-first is still running waits for that run's result instead of starting another.
+An unknown kind is answered ok=false. A repeated id (the controller re-sends after its restart, on
+a new stream, or to a restarted agent) is answered from CommandMemory with `repeated` set; a repeat
+that arrives while the first is still running waits for that run's result instead of starting
+another. A command that arrives with no time left (`seconds_left` <= 0, not run before) is refused:
+the controller has given up on it, and may have let another command for the node go. A mutating
+command is refused too when its start cannot be recorded on disk.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import logging
 import os
 from collections.abc import Callable
 
-from agent.commands.memory import CommandMemory
+from agent.commands.memory import CommandMemory, MemoryUnwritable
 from agent.commands.registry import CommandContext, CommandHandler, discover
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.agent.commands")
+MEMORY_CAPABILITY = "command_memory"  # in Hello.capabilities: ids and results survive an agent restart
+TOO_LATE = "deadline passed before it started"
 
 
 class CommandExecutor:
@@ -28,14 +33,17 @@ class CommandExecutor:
     ) -> None:
         registry = discover() if handlers is None else handlers
         self.handlers = {name: cls(ctx) for name, cls in sorted(registry.items())}
-        self._capabilities = [name for name, cls in sorted(registry.items()) if cls.applies(ctx)]
         self.memory = CommandMemory(state_dir)
+        self._capabilities = [name for name, cls in sorted(registry.items()) if cls.applies(ctx)]
+        if self._capabilities and self.memory.durable:
+            self._capabilities.append(MEMORY_CAPABILITY)
         self._running: dict[str, asyncio.Future[pb.CommandResult]] = {}
         self.on_started: Callable[[str], None] | None = None  # tells the controller a run began
 
     @property
     def capabilities(self) -> list[str]:
-        """The commands this agent can serve here, for Hello.capabilities."""
+        """The commands this agent can serve here, for Hello.capabilities, and `command_memory`
+        when it keeps the ids it ran on disk."""
         return list(self._capabilities)
 
     async def execute(self, command: pb.Command) -> pb.CommandResult:
@@ -49,16 +57,24 @@ class CommandExecutor:
             if kept is not None:
                 log.info("command %s repeated: answering the kept result, not running it again", cid)
                 return _repeat(kept)
+        if command.HasField("seconds_left") and command.seconds_left <= 0:
+            log.warning("command %s arrived after its deadline: not run", cid)
+            return pb.CommandResult(command_id=cid, ok=False, error=TOO_LATE)
         kind = command.WhichOneof("action")
         handler = self.handlers.get(kind or "")
         if handler is None:
             offered = ", ".join(self.handlers) or "none"
             error = f"unsupported command {kind!r}: this agent serves {offered}"
             return pb.CommandResult(command_id=cid, ok=False, error=error)
+        if cid:
+            try:
+                self.memory.started(cid, required=handler.mutating)
+            except MemoryUnwritable as exc:
+                log.error("command %s (%s) refused: %s", cid, kind, exc)
+                return pb.CommandResult(command_id=cid, ok=False, error=f"not run: {exc}")
         future: asyncio.Future[pb.CommandResult] = asyncio.get_running_loop().create_future()
         if cid:
             self._running[cid] = future
-            self.memory.started(cid)
         if cid and self.on_started is not None:
             self.on_started(cid)
         try:

@@ -31,6 +31,9 @@ class CommandHandler(ABC):
     """Runs one kind of command. One instance per agent; it may keep state (e.g. a run in progress)."""
 
     name: ClassVar[str]  # the Command oneof member it serves
+    # Changes the node (tuning, drain): refused when the agent cannot first record on disk that it
+    # began, since a restart would then forget it and a repeat could apply it twice.
+    mutating: ClassVar[bool] = False
 
     def __init__(self, ctx: CommandContext) -> None:
         self.ctx = ctx

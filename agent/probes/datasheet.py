@@ -36,6 +36,9 @@ class GpuModel(_Spec):
     pcie: PcieLink
     source: str
     exclude: list[str] = msgspec.field(default_factory=list)
+    # Any other probe kind's datasheet figure: probe -> variant -> the best figure in the probe's unit
+    # (a latency probe's is its lowest). A new probe kind adds its entries here, no code.
+    probes: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
 
 
 class Datasheet(_Spec):
@@ -50,6 +53,8 @@ class Datasheet(_Spec):
                 raise ValueError(f"model {key}: source must name the datasheet and its URL")
             if model.memory_gbps <= 0 or any(v <= 0 for v in model.gemm_tflops.values()):
                 raise ValueError(f"model {key}: peaks must be > 0")
+            if any(v <= 0 for variants in model.probes.values() for v in variants.values()):
+                raise ValueError(f"model {key}: probe figures must be > 0")
             if model.pcie.gen not in self.pcie_lane_gbps.values:
                 raise ValueError(f"model {key}: no lane rate for PCIe gen {model.pcie.gen}")
 
@@ -75,8 +80,9 @@ class Datasheet(_Spec):
         """The datasheet peak a `probe`/`variant` result on `gpu_name` is compared with, in its unit.
 
         gemm: the dense TFLOP/s of the variant's dtype; membw: memory GB/s; pcie (h2d, d2h): the
-        model's PCIe link per direction. None for unknown models, variants and probes (nccl has no
-        datasheet peak: it depends on the node's topology).
+        model's PCIe link per direction; any other probe: the model's `probes` entry. None for
+        unknown models, variants and probes (nccl has no datasheet peak: it depends on the node's
+        topology).
         """
         found = self.lookup(gpu_name)
         if found is None:
@@ -88,7 +94,7 @@ class Datasheet(_Spec):
             return model.memory_gbps
         if probe == "pcie" and variant in ("h2d", "d2h"):
             return self.link_gbps(model.pcie.gen, model.pcie.width)
-        return None
+        return model.probes.get(probe, {}).get(variant)
 
 
 @functools.cache

@@ -168,6 +168,12 @@ class GemmProbe:
 
     name = "gemm"
     node_level = False
+    unit = "TFLOP/s"
+    higher_is_better = True
+    gpu_variants = ("bf16", "fp16", "tf32", "fp8")  # fp8 from compute capability 8.9; the CPU: fp32, bf16
+    concurrent = True  # every selected GPU at once, as production load: shared power and thermal limits show
+    description = "dense matrix-multiply throughput (tensor cores), checked against float64"
+    budget_share = 0.15  # of the suite's budget per GPU, per variant
 
     def __init__(self, corrupt: Callable[[Any], None] | None = None) -> None:
         self.corrupt = corrupt

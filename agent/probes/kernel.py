@@ -36,6 +36,20 @@ class ProbeParams:
 
 
 class Probe(Protocol):
+    """A probe kernel. Its class attributes are the probe's facts, declared once, in its file: the
+    agent's Hello advertises them (ProbeInfo, see `info_of`) and the controller schedules, stores,
+    shows and compares the probe from them, knowing no probe kind by name. Besides `name` and
+    `node_level`, a kernel declares (defaults in `info_of` and `mode_of`):
+
+    - `unit: str`: the unit of its value ("TFLOP/s", "GB/s");
+    - `higher_is_better: bool`: True for throughput (low is slow), False for latency-like figures;
+    - `gpu_variants: tuple[str, ...]`: every variant it may run on a GPU (`variants` says which a
+      given device has); the simulator models these;
+    - `concurrent: bool`: a per-GPU probe that runs on the node's selected GPUs at once;
+    - `budget_share: float`: the share of the suite's time budget per GPU each variant gets;
+    - `description: str`: one line for operators.
+    """
+
     name: str  # registered name: gemm, membw, pcie, nccl
     node_level: bool  # True: one result per node (nccl), else one per GPU
 
@@ -52,15 +66,38 @@ class Probe(Protocol):
         ...
 
 
-# Probes that run on every selected GPU at once: production load runs them all together, which is
-# what exposes shared power and thermal limits. The others run one GPU at a time, so that a GPU's
-# figure is its own (membw, pcie: a shared PCIe switch or host memory would mix GPUs up).
-CONCURRENT = frozenset({"gemm"})
+@dataclass(frozen=True, slots=True)
+class ProbeInfo:
+    """A registered probe's declared facts, as the Hello's ProbeInfo carries them."""
+
+    name: str
+    unit: str = ""
+    higher_is_better: bool = True
+    node_level: bool = False
+    variants: tuple[str, ...] = ()
+    description: str = ""
 
 
 def mode_of(probe: str, node_level: bool) -> Mode:
-    """How the runner schedules `probe` across a node's GPUs (node-level probes use them all at once)."""
-    return "concurrent" if node_level or probe in CONCURRENT else "isolated"
+    """How the runner schedules `probe` across a node's GPUs. A per-GPU probe declared `concurrent`
+    runs on every selected GPU at once: production load runs them all together, which is what exposes
+    shared power and thermal limits (gemm). The others run one GPU at a time, so that a GPU's figure
+    is its own (membw, pcie: a shared PCIe switch or host memory would mix GPUs up). Node-level
+    probes use every GPU at once."""
+    kernel = REGISTRY.get(probe)
+    return "concurrent" if node_level or bool(getattr(kernel, "concurrent", False)) else "isolated"
+
+
+def info_of(kernel: Probe) -> ProbeInfo:
+    """The facts `kernel` declares (class attributes; a kernel that leaves one out gets its default)."""
+    return ProbeInfo(
+        name=kernel.name,
+        unit=str(getattr(kernel, "unit", "")),
+        higher_is_better=bool(getattr(kernel, "higher_is_better", True)),
+        node_level=bool(kernel.node_level),
+        variants=tuple(getattr(kernel, "gpu_variants", ())),
+        description=str(getattr(kernel, "description", "")),
+    )
 
 
 REGISTRY: dict[str, Callable[[], Probe]] = {}

@@ -53,6 +53,12 @@ def same_bytes(a: Any, b: Any, window: int = MIB) -> bool:
 class MembwProbe:
     name = "membw"
     node_level = False
+    unit = "GB/s"
+    higher_is_better = True
+    gpu_variants = ("d2d",)
+    concurrent = False
+    description = "device memory bandwidth: a device-to-device copy, read+write bytes"
+    budget_share = 0.1  # of the suite's budget per GPU, per variant
 
     def variants(self, device: str) -> list[str]:
         return ["d2d"]

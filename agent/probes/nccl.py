@@ -150,6 +150,12 @@ class NcclProbe:
 
     name = "nccl"
     node_level = True
+    unit = "GB/s"
+    higher_is_better = True
+    gpu_variants = ("all_reduce",)
+    concurrent = True
+    description = "NCCL all-reduce bus bandwidth across the node's GPUs"
+    budget_share = 0.15  # of the suite's budget per GPU, per variant
 
     def __init__(
         self,

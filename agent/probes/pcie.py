@@ -31,6 +31,12 @@ def default_size(device: str, suite: str) -> int:
 class PcieProbe:
     name = "pcie"
     node_level = False
+    unit = "GB/s"
+    higher_is_better = True
+    gpu_variants = ("h2d", "d2h")  # the CPU device: h2h
+    concurrent = False
+    description = "host<->device copy bandwidth over PCIe, pinned memory, one direction"
+    budget_share = 0.075  # of the suite's budget per GPU, per variant
 
     def variants(self, device: str) -> list[str]:
         return ["h2d", "d2h"] if is_cuda(device) else ["h2h"]

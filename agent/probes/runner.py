@@ -30,7 +30,7 @@ from agent.probes.base import ProbeOutcome
 from agent.probes.datasheet import Datasheet
 from agent.probes.datasheet import load as load_datasheet
 from agent.probes.kernel import REGISTRY, mode_of
-from agent.probes.kernels import is_node_level, names
+from agent.probes.kernels import info, is_node_level, names
 from agent.probes.safety import SafetyPolicy, refusals
 from agent.probes.sampling import Sampler, during
 from agent.probes.suite import SUITE_BUDGET_SECONDS
@@ -263,8 +263,9 @@ class TorchProbes:
         peak = self.datasheet.peak(model, outcome.probe, outcome.variant)
         if outcome.probe == "pcie" and outcome.variant in ("h2d", "d2h"):
             peak = self._link(outcome) or peak
-        if peak:
-            outcome.peak_ratio = outcome.value / peak
+        if peak and outcome.value > 0:
+            better_high = info(outcome.probe).higher_is_better
+            outcome.peak_ratio = outcome.value / peak if better_high else peak / outcome.value
 
     def _link(self, outcome: ProbeOutcome) -> float | None:
         """Add the link the copy ran on to `params`; return what the GPU's best link carries (NVML's max)."""

@@ -13,10 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.probes.kernel import Mode, mode_of
+from agent.probes.kernels import REGISTRY, names
 
 SUITE_BUDGET_SECONDS = {"short": 10.0, "full": 60.0}  # per GPU; the agent's config may change them
-SHARES = {"gemm": 0.15, "membw": 0.10, "pcie": 0.075, "nccl": 0.15}  # of the budget, per variant
-DEFAULT_SHARE = 0.10
+DEFAULT_SHARE = 0.10  # for a kernel that declares no `budget_share`
+
+
+def share_of(probe: str) -> float:
+    """The share of the budget each variant of `probe` gets, as its kernel declares it."""
+    return float(getattr(REGISTRY.get(probe), "budget_share", DEFAULT_SHARE))
+
+
+SHARES = {name: share_of(name) for name in names()}  # the registered kernels' shares, per variant
 PLANNED = 0.9
 MIN_STEP_SECONDS = 0.05  # below this a step cannot warm up and measure: it is skipped instead
 
@@ -63,7 +71,7 @@ def plan(
     load: dict[str, float] = {}
     for probe, _, on, _ in drafts:
         for device in on:
-            load[device] = load.get(device, 0.0) + SHARES.get(probe, DEFAULT_SHARE)
+            load[device] = load.get(device, 0.0) + share_of(probe)
     scale = min(1.0, PLANNED / max(load.values())) if load else 1.0
     return [
         Step(
@@ -72,7 +80,7 @@ def plan(
             on,
             whole,
             mode_of(probe, whole),
-            budget_seconds * SHARES.get(probe, DEFAULT_SHARE) * scale,
+            budget_seconds * share_of(probe) * scale,
         )
         for probe, variant, on, whole in drafts
     ]

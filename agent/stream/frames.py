@@ -7,12 +7,15 @@ generic copy: None stays unset, lists of dataclasses become repeated messages.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent.probes.base import ProbeOutcome
+from agent.probes.kernel import ProbeInfo
+from agent.probes.kernels import infos
 from agent.snapshot import Snapshot
 from agent.sources.bmc import BmcSample
 from agent.sources.gpu import Inventory
@@ -47,6 +50,17 @@ def fill(msg: Message, obj: Any) -> Message:
         else:
             setattr(msg, f.name, value)
     return msg
+
+
+def probe_info(info: ProbeInfo) -> pb.ProbeInfo:
+    return pb.ProbeInfo(
+        name=info.name,
+        unit=info.unit,
+        higher_is_better=info.higher_is_better,
+        node_level=info.node_level,
+        variants=info.variants,
+        description=info.description,
+    )
 
 
 def probe_result(outcome: ProbeOutcome) -> pb.ProbeResult:
@@ -87,7 +101,11 @@ def hello(
     probes: list[str],
     started_at: float,
     capabilities: list[str] | None = None,
+    probe_infos: Sequence[ProbeInfo] | None = None,
 ) -> pb.Hello:
+    """The stream's first message. Each offered probe goes out twice: its name in `probes` (for
+    controllers older than ProbeInfo) and its declared facts in `probe_infos` (default: the
+    registry's facts for each name in `probes`)."""
     msg = pb.Hello(
         node=node,
         boot_id=boot_id,
@@ -96,6 +114,7 @@ def hello(
         capabilities=(["run_probes"] if probes else []) if capabilities is None else capabilities,
         started_at=timestamp(started_at),
     )
+    msg.probe_infos.extend(probe_info(i) for i in (infos(probes) if probe_infos is None else probe_infos))
     fill(msg.inventory, inventory)
     if host is not None:
         fill(msg.host, host)

@@ -93,7 +93,32 @@ def _check(r: telemetry_pb2.ProbeResult) -> str:
     return check
 
 
-def probes_table(probes: Sequence[telemetry_pb2.ProbeResult], *, wide: bool = False) -> Table:
+def units_of(hello: telemetry_pb2.Hello) -> dict[str, str]:
+    """Each offered probe's unit, as its ProbeInfo declares it."""
+    return {i.name: i.unit for i in hello.probe_infos if i.unit}
+
+
+def probes_offered(hello: telemetry_pb2.Hello) -> str:
+    """One line: the probes the node offers, each with its unit, which way is better and its scope
+    (from its ProbeInfo; an agent older than ProbeInfo gives names only)."""
+    described = {i.name: i for i in hello.probe_infos}
+    parts = []
+    for name in [*hello.probes, *(n for n in described if n not in hello.probes)]:
+        info = described.get(name)
+        if info is None:
+            parts.append(name)
+            continue
+        better = "higher is better" if info.higher_is_better else "lower is better"
+        scope = "per node" if info.node_level else "per GPU"
+        parts.append(f"{name} ({', '.join(x for x in (info.unit, better, scope) if x)})")
+    return "probes: " + ", ".join(parts)
+
+
+def probes_table(
+    probes: Sequence[telemetry_pb2.ProbeResult], *, wide: bool = False, units: dict[str, str] | None = None
+) -> Table:
+    """The latest result per probe, variant and GPU; `units` (probe -> unit, from the node's
+    ProbeInfos) names the unit where a result carries none."""
     columns = (
         Col("PROBE", key=True),
         Col("VARIANT", key=True),
@@ -107,7 +132,8 @@ def probes_table(probes: Sequence[telemetry_pb2.ProbeResult], *, wide: bool = Fa
     )
     rows: list[Sequence[Cell]] = []
     for p in probes:
-        value = Text(f"failed: {p.error}", style="red") if p.error else f"{p.value:.1f} {p.unit}"
+        unit = p.unit or (units or {}).get(p.probe, "")
+        value = Text(f"failed: {p.error}", style="red") if p.error else f"{p.value:.1f} {unit}".rstrip()
         peak = f"{p.peak_ratio:.0%}" if p.HasField("peak_ratio") else "-"
         mode = (p.mode or "-") + (" (simulated)" if p.simulated else "")
         when = age(p.time.seconds)

@@ -117,11 +117,14 @@ def node(target: str, name: str, output: str) -> int:
             parts.append(
                 Text(f"host {h.hostname}: {h.os}, kernel {h.kernel}, {h.cpu_count} CPUs ({h.cpu_model})")
             )
+        if detail.hello.probes or detail.hello.probe_infos:
+            parts.append(Text(gpu_tables.probes_offered(detail.hello)))
         parts.append(gpu_tables.gpus_table(detail.gpus, wide=wide))
         if detail.HasField("bmc"):
             parts.append(bmc_section(detail.bmc, detail.gpus))
         if detail.probes:
-            parts.append(gpu_tables.probes_table(detail.probes, wide=wide))
+            units = gpu_tables.units_of(detail.hello)
+            parts.append(gpu_tables.probes_table(detail.probes, wide=wide, units=units))
         parts.append(tables.findings_table(detail.findings, title="Active findings", wide=wide))
         show(*parts)
 

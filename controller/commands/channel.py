@@ -1,17 +1,31 @@
 """The one channel for commands to agents: issue, send, re-send, answer, deadline; every state stored.
 
 - Each command gets an id and a row in the store (controller/store/commands.py) BEFORE it is put on
-  the node's stream; every state change is stored too: pending -> sent -> running -> succeeded |
-  failed | timed_out | cancelled.
+  the node's stream: a command becomes visible to the node's streams only once its row is
+  committed (a failed write is reported to the caller and the command never goes out). Every
+  state change is stored too: pending -> sent -> running -> succeeded | failed | timed_out |
+  cancelled.
 - A node has one command stream, its newest: a second stream saying Hello with the same node name
   replaces the first, which is closed with ABORTED ("replaced by a newer stream for node X from
   PEER"). Commands go to the newest stream only.
 - On every stream (a reconnect, or a restarted controller that reloaded its open commands) the
   node's unfinished commands are sent again with the SAME id; the agent runs each id once and
-  answers a repeat with the result it kept. A command sent to an agent boot that has gone (the
-  agent restarted) failed ("restarted"); one past its deadline is timed_out.
-- At most one mutating command (kinds.py) is in flight per node: a second is refused with
-  FailedPrecondition naming the one in flight.
+  answers a repeat with the result it kept. When the agent itself restarted (a new boot id) and
+  says `command_memory` in Hello.capabilities (it keeps ids and results on disk), its unfinished
+  commands are sent to the new boot, same ids: it answers from disk (the stored result; failed
+  "interrupted" for one it began and did not finish) or runs one it never received. An agent
+  without that memory cannot tell: its unfinished commands fail ("restarted", the metrics'
+  failure label) without being sent again.
+- Every command carries what is left of its deadline (`Command.seconds_left`): an agent that
+  has not started it by then answers failed ("deadline passed before it started"). Past its
+  deadline the command is timed_out here. A late answer is still recorded against it: its real
+  outcome (succeeded or failed, with the result) replaces timed_out, with a note that it came
+  after the deadline.
+- At most one mutating command (kinds.py) per node at a time: a second is refused with
+  FailedPrecondition naming the first. A mutating command that timed out after it was sent keeps
+  holding the node (the agent may still be applying it) until the agent answers (on every new
+  stream it is sent again, same id, so the agent answers it from its memory, or refuses it as
+  too late) or the node comes back with a new boot; the hold survives a controller restart.
 
 Lives on the event loop; no locking.
 """
@@ -39,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.controller.commands")
 KEEP_FINISHED = 512
 RESTARTED = "the agent restarted before answering"
+MEMORY_CAPABILITY = "command_memory"  # Hello.capabilities: the agent keeps command ids and results on disk
 
 
 @dataclass(eq=False, slots=True)
@@ -62,15 +77,22 @@ class CommandChannel:
         self.kinds = dict(KINDS if kinds is None else kinds)
         self.streams: dict[str, NodeStream] = {}
         self.open: dict[str, CommandRecord] = {}  # id -> unfinished command, oldest first
+        self.held: dict[str, CommandRecord] = {}  # node -> its timed-out mutating command, unanswered
+        self._issuing: dict[str, CommandRecord] = {}  # id -> command whose row is being written
         self._finished: OrderedDict[str, CommandRecord] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
         self.listeners: list[Callable[[CommandRecord], None]] = []  # told of every finished command
 
     async def load(self) -> list[CommandRecord]:
-        """Take up the commands a previous controller left unfinished: sent on the node's next stream."""
-        reloaded = await self.store.open_commands()
+        """Take up the commands a previous controller left unfinished: sent on the node's next
+        stream. Mutating commands that timed out unanswered hold their nodes again."""
+        reloaded, unanswered = await self.store.load_commands()
         for record in reloaded:
             self.open[record.id] = record
+        for record in unanswered:
+            if self._mutating(record) and record.sent is not None:
+                self.held[record.node] = record  # the newest per node (oldest first)
+                self._finished[record.id] = record  # its late answer is recorded against it
         if reloaded:
             log.info("%d unfinished commands reloaded from the store", len(reloaded))
         return reloaded
@@ -86,14 +108,22 @@ class CommandChannel:
             old.replaced.set()
             log.warning("node %s: stream from %s replaced by a newer one from %s", hello.node, old.peer, peer)
         self.streams[hello.node] = stream
+        remembers = MEMORY_CAPABILITY in hello.capabilities
         now = self.clock()
         for record in self.in_flight(hello.node):
             if now >= record.deadline:
-                self._finish(record, "timed_out", error=_late(record), failure="timeout")
-            elif record.state != "pending" and record.boot_id != hello.boot_id:
+                self._time_out(record)
+            elif record.state != "pending" and record.boot_id != hello.boot_id and not remembers:
                 self._finish(record, "failed", error=RESTARTED, failure="restarted")
             else:
                 self._send(record, stream, again=record.state != "pending")
+        held = self.held.get(hello.node)
+        if held is not None:
+            if held.boot_id != hello.boot_id:  # the agent that may have been applying it is gone
+                del self.held[hello.node]
+                log.info("node %s: new boot, timed-out command %s no longer holds it", hello.node, held.id)
+            if held.boot_id == hello.boot_id or remembers:
+                self._send(held, stream, again=True)  # to learn how it ended (a late answer)
         return stream
 
     def close_stream(self, stream: NodeStream) -> None:
@@ -110,41 +140,47 @@ class CommandChannel:
         self, node: str, command: pb.Command, requester: str, *, timeout_seconds: float | None = None
     ) -> CommandRecord:
         """Store the command, then put it on the node's stream. FailedPrecondition: the node is not
-        connected, or (for a mutating command) one is in flight; InvalidMessage: an unknown kind."""
+        connected, or (for a mutating command) one holds the node; InvalidMessage: an unknown kind
+        or a used id. Until its row is committed the command is nobody's to send; the node's
+        mutating slot and the id are reserved meanwhile."""
         kind = self.kinds.get(kind_of(command))
         if kind is None:
             raise InvalidMessage(f"unknown command kind {kind_of(command)!r}")
         if node not in self.streams:
             raise FailedPrecondition(f"node {node} is not connected")
         if kind.mutating:
-            busy = next((r for r in self.in_flight(node) if self._mutating(r)), None)
+            busy = self.mutating_holder(node)
             if busy is not None:
+                unknown = busy.state == "timed_out"
+                held = "; timed out, its outcome unknown until the agent answers" if unknown else ""
                 raise FailedPrecondition(
                     f"node {node} already has a mutating command in flight: {busy.id} "
-                    f"({busy.kind}, {busy.state}, requested by {busy.requester})"
+                    f"({busy.kind}, {busy.state}, requested by {busy.requester}{held})"
                 )
         command = _copy(command)
         command.id = command.id or uuid.uuid4().hex
-        if command.id in self.open or command.id in self._finished:
+        if command.id in self.open or command.id in self._finished or command.id in self._issuing:
             raise InvalidMessage(f"command id {command.id} is already used")
         now = self.clock()
         timeout = kind.timeout_seconds if timeout_seconds is None else timeout_seconds
         record = CommandRecord(command.id, node, kind.name, requester, now, now + timeout, command)
-        self.open[record.id] = record  # before the await: a concurrent issue sees it in flight
+        _set_deadline(record, now)
+        self._issuing[record.id] = record  # reserves the id and (mutating) the node during the write
         try:
-            await self.store.save_command(
-                record
-            )  # stored before sent: a restart neither loses nor repeats it
-        except BaseException:
-            del self.open[record.id]
-            raise
+            await self.store.save_command(record)  # stored before sent: no restart loses or repeats it
+        finally:
+            self._issuing.pop(record.id, None)
+        self.open[record.id] = record
         stream = self.streams.get(node)
-        if record.state == "pending" and stream is not None:  # (a new stream may have sent it already)
+        if stream is not None:
             self._send(record, stream)
         return record
 
     def _send(self, record: CommandRecord, stream: NodeStream, *, again: bool = False) -> None:
-        record.state, record.sent, record.boot_id = "sent", self.clock(), stream.boot_id
+        if record.open and not (record.state == "running" and record.boot_id == stream.boot_id):
+            record.state = "sent"  # (a run the same agent boot has begun stays running)
+        record.sent, record.boot_id = self.clock(), stream.boot_id
+        _set_deadline(record, record.sent)
         stream.outbox.put_nowait(pb.ControllerMessage(command=record.command))
         self._persist(record)
         log.info(
@@ -165,13 +201,37 @@ class CommandChannel:
             self._persist(record)
 
     def answered(self, node: str, result: pb.CommandResult) -> CommandRecord | None:
-        """The node's CommandResult; None when it answers no open command of this node (a late repeat)."""
+        """The node's CommandResult. A command that timed out unanswered gets its real outcome
+        (noted as late) and frees its node; None when it answers nothing of this node's (a repeat)."""
         record = self.open.get(result.command_id)
-        if record is None or record.node != node:
+        if record is None:
+            late = self._finished.get(result.command_id) or self.held.get(node)
+            if (
+                late is not None
+                and (late.id, late.node, late.state) == (result.command_id, node, "timed_out")
+                and late.result is None
+            ):
+                return self._late_answer(late, result)
+            log.info("node %s: answer to command %s, which is not in flight", node, result.command_id)
+            return None
+        if record.node != node:
             log.info("node %s: answer to command %s, which is not in flight", node, result.command_id)
             return None
         state = "succeeded" if result.ok else "failed"
         self._finish(record, state, error=result.error, result=result, failure="" if result.ok else "error")
+        return record
+
+    def _late_answer(self, record: CommandRecord, result: pb.CommandResult) -> CommandRecord:
+        note = f"answered after its deadline ({record.error})"
+        record.state = "succeeded" if result.ok else "failed"
+        record.error = f"{note}: {result.error}" if result.error else note
+        record.result = result
+        if self.held.get(record.node) is record:
+            del self.held[record.node]
+        self._persist(record)
+        log.warning(
+            "node %s: command %s (%s) %s, %s", record.node, record.id, record.kind, record.state, note
+        )
         return record
 
     def expire(self, now: float | None = None) -> list[CommandRecord]:
@@ -179,8 +239,14 @@ class CommandChannel:
         now = self.clock() if now is None else now
         late = [r for r in self.open.values() if now >= r.deadline]
         for record in late:
-            self._finish(record, "timed_out", error=_late(record), failure="timeout")
+            self._time_out(record)
         return late
+
+    def _time_out(self, record: CommandRecord) -> None:
+        was_sent = record.state != "pending"
+        self._finish(record, "timed_out", error=_late(record), failure="timeout")
+        if was_sent and self._mutating(record):  # the agent may be applying it still
+            self.held[record.node] = record
 
     def cancel(self, command_id: str, why: str) -> CommandRecord | None:
         """Give up on a command not yet sent (a sent one may be running: it runs to its end)."""
@@ -229,6 +295,13 @@ class CommandChannel:
     def in_flight(self, node: str) -> list[CommandRecord]:
         return [r for r in self.open.values() if r.node == node]
 
+    def mutating_holder(self, node: str) -> CommandRecord | None:
+        """The mutating command holding the node: being stored, in flight, or timed out unanswered."""
+        for record in (*self._issuing.values(), *self.open.values()):
+            if record.node == node and self._mutating(record):
+                return record
+        return self.held.get(node)
+
     def get(self, command_id: str) -> CommandRecord | None:
         return self.open.get(command_id) or self._finished.get(command_id)
 
@@ -247,6 +320,11 @@ class CommandChannel:
 
 def _late(record: CommandRecord) -> str:
     return f"no answer within {record.deadline - record.created:.0f}s"
+
+
+def _set_deadline(record: CommandRecord, now: float) -> None:
+    """What is left of the deadline as the command goes out: relative, so skew does not matter."""
+    record.command.seconds_left = max(0.0, record.deadline - now)
 
 
 def _copy(command: pb.Command) -> pb.Command:

@@ -14,6 +14,7 @@ class Injected:
     node: str
     gpu: int | None  # None: a host, network or BMC fault (the node as a whole)
     fault: str
+    cause: str = ""  # the cause the controller should report for it (the agent's --list-faults)
 
 
 def node_names(count: int) -> list[str]:
@@ -36,6 +37,6 @@ def plan_faults(
     chosen = rng.sample(list(kinds), faults)
     targets = rng.sample(nodes, faults)
     return [
-        Injected(node, rng.randrange(gpus_per_node) if kind.level == "gpu" else None, kind.name)
+        Injected(node, rng.randrange(gpus_per_node) if kind.level == "gpu" else None, kind.name, kind.cause)
         for node, kind in zip(targets, chosen, strict=True)
     ]

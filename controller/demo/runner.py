@@ -23,6 +23,7 @@ import grpc
 import yaml
 
 from controller.cli.jsonify import message_to_dict
+from controller.cli.layout import show
 from controller.cli.tables import findings_table
 from controller.demo.catalogue import agent_faults, detectable
 from controller.demo.plan import Injected, node_names, plan_faults
@@ -320,8 +321,7 @@ def _report(
 
     console = Console()
     console.print(f"gpufleet demo: seed {args.seed} (repeat this run with --seed {args.seed})")
-    console.print(injected_table(injected, findings))
-    console.print(findings_table(findings))
+    show(injected_table(injected, findings), findings_table(findings))  # fitted: node and fault never cut
     console.print(
         f"{args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(injected)} faults injected: "
         f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s; "

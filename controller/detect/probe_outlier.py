@@ -1,8 +1,11 @@
 """Slow GPUs and nodes: each probe result against the robust baseline of its peer group.
 
-Peers are results of the same probe and variant on the same GPU model (node-level results: the
-same model and GPU count). A result more than `margin` below the group median, and at least
-`min_robust_z` robust sigmas below it, is slow; explain.py names the cause from telemetry.
+Peers are results of the same probe, variant and unit on the same GPU model (node-level results:
+the same model and GPU count). Which way is slow comes from the probe's ProbeInfo in the node's
+Hello (higher-is-better: a low value is slow; otherwise a high one), so a probe kind this controller
+has never heard of is compared like the others. A result more than `margin` worse than the group
+median, and at least `min_robust_z` robust sigmas worse, is slow; explain.py names the cause from
+telemetry.
 """
 
 from __future__ import annotations
@@ -14,18 +17,26 @@ from controller.detect.explain import explain_gpu, explain_node
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
+from controller.fleet.probe_info import higher_is_better
 
 NAME = "probe_outlier"
-CRITICAL_BELOW = -0.25  # a quarter below peers: the GPU is badly broken for any job
+CRITICAL_WORSE = 0.25  # a quarter worse than peers: the GPU is badly broken for any job
 
 
 def peer_group(fleet: Fleet, record: ProbeRecord) -> tuple[str, ...] | None:
     node = fleet.nodes.get(record.node)
     if node is None:
         return None
+    better = "higher" if higher_is_better(node.hello, record.probe) else "lower"
+    what = (record.probe, record.variant, record.unit, better)
     if record.gpu is None:
-        return (node.gpu_model, str(len(node.hello.inventory.gpus)), record.probe, record.variant)
-    return (node.gpu_name(record.gpu), "gpu", record.probe, record.variant)
+        return (node.gpu_model, str(len(node.hello.inventory.gpus)), *what)
+    return (node.gpu_name(record.gpu), "gpu", *what)
+
+
+def worse_by(deviation: float, higher_better: bool) -> float:
+    """How much worse than the median a result is, as a share (negative: better than the median)."""
+    return -deviation if higher_better else deviation
 
 
 @register(NAME)
@@ -36,19 +47,26 @@ def detect(ctx: DetectContext) -> list[Finding]:
         if group is not None:
             groups[group].append(record)
     findings: list[Finding] = []
-    for records in groups.values():
+    for group, records in groups.items():
         if len(records) < ctx.config.min_peers:
             continue
+        higher_better = group[-1] == "higher"
+        sign = 1.0 if higher_better else -1.0
         base = baseline([r.value for r in records])
         for record in records:
             deviation = base.deviation(record.value)
-            if deviation < -ctx.config.margin and base.robust_z(record.value) <= -ctx.config.min_robust_z:
-                findings.extend(_explain(ctx, record, base, deviation))
+            worse = worse_by(deviation, higher_better)
+            if worse > ctx.config.margin and sign * base.robust_z(record.value) <= -ctx.config.min_robust_z:
+                findings.extend(_explain(ctx, record, base, deviation, higher_better))
     return findings
 
 
-def _explain(ctx: DetectContext, record: ProbeRecord, base: Baseline, deviation: float) -> list[Finding]:
+def _explain(
+    ctx: DetectContext, record: ProbeRecord, base: Baseline, deviation: float, higher_better: bool
+) -> list[Finding]:
     where = "node" if record.gpu is None else f"GPU {record.gpu}"
+    side = "below" if higher_better else "above"
+    worse = worse_by(deviation, higher_better)
     evidence = Evidence(
         metric=f"probe.{record.probe}.{record.variant}",
         value=record.value,
@@ -56,11 +74,12 @@ def _explain(ctx: DetectContext, record: ProbeRecord, base: Baseline, deviation:
         deviation=round(deviation, 4),
         unit=record.unit,
         peers=base.count,
-        detail=f"{record.probe} {record.variant} {record.value:.1f} {record.unit} is {-deviation:.1%} below "
-        f"the median of {base.count} peers ({base.median:.1f})",
+        detail=f"{record.probe} {record.variant} {record.value:.1f} {record.unit} is "
+        f"{abs(deviation):.1%} {side} the median of {base.count} peers ({base.median:.1f})"
+        + ("" if higher_better else ": lower is better"),
     )
-    severity = "critical" if deviation < CRITICAL_BELOW else "warning"
-    summary = f"{where} {record.probe} {record.variant} {-deviation:.0%} below peers"
+    severity = "critical" if worse > CRITICAL_WORSE else "warning"
+    summary = f"{where} {record.probe} {record.variant} {abs(deviation):.0%} {side} peers"
     if record.gpu is not None:
         node = ctx.fleet.nodes[record.node]
         during = record.result.during if record.result.HasField("during") else None

@@ -2,9 +2,10 @@
 
 The rules, each one a test in tests/controller/fleet/test_probe_schedule.py:
 
-- Every GPU of a node, and the node as a whole (node-level probes: nccl), is due `interval` after it
-  was last probed: its newest stored result or the last command that asked for it, whichever is
-  later (a command that produced nothing is not retried at once). Never probed: due now.
+- Every GPU of a node, and the node as a whole (node-level probes: those whose ProbeInfo in the
+  node's Hello says `node_level`, e.g. nccl), is due `interval` after it was last probed: its newest
+  stored result or the last command that asked for it, whichever is later (a command that produced
+  nothing is not retried at once). Never probed: due now.
 - Each node's due time is shifted by a fixed offset within +-`jitter_ratio` of the interval, drawn
   from a hash of its name: a fleet probed at one moment (a restart, on-connect probes) drifts apart
   instead of probing in lockstep for ever, and the same node keeps the same slot across restarts.
@@ -30,9 +31,9 @@ from dataclasses import dataclass
 
 from controller.config import ProbeConfig
 from controller.fleet.model import Fleet, NodeState
+from controller.fleet.probe_info import node_level_probes, probe_infos
 
 ProbeTarget = tuple[str, int | None]  # node, GPU index (None: the node as a whole)
-NODE_LEVEL_PROBES = frozenset({"nccl"})  # probes that use every GPU of the node at once
 CAPABILITY = "run_probes"
 
 
@@ -95,13 +96,14 @@ def plan_node(
     gpus = sorted(info.index for info in node.hello.inventory.gpus)
     if not gpus:
         return None
-    offered = list(node.hello.probes)
+    offered = list(probe_infos(node.hello))
     # Only what the node offers: the agent would refuse the whole run (and the node stay due, first
     # in line, every pass) for one probe it does not have.
     wanted = [p for p in config.probes if p in offered]
     if config.probes and not wanted:
         return None
-    node_level = any(p in NODE_LEVEL_PROBES for p in (wanted or offered))
+    whole_node = node_level_probes(node.hello)  # probes that use every GPU of the node at once
+    node_level = any(p in whole_node for p in (wanted or offered))
     shift = jitter_offset(node.name, config.interval_seconds, config.jitter_ratio)
 
     def overdue(gpu: int | None) -> float:
@@ -121,7 +123,7 @@ def plan_node(
     idle_due = tuple(g for g in idle if g in due)
     if not idle_due:
         return None
-    per_gpu = tuple(p for p in (wanted or offered) if p not in NODE_LEVEL_PROBES)
+    per_gpu = tuple(p for p in (wanted or offered) if p not in whole_node)
     if not per_gpu:
         return None
     why = f"GPUs {','.join(map(str, idle_due))} idle of {len(gpus)}: per-GPU probes only"

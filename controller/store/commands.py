@@ -103,6 +103,19 @@ def open_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
     return [_record(row) for row in rows]
 
 
+def unanswered_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
+    """Commands that timed out with no answer, oldest first: a mutating one still holds its node
+    until the agent answers or restarts (controller/commands/channel.py)."""
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM commands WHERE state = 'timed_out' AND result IS NULL ORDER BY created, id"
+    )
+    return [_record(row) for row in rows]
+
+
+def load_commands(conn: sqlite3.Connection) -> tuple[list[CommandRecord], list[CommandRecord]]:
+    return open_commands(conn), unanswered_commands(conn)
+
+
 def prune_commands(conn: sqlite3.Connection, before: float) -> int:
     return conn.execute(
         "DELETE FROM commands WHERE finished IS NOT NULL AND finished < ?", (before,)

@@ -116,8 +116,10 @@ class Store:
     async def list_commands(self, node: str = "", limit: int = 100) -> list[CommandRecord]:
         return await self._call("list_commands", lambda c: command_rows.list_commands(c, node, limit))
 
-    async def open_commands(self) -> list[CommandRecord]:
-        return await self._call("load_commands", command_rows.open_commands)
+    async def load_commands(self) -> tuple[list[CommandRecord], list[CommandRecord]]:
+        """What a starting controller takes up: the unfinished commands, and those timed out with no
+        answer yet (a late answer is still recorded against them)."""
+        return await self._call("load_commands", command_rows.load_commands)
 
 
 def _init(conn: sqlite3.Connection) -> None:

@@ -22,7 +22,7 @@ from controller.config import ProbeConfig
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.harness import config, running_controller
+from tests.controller.harness import EOF, config, hello, running_controller
 from tests.controller.test_probe_node import (
     TIMEOUT,
     agents_running,
@@ -46,6 +46,27 @@ def test_a_second_stream_for_a_node_replaces_the_first_which_is_closed_with_abor
                 sent = await stub.ProbeNode(operator_pb2.ProbeNodeRequest(node="n1"))
                 assert (await next_command(new)).id == sent.command_id  # the newest stream gets it
             await until(lambda: not running.app.fleet.nodes["n1"].connected, "the last stream gone")
+
+    asyncio.run(go())
+
+
+def test_a_replaced_stream_sends_nothing_more_even_what_was_queued_as_it_was_replaced() -> None:
+    """A command queued on the old stream in the same loop turn as its replacement goes on the new
+    stream only: the old one is closed without it (else two agents of that name might both run it)."""
+
+    async def go() -> None:
+        async with controller() as (running, _), scripted_agent(running, "n1") as old:
+            channel = running.app.commands
+            queued = pb.ControllerMessage(command=pb.Command(id="c-race", run_probes=pb.RunProbes()))
+            channel.streams["n1"].outbox.put_nowait(queued)  # no await between these two lines
+            channel.open_stream(hello("n1"), asyncio.Queue(), "peer-newer")
+            got = []
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                while (msg := await asyncio.wait_for(old.read(), TIMEOUT)) != EOF:
+                    assert isinstance(msg, pb.ControllerMessage)
+                    got.append(msg.WhichOneof("msg"))
+            assert ended.value.code() == grpc.StatusCode.ABORTED
+            assert "command" not in got
 
     asyncio.run(go())
 
@@ -134,5 +155,57 @@ def test_a_command_in_flight_across_a_controller_restart_is_sent_again_and_run_o
         finally:
             store.close()
         assert (row.id, row.state, row.error) == (command_id, "succeeded", "")
+
+    asyncio.run(go())
+
+
+def test_a_restarted_agent_with_command_memory_is_asked_again_and_answers_from_its_disk(
+    tmp_path: Path,
+) -> None:
+    """The agent stops mid-run; its next boot (same spool dir, so `command_memory`) is sent the same
+    id and answers it from disk as interrupted: failed for what it is, not failed blind, not rerun."""
+    address = f"127.0.0.1:{free_port()}"
+    cfg = config(listen=address, probes=ProbeConfig(on_connect=False, periodic=False))
+    agent_cfg = load(
+        None,
+        {
+            "node": "n1",
+            "source": "sim",
+            "interval_seconds": 0.2,
+            "sim": {"gpus": 2},
+            "stream": {
+                "controller": address,
+                "backoff_initial_seconds": 0.05,
+                "backoff_max_seconds": 0.2,
+                "spool_dir": str(tmp_path / "spool"),
+            },
+            "metrics": {"address": None},
+        },
+    )
+    sim = SimNode("n1", gpus=2)
+    first_probes, second_probes = GatedProbes(sim), GatedProbes(sim)
+    first = Agent(agent_cfg, sim, SimHost(sim), first_probes)
+    second = Agent(agent_cfg, sim, SimHost(sim), second_probes)
+    assert "command_memory" in first.hello().capabilities and first.boot_id != second.boot_id
+
+    async def go() -> None:
+        async with running_controller(cfg, clock=time.time) as running:
+            async with agents_running(first):
+                await until(lambda: running.app.commands.reachable("n1"), "the agent")
+                async with grpc.aio.insecure_channel(address) as channel:
+                    stub = operator_pb2_grpc.OperatorStub(channel)
+                    request = operator_pb2.ProbeNodeRequest(node="n1", probes=["gemm"], gpus=[0])
+                    command_id = (await stub.ProbeNode(request, timeout=TIMEOUT)).command_id
+                record = running.app.commands.get(command_id)
+                assert record is not None
+                await until(lambda: record.state == "running", "the agent to start the run")
+            first_probes.gate.set()  # (the stopped agent's worker thread may end now)
+            async with agents_running(second):
+                await until(lambda: record.state == "failed", "the new boot's answer")
+            assert record.boot_id == second.boot_id and record.failure == "error"
+            assert record.result is not None and record.result.repeated
+            assert record.error.startswith("interrupted")
+            assert running.app.probing.commands.failed[("operator", "restarted")] == 0
+        assert first_probes.runs == [command_id] and second_probes.runs == []  # not run again
 
     asyncio.run(go())

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from agent.probes.base import ProbeOutcome
+from agent.probes.kernels import infos
 from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, Inventory, NvLinkReading, XidEvent
 from agent.sources.sim.counters import GpuCounters
 from agent.sources.sim.faults import FAULTS, FaultSpec
@@ -45,12 +46,11 @@ GIB = 1024**3
 MIB = 1024**2
 IDLE_MEMORY_USED_BYTES = 4 * MIB  # the driver's own allocations with persistence mode on
 
-# Probe variants the simulator models, as the real probes name them.
+# The probes the simulator models (SimNode.probe), with the variants their kernels declare for a GPU
+# (agent/probes/*.py `gpu_variants`; the registry is read without importing torch).
+MODELLED_PROBES = ("gemm", "membw", "pcie", "nccl")
 PROBE_VARIANTS: dict[str, tuple[str, ...]] = {
-    "gemm": ("bf16", "fp16", "tf32", "fp8"),
-    "membw": ("d2d",),
-    "pcie": ("h2d", "d2h"),
-    "nccl": ("all_reduce",),
+    i.name: i.variants for i in infos() if i.name in MODELLED_PROBES and i.variants
 }
 
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 from agent.probes.base import ProbeOutcome
 from agent.probes.kernel import mode_of
+from agent.probes.kernels import infos
 from agent.sources.sim.node import PROBE_VARIANTS, SimNode
 
-NODE_LEVEL = frozenset({"nccl"})
+NODE_LEVEL = frozenset(i.name for i in infos(list(PROBE_VARIANTS)) if i.node_level)
 SUITES = ("short", "full")
 
 

@@ -43,6 +43,8 @@ class _CauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Cause.ValueType
     CAUSE_FIRMWARE_DRIFT: _Cause.ValueType  # 14
     CAUSE_BIOS_DRIFT: _Cause.ValueType  # 15
     CAUSE_SLOW_UNKNOWN: _Cause.ValueType  # 16
+    CAUSE_HOST_TUNING_DRIFT: _Cause.ValueType  # 17
+    """a host setting (NUMA balancing, THP, ...) differs from the tuned profile"""
 
 class Cause(_Cause, metaclass=_CauseEnumTypeWrapper):
     """The fault vocabulary (../shared/ARCHITECTURE.md). A finding's cause names the fault its evidence
@@ -67,6 +69,8 @@ CAUSE_PSU_FAILURE: Cause.ValueType  # 13
 CAUSE_FIRMWARE_DRIFT: Cause.ValueType  # 14
 CAUSE_BIOS_DRIFT: Cause.ValueType  # 15
 CAUSE_SLOW_UNKNOWN: Cause.ValueType  # 16
+CAUSE_HOST_TUNING_DRIFT: Cause.ValueType  # 17
+"""a host setting (NUMA balancing, THP, ...) differs from the tuned profile"""
 Global___Cause: _TypeAlias = Cause  # noqa: Y015
 
 class _Severity:

@@ -179,6 +179,7 @@ class Hello(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     PROBES_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
+    PROBE_INFOS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     boot_id: _builtins.str
     """new on every agent start; frame sequence numbers restart per boot"""
@@ -193,11 +194,15 @@ class Hello(_message.Message):
 
     @_builtins.property
     def probes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """registered probe names this agent can run"""
+        """Registered probe names this agent can run. Kept for controllers older than probe_infos (the
+        agent fills both); new code reads probe_infos.
+        """
 
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp:
-        """9..19: room (BMC identity, topology)"""
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def probe_infos(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProbeInfo]:
+        """one per offered probe, in `probes`' order: its declared facts"""
 
     def __init__(
         self,
@@ -210,14 +215,61 @@ class Hello(_message.Message):
         capabilities: _abc.Iterable[_builtins.str] | None = ...,
         probes: _abc.Iterable[_builtins.str] | None = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
+        probe_infos: _abc.Iterable[Global___ProbeInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "inventory", b"inventory", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "boot_id", b"boot_id", "capabilities", b"capabilities", "host", b"host", "inventory", b"inventory", "node", b"node", "probes", b"probes", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "boot_id", b"boot_id", "capabilities", b"capabilities", "host", b"host", "inventory", b"inventory", "node", b"node", "probe_infos", b"probe_infos", "probes", b"probes", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
+
+@_typing.final
+class ProbeInfo(_message.Message):
+    """What the controller needs to know about a probe kind to schedule, store, show and compare it,
+    as the probe's file under agent/probes/ declares it. A controller knows no probe kind by name.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    HIGHER_IS_BETTER_FIELD_NUMBER: _builtins.int
+    NODE_LEVEL_FIELD_NUMBER: _builtins.int
+    VARIANTS_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """registered probe name, as ProbeResult.probe carries it"""
+    unit: _builtins.str
+    """unit of ProbeResult.value: "TFLOP/s", "GB/s", "us" """
+    higher_is_better: _builtins.bool
+    """true: throughput (a low value is slow); false: latency-like"""
+    node_level: _builtins.bool
+    """true: one result per node over every GPU (nccl); false: one per GPU"""
+    description: _builtins.str
+    """one line for operators"""
+    @_builtins.property
+    def variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the variants it may run on a GPU (a GPU model may support fewer)"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        unit: _builtins.str = ...,
+        higher_is_better: _builtins.bool = ...,
+        node_level: _builtins.bool = ...,
+        variants: _abc.Iterable[_builtins.str] | None = ...,
+        description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "higher_is_better", b"higher_is_better", "name", b"name", "node_level", b"node_level", "unit", b"unit", "variants", b"variants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeInfo: _TypeAlias = ProbeInfo  # noqa: Y015
 
 @_typing.final
 class Inventory(_message.Message):
@@ -1621,7 +1673,7 @@ class ProbeResult(_message.Message):
     error: _builtins.str
     """non-empty: the run failed and value means nothing"""
     peak_ratio: _builtins.float
-    """value / datasheet peak for this GPU model"""
+    """share of the datasheet's best for this GPU model: value / peak"""
     simulated: _builtins.bool
     """modelled by the simulator, not measured"""
     mode: _builtins.str
@@ -1642,7 +1694,9 @@ class ProbeResult(_message.Message):
 
     @_builtins.property
     def during(self) -> Global___GpuSample:
-        """the GPU's readings while the probe ran"""
+        """(peak / value for a probe whose ProbeInfo is lower-is-better)
+        the GPU's readings while the probe ran
+        """
 
     def __init__(
         self,
@@ -1722,8 +1776,15 @@ class Command(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    SECONDS_LEFT_FIELD_NUMBER: _builtins.int
     RUN_PROBES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    seconds_left: _builtins.float
+    """Seconds the controller still gives the command when it sends it (relative, like a gRPC
+    timeout, so that clock skew between controller and agent does not matter). 0 or less: its
+    deadline has passed, and an agent that has not run it answers failed ("deadline passed before
+    it started") instead of running it. Unset: no deadline.
+    """
     @_builtins.property
     def run_probes(self) -> Global___RunProbes:
         """11..: tuning actions, drain"""
@@ -1732,14 +1793,20 @@ class Command(_message.Message):
         self,
         *,
         id: _builtins.str = ...,
+        seconds_left: _builtins.float | None = ...,
         run_probes: Global___RunProbes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "run_probes", b"run_probes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "id", b"id", "run_probes", b"run_probes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "id", b"id", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seconds_left: _TypeAlias = _typing.Literal["seconds_left"]  # noqa: Y015
+    _WhichOneofArgType__seconds_left: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left"]  # noqa: Y015
     _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["run_probes"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seconds_left) -> _WhichOneofReturnType__seconds_left | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.commands.channel import CommandChannel
+from controller.commands.channel import MEMORY_CAPABILITY, CommandChannel
 from controller.commands.kinds import CommandKind
 from controller.errors import FailedPrecondition
 from controller.interceptors import status_for
@@ -112,7 +112,6 @@ def test_a_command_past_its_deadline_is_timed_out_and_stored_so(tmp_path: Path) 
                 "no answer within 5s",
                 "timeout",
             )
-            assert ch.answered("n1", pb.CommandResult(command_id=record.id, ok=True)) is None  # too late
         row = (await stored(db))[record.id]
         assert (row.state, row.finished, row.error) == ("timed_out", T0 + 5, "no answer within 5s")
         async with channel(db, clock) as again:  # a restarted controller owes nothing
@@ -183,7 +182,11 @@ def test_after_a_controller_restart_unfinished_commands_go_again_with_the_same_i
             after.open_stream(hello("n1"), outbox, "peer-1")  # the same agent boot comes back
             resent = [was_sent.id, running.id, "p1"]
             assert sorted(sent(outbox)) == sorted(resent)  # the same ids, nothing new
-            assert {r.id: r.state for r in after.open.values()} == dict.fromkeys(resent, "sent")
+            assert {r.id: r.state for r in after.open.values()} == {
+                was_sent.id: "sent",
+                running.id: "running",  # the same boot goes on running it
+                "p1": "sent",
+            }
             late_now = after.get("late")
             assert late_now is not None and late_now.state == "timed_out"
             # The agent had run it already: it answers the repeat from its memory.
@@ -192,7 +195,7 @@ def test_after_a_controller_restart_unfinished_commands_go_again_with_the_same_i
         rows = await stored(db)
         assert {i: rows[i].state for i in resent} == {
             was_sent.id: "succeeded",
-            running.id: "sent",
+            running.id: "running",
             "p1": "sent",
         }
         assert rows[was_sent.id].result == repeat and rows["late"].state == "timed_out"
@@ -255,5 +258,212 @@ def test_only_a_pending_command_can_be_cancelled(tmp_path: Path) -> None:
             assert ch.cancel("w1", "operator asked") is waiting
             assert (waiting.state, waiting.error) == ("cancelled", "operator asked")
         assert (await stored(db))["w1"].state == "cancelled"
+
+    asyncio.run(go())
+
+
+# -- deadlines, late answers and the mutating slot ----------------------------------------------
+
+
+def test_every_command_carries_its_deadline_to_the_agent(tmp_path: Path) -> None:
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock) as ch:
+            outbox: Outbox = asyncio.Queue()
+            ch.open_stream(hello("n1"), outbox, "peer-1")
+            await ch.issue("n1", probe(), "scheduler", timeout_seconds=30)
+            command = outbox.get_nowait().command
+            assert command.HasField("seconds_left") and command.seconds_left == 30
+
+    asyncio.run(go())
+
+
+def test_a_timed_out_mutating_command_still_holds_the_node(tmp_path: Path) -> None:
+    """The agent may still be applying it: a second mutating command waits for its answer."""
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock, MUTATING) as ch:
+            ch.open_stream(hello("n1"), asyncio.Queue(), "peer-1")
+            first = await ch.issue("n1", probe(), "operator:alice", timeout_seconds=5)
+            ch.started("n1", first.id)  # the agent says it is applying it
+            clock.now += 6
+            assert ch.expire() == [first] and first.state == "timed_out"
+            with pytest.raises(
+                FailedPrecondition, match=f"in flight: {first.id} .*timed_out.*outcome unknown"
+            ):
+                await ch.issue("n1", probe(), "operator:bob")
+            # Its real answer comes late: stored against it, and the node is free again.
+            answer = pb.CommandResult(command_id=first.id, ok=True, run_probes=pb.RunProbesResult(results=2))
+            assert ch.answered("n1", answer) is first
+            assert (first.state, first.result, first.error) == (
+                "succeeded",
+                answer,
+                "answered after its deadline (no answer within 5s)",
+            )
+            assert ch.answered("n1", answer) is None  # a repeat of it changes nothing
+            await ch.issue("n1", probe(), "operator:bob")
+        row = (await stored(db))[first.id]
+        assert (row.state, row.result, row.finished) == ("succeeded", answer, T0 + 6)
+
+    asyncio.run(go())
+
+
+def test_a_late_refusal_frees_the_node_and_a_new_boot_does_too(tmp_path: Path) -> None:
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock, MUTATING) as ch:
+            ch.open_stream(hello("n1"), asyncio.Queue(), "peer-1")
+            first = await ch.issue("n1", probe(), "operator:alice", timeout_seconds=5)
+            clock.now += 6
+            ch.expire()
+            # The agent had not started it: it refuses it as too late, which frees the node.
+            refused = pb.CommandResult(
+                command_id=first.id, ok=False, error="deadline passed before it started"
+            )
+            assert ch.answered("n1", refused) is first and first.state == "failed"
+            assert (
+                first.error
+                == "answered after its deadline (no answer within 5s): deadline passed before it started"
+            )
+            second = await ch.issue("n1", probe(), "operator:bob", timeout_seconds=5)
+            clock.now += 6
+            ch.expire()
+            with pytest.raises(FailedPrecondition):
+                await ch.issue("n1", probe(), "operator:carol")
+            ch.open_stream(hello("n1", boot="b2"), asyncio.Queue(), "peer-1")  # the agent restarted
+            await ch.issue("n1", probe(), "operator:carol")
+            assert second.state == "timed_out"
+
+    asyncio.run(go())
+
+
+def test_a_timed_out_mutating_command_holds_the_node_across_a_controller_restart(tmp_path: Path) -> None:
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock, MUTATING) as before:
+            before.open_stream(hello("n1"), asyncio.Queue(), "peer-1")
+            first = await before.issue("n1", probe(), "operator:alice", timeout_seconds=5)
+            clock.now += 6
+            before.expire()
+        async with channel(db, clock, MUTATING) as after:
+            outbox: Outbox = asyncio.Queue()
+            after.open_stream(hello("n1"), outbox, "peer-1")  # the same boot: asked again, same id
+            assert sent(outbox) == [first.id]
+            with pytest.raises(FailedPrecondition, match=first.id):
+                await after.issue("n1", probe(), "operator:bob")
+            assert after.answered("n1", pb.CommandResult(command_id=first.id, ok=True)) is not None
+            await after.issue("n1", probe(), "operator:bob")
+        assert (await stored(db))[first.id].state == "succeeded"
+
+    asyncio.run(go())
+
+
+def test_a_running_command_sent_again_to_the_same_boot_stays_running(tmp_path: Path) -> None:
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock) as ch:
+            ch.open_stream(hello("n1"), asyncio.Queue(), "peer-1")
+            record = await ch.issue("n1", probe(), "scheduler")
+            ch.started("n1", record.id)
+            outbox: Outbox = asyncio.Queue()
+            ch.open_stream(hello("n1"), outbox, "peer-2")  # a reconnect of the same agent boot
+            assert sent(outbox) == [record.id] and record.state == "running"
+        assert (await stored(db))[record.id].state == "running"
+
+    asyncio.run(go())
+
+
+# -- an agent restart ---------------------------------------------------------------------------
+
+
+def test_a_command_the_old_boot_was_sent_is_asked_again_of_an_agent_with_memory(tmp_path: Path) -> None:
+    """The agent keeps ids and results on disk (command_memory): the new boot is asked, same id, and
+    answers from disk (here: it had finished the command before its result got out)."""
+    db, clock = tmp_path / "c.db", Clock()
+    capable = ["run_probes", MEMORY_CAPABILITY]
+
+    async def go() -> None:
+        async with channel(db, clock) as ch:
+            ch.open_stream(hello("n1", boot="b1", capabilities=capable), asyncio.Queue(), "peer-1")
+            record = await ch.issue("n1", probe(), "scheduler")
+            ch.started("n1", record.id)
+            outbox: Outbox = asyncio.Queue()
+            ch.open_stream(hello("n1", boot="b2", capabilities=capable), outbox, "peer-1")
+            assert sent(outbox) == [record.id]
+            assert (record.state, record.boot_id) == ("sent", "b2")  # the new boot is not running it
+            kept = pb.CommandResult(command_id=record.id, ok=True, repeated=True)
+            assert ch.answered("n1", kept) is record and record.state == "succeeded"
+
+    asyncio.run(go())
+
+
+class SlowStore(Store):
+    """The first save_command settles only when the test says so (a slow or failing disk)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.gate: asyncio.Future[None] | None = None
+
+    def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
+        if self.gate is None:
+            self.gate = asyncio.get_running_loop().create_future()
+            return self.gate
+        return super().save_command(record)
+
+
+@pytest.mark.parametrize("write_fails", [True, False])
+def test_a_command_is_sent_only_once_its_row_is_stored(tmp_path: Path, write_fails: bool) -> None:
+    """A stream opening during the store write does not send it: if the write fails, the caller is
+    told and no agent has it; if it succeeds, it goes out on the newest stream once."""
+    clock = Clock()
+
+    async def go() -> None:
+        store = SlowStore(str(tmp_path / "c.db"))
+        await store.open()
+        try:
+            ch = CommandChannel(store, clock, MUTATING)
+            ch.open_stream(hello("n1", boot="b1"), asyncio.Queue(), "peer-1")
+            task = asyncio.create_task(ch.issue("n1", probe(), "scheduler"))
+            await asyncio.sleep(0)
+            outbox: Outbox = asyncio.Queue()
+            ch.open_stream(hello("n1", boot="b1"), outbox, "peer-2")  # a reconnect during the write
+            assert sent(outbox) == [] and ch.open == {}
+            with pytest.raises(FailedPrecondition, match="mutating command in flight"):  # slot reserved
+                await ch.issue("n1", probe(), "operator:bob")
+            assert store.gate is not None
+            if write_fails:
+                store.gate.set_exception(OSError("disk I/O error"))
+                with pytest.raises(OSError):
+                    await task
+                assert sent(outbox) == [] and ch.open == {}
+                await ch.issue("n1", probe(), "operator:bob")  # the slot is free again
+            else:
+                store.gate.set_result(None)
+                record = await task
+                assert sent(outbox) == [record.id] and record.state == "sent"
+        finally:
+            await store.list_commands()
+            store.close()
+
+    asyncio.run(go())
+
+
+def test_a_command_that_times_out_as_a_new_boot_connects_does_not_hold_the_node(tmp_path: Path) -> None:
+    db, clock = tmp_path / "c.db", Clock()
+
+    async def go() -> None:
+        async with channel(db, clock, MUTATING) as ch:
+            ch.open_stream(hello("n1", boot="b1"), asyncio.Queue(), "peer-1")
+            first = await ch.issue("n1", probe(), "operator:alice", timeout_seconds=5)
+            clock.now += 6  # no expire() pass ran before the agent came back
+            outbox: Outbox = asyncio.Queue()
+            ch.open_stream(hello("n1", boot="b2"), outbox, "peer-1")
+            assert first.state == "timed_out" and sent(outbox) == []
+            await ch.issue("n1", probe(), "operator:bob")
 
     asyncio.run(go())

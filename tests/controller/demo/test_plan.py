@@ -49,7 +49,7 @@ def test_the_same_seed_gives_the_same_plan_and_seeds_differ() -> None:
 
 def test_one_node_one_gpu_and_zero_faults() -> None:
     plan = plan_faults(["only"], 1, 1, 3, KINDS[:1])
-    assert plan == [Injected("only", 0, "thermal_throttle")]
+    assert plan == [Injected("only", 0, "thermal_throttle", "thermal_throttle")]
     assert plan_faults(node_names(4), 8, 0, 0, KINDS) == []
 
 

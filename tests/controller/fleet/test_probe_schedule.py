@@ -51,9 +51,11 @@ def add_node(
     connected: bool = True,
     capabilities: tuple[str, ...] = ("run_probes",),
     probes: tuple[str, ...] = OFFERED,
+    infos: tuple[pb.ProbeInfo, ...] = (),
 ) -> NodeState:
-    """A node whose GPUs last read at `at` with utilisation `util`; GPUs in `busy` run a job."""
-    hello = pb.Hello(node=name, boot_id="b1", capabilities=capabilities, probes=probes)
+    """A node whose GPUs last read at `at` with utilisation `util`; GPUs in `busy` run a job. Its
+    Hello names `probes` and describes them with `infos` (none: an agent older than ProbeInfo)."""
+    hello = pb.Hello(node=name, boot_id="b1", capabilities=capabilities, probes=probes, probe_infos=infos)
     for i in range(gpus):
         hello.inventory.gpus.add(index=i, uuid=f"GPU-{name}-{i}", name=H100)
     node = NodeState(name, hello, at, at, connected=connected)
@@ -210,6 +212,44 @@ def test_configured_probes_are_asked_only_of_nodes_that_offer_them() -> None:
     add_node(fleet, "part", busy=(0,), probes=("membw",))
     found = {p.node: p.probes for p in plans(fleet, probes=["gemm", "nccl"], max_fleet_share=1.0)}
     assert found == {"old": ("gemm",)}  # what it has; the others have none of what is asked
+
+
+def per_gpu(name: str) -> pb.ProbeInfo:
+    return pb.ProbeInfo(name=name, unit="GB/s", higher_is_better=True)
+
+
+def test_a_probe_is_node_level_because_its_probe_info_says_so() -> None:
+    whole = pb.ProbeInfo(name="alltoall", unit="GB/s", higher_is_better=True, node_level=True)
+    fleet = Fleet()
+    add_node(fleet, "new", probes=("gemm", "alltoall"), infos=(per_gpu("gemm"), whole))
+    for gpu in range(4):
+        probed(fleet, "new", gpu, T0 - 60)  # every GPU probed a minute ago; the node as a whole never
+    (plan,) = plans(fleet)
+    assert (plan.gpus, plan.probes, plan.overdue_seconds) == ((), (), math.inf)  # due: the node target
+    later = T0 + INTERVAL
+    add_node(fleet, "new", busy=(1,), at=later, probes=("gemm", "alltoall"), infos=(per_gpu("gemm"), whole))
+    (plan,) = plans(fleet, later)
+    assert (plan.gpus, plan.probes) == ((0, 2, 3), ("gemm",))  # the all-to-all needs the whole node
+    # The same names, each described as per-GPU: no node target, and a part of the node may run both.
+    add_node(fleet, "new", probes=("gemm", "alltoall"), infos=(per_gpu("gemm"), per_gpu("alltoall")))
+    assert plans(fleet) == []
+    add_node(
+        fleet,
+        "new",
+        busy=(1,),
+        at=later,
+        probes=("gemm", "alltoall"),
+        infos=(per_gpu("gemm"), per_gpu("alltoall")),
+    )
+    (plan,) = plans(fleet, later)
+    assert (plan.gpus, plan.probes) == ((0, 2, 3), ("gemm", "alltoall"))
+
+
+def test_a_hello_without_probe_infos_is_an_older_agent_whose_nccl_is_node_level() -> None:
+    fleet = Fleet()
+    add_node(fleet, "old", busy=(1,))  # names only, as agents before ProbeInfo sent them
+    (plan,) = plans(fleet)
+    assert plan.probes == ("gemm", "membw", "pcie")
 
 
 def test_only_connected_capable_nodes_without_a_command_in_flight() -> None:

@@ -17,9 +17,6 @@ from protos.names import CAUSES
 
 Level = Literal["gpu", "host", "network", "bmc"]
 LEVELS: tuple[Level, ...] = get_args(Level)
-# Causes the simulator names that the contract (protos Cause) does not have yet; each needs a
-# CAUSE_ member before a controller can report it.
-PROPOSED_CAUSES = frozenset({"host_tuning_drift"})
 
 T = TypeVar("T")
 # apply(what the fault hits, the target after ':' or None (pick one with rng), rng)
@@ -88,7 +85,7 @@ def register(
         raise ValueError(f"fault {name!r} registered twice")
     if level not in LEVELS:
         raise ValueError(f"fault {name!r}: unknown level {level!r}")
-    if cause not in CAUSES and cause not in PROPOSED_CAUSES:
+    if cause not in CAUSES:
         raise ValueError(f"fault {name!r}: {cause!r} is not a cause of the contract")
 
     def wrap(fn: Apply[T]) -> Apply[T]:
