@@ -2,6 +2,7 @@
 
 import sys
 
+from agent import pipes
 from agent.cli import main
 
-sys.exit(main())
+sys.exit(pipes.run(main))

@@ -164,4 +164,6 @@ def render(s: BmcSample) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent import pipes
+
+    sys.exit(pipes.run(main))

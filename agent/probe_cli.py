@@ -197,4 +197,6 @@ def table(outcomes: list[ProbeOutcome]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent import pipes
+
+    sys.exit(pipes.run(main))

@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `gpufleet` command; a reader that goes away (`| head`) ends it quietly."""
+    from controller import pipes
+
+    return pipes.run(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in AGENT_COMMANDS:
         # A fresh interpreter keeps the agent's import graph its own.

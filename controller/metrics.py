@@ -189,7 +189,7 @@ class ControllerCollector(Collector):
         failed = CounterMetricFamily(
             PREFIX + "probe_command_failures",
             "Probe commands that failed: the agent answered an error, no answer in time (timeout), "
-            "or the agent restarted first.",
+            "or the agent restarted first without command memory (restarted).",
             labels=["reason", "failure"],
         )
         for (reason, failure), n in sorted(commands.failed.items()):

@@ -2,8 +2,9 @@
 
 The command channel (controller/commands/) stores, sends and finishes every command; this book
 keeps what is particular to probing. A command is in flight from the moment it is issued until the
-channel finishes it: the node's CommandResult arrived, the node came back with a new boot (the
-command died with the old agent) or its deadline passed. The node's ProbeResults name the command
+channel finishes it: the node's CommandResult arrived (from the same boot, or from a new boot that
+kept its command memory), the node came back with a new boot without that memory (the command died
+with the old agent), or its deadline passed. The node's ProbeResults name the command
 they answer (command_id); they ride in a frame that arrives just before or just after the
 CommandResult, so a waiter gives them a short grace after the answer. Finished commands are kept
 (a bounded number) so a late waiter or a late frame still finds them.
