@@ -25,6 +25,8 @@ from controller.fleet.model import Fleet
 from controller.ingest import Ingest
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
+from controller.remediate.audit import Auditor
+from controller.remediate.guard import Breaker
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -48,6 +50,17 @@ class ControllerApp:
         self.failed_passes = 0
         self.commands = CommandChannel(self.store, clock)
         self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
+        # Acting safely: every mutating request is audited before it acts; degrading actions
+        # (retunes, drains) ask the breaker first: `await app.breaker.request(...)`.
+        self.audit = Auditor(self.store, clock)
+        self.breaker = Breaker(
+            config.breaker,
+            self.store,
+            self.audit,
+            fleet=lambda: self.fleet,
+            clock=clock,
+            stale_after_seconds=config.stale_after_seconds,
+        )
 
     async def start(self) -> None:
         await self.store.open()
@@ -55,6 +68,7 @@ class ControllerApp:
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
+        await self.breaker.load()  # its window and tripped state survive a restart
         for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:

@@ -74,6 +74,19 @@ class ProbeConfig(_Config):
             raise ValueError("probes.probes must name each probe once")
 
 
+class BreakerConfig(_Config):
+    """The blast-radius breaker (controller/remediate/breaker.py)."""
+
+    window_seconds: float = 3600.0  # the sliding window actions count in
+    share: float = 0.05  # at most max(1, ceil(share x N)) nodes in action per window, per group and fleet
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0:
+            raise ValueError("breaker.window_seconds must be > 0")
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError("breaker.share must be within 0..1 (a share of nodes, 0.05 = 5%)")
+
+
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
@@ -85,6 +98,7 @@ class ControllerConfig(_Config):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
+    breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
 
     def __post_init__(self) -> None:
         check_address(self.listen, "listen")

@@ -99,6 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_operator_arguments(probe)
 
+    from controller.cli.profiles import add_profile_arguments
+
+    profs = sub.add_parser(
+        "profiles",
+        help="list the tuning profiles (shipped, and a site's own with --profiles-dir)",
+        description="List the tuning profiles: name, levels (gpu, os, bmc), settings, risk (needs_reboot "
+        "if any setting does), source (shipped or site). Read on this machine; no controller needed.",
+    )
+    add_profile_arguments(profs)
+    prof = sub.add_parser(
+        "profile",
+        help="show one tuning profile: every setting with its target, risk, reason and source",
+        description="Show one tuning profile (`gpufleet profile show NAME`). Exit status 2 for an "
+        "unknown name or a profile that does not validate.",
+    )
+    prof.add_argument("action", choices=["show"], help="show: every setting of the profile")
+    prof.add_argument("name", help="profile name (see gpufleet profiles)")
+    add_profile_arguments(prof)
+
     cmds = sub.add_parser(
         "commands",
         help="list recent commands sent to agents: state, requester, timings, result",
@@ -108,7 +127,40 @@ def build_parser() -> argparse.ArgumentParser:
     cmds.add_argument("--node", default="", help="only this node")
     cmds.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     add_operator_arguments(cmds)
+
+    _add_safety_commands(sub)
     return parser
+
+
+def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`gpufleet breaker [reset]` and `gpufleet history`."""
+    brk = sub.add_parser(
+        "breaker",
+        help="show the blast-radius breaker, or re-arm it (breaker reset)",
+        description="Show the blast-radius breaker: armed or tripped (why, since when), the nodes in "
+        "action within its window per peer group and fleet-wide, and the limits. `gpufleet breaker "
+        "reset --reason TEXT` re-arms a tripped breaker (audited; asks on a terminal unless --yes).",
+    )
+    brk.add_argument("action", nargs="?", choices=["reset"], help="reset: re-arm the breaker")
+    brk.add_argument("--reason", default="", metavar="TEXT", help="with reset: why (required, audited)")
+    brk.add_argument("--yes", action="store_true", help="with reset: do not ask for confirmation")
+    add_operator_arguments(brk)
+
+    hist = sub.add_parser(
+        "history",
+        help="the audit log: every mutating request, who, what, why, when and its outcome",
+        description="The audit log, newest first: each mutating request (probe-node, breaker reset; "
+        "later retune and drain) with its requester, parameters, reason and outcome.",
+    )
+    hist.add_argument("--node", default="", help="only this node")
+    hist.add_argument(
+        "--since",
+        default="",
+        metavar="D",
+        help="an ISO date/time (UTC unless it says) or a duration: 30m, 2h, 3d",
+    )
+    hist.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_operator_arguments(hist)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,12 +184,31 @@ def _main(argv: list[str] | None) -> int:
         from controller.demo.runner import run_demo
 
         return run_demo(args)
+    if args.command in ("profiles", "profile"):
+        from controller.cli import profiles
+
+        if args.command == "profiles":
+            return profiles.profiles(args.profiles_dir, args.output)
+        return profiles.profile_show(args.name, args.profiles_dir, args.output)
     from controller.cli import operator
 
     if args.command == "nodes":
         return operator.nodes(args.controller, args.output)
     if args.command == "node":
         return operator.node(args.controller, args.name, args.output)
+    if args.command == "breaker":
+        from controller.cli import breaker
+
+        if args.action == "reset":
+            return breaker.reset(args.controller, args.output, reason=args.reason, yes=args.yes)
+        if args.reason or args.yes:
+            print("gpufleet: --reason and --yes go with `gpufleet breaker reset`", file=sys.stderr)
+            return 2
+        return breaker.breaker(args.controller, args.output)
+    if args.command == "history":
+        from controller.cli.history import history
+
+        return history(args.controller, args.output, node=args.node, since=args.since, limit=args.limit)
     if args.command == "commands":
         from controller.cli.commands import commands
 

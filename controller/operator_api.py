@@ -1,8 +1,10 @@
-"""Operator service: the fleet as operators see it, probes on request, and the commands sent to
-agents. Thin: reads app state, converts to the wire."""
+"""Operator service: the fleet as operators see it, probes on request, the commands sent to
+agents, the breaker and the audit log. Thin: reads app state, converts to the wire. Every request
+that acts (ProbeNode, ResetBreaker) is written to the audit log before it acts."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -15,6 +17,8 @@ from controller.fleet.finding import Evidence
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.remediate.guard import Status
+from controller.store.audit import AuditEntry
 from controller.store.commands import STATES, CommandRecord
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -24,6 +28,8 @@ PROBE_WAIT_DEFAULT_SECONDS = 120.0  # ProbeNode with wait and no timeout
 PROBE_WAIT_MAX_SECONDS = 3600.0
 LIST_COMMANDS_DEFAULT = 100
 LIST_COMMANDS_MAX = 10_000
+LIST_AUDIT_DEFAULT = 100
+LIST_AUDIT_MAX = 10_000
 COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.upper()}") for name in STATES}
 
 
@@ -140,9 +146,19 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         # second-guess an operator with its idle rule.
         run = pb.RunProbes(probes=request.probes, gpus=request.gpus, force=request.force)
         requester = f"operator:{context.peer()}"
-        command = await self.app.probing.send(request.node, run, "operator", requester=requester)
+        params = {"probes": list(request.probes), "gpus": list(request.gpus), "force": request.force}
+        entry = await self.app.audit.begin(requester, "probe_node", request.node, parameters=params)
+        try:
+            command = await self.app.probing.send(request.node, run, "operator", requester=requester)
+        except Exception as exc:
+            await self.app.audit.outcome(entry, "refused", str(exc))
+            raise
+        await self.app.audit.outcome(entry, "allowed", f"command {command.id}")
         if request.wait:
             await self.app.probing.commands.wait(command, timeout)
+            if command.answered:
+                outcome = "succeeded" if command.ok else "failed"
+                await self.app.audit.outcome(entry, outcome, f"command {command.id}: {command.error or 'ok'}")
         return operator_pb2.ProbeNodeResponse(
             command_id=command.id,
             done=command.answered,
@@ -161,6 +177,70 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         return operator_pb2.ListCommandsResponse(
             commands=[command_to_proto(r, self.app.commands.kinds) for r in records]
         )
+
+    async def GetBreaker(
+        self, request: operator_pb2.GetBreakerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.BreakerStatus:
+        return breaker_to_proto(self.app.breaker.status())
+
+    async def ResetBreaker(
+        self, request: operator_pb2.ResetBreakerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.BreakerStatus:
+        if not request.reason.strip():
+            raise InvalidMessage("a reason is required to reset the breaker")
+        await self.app.breaker.reset(f"operator:{context.peer()}", request.reason)
+        return breaker_to_proto(self.app.breaker.status())
+
+    async def ListAudit(
+        self, request: operator_pb2.ListAuditRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ListAuditResponse:
+        limit = request.limit or LIST_AUDIT_DEFAULT
+        if limit > LIST_AUDIT_MAX:
+            raise InvalidMessage(f"limit must be at most {LIST_AUDIT_MAX}")
+        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+        entries = await self.app.store.list_audit(request.node, since, limit)
+        return operator_pb2.ListAuditResponse(entries=[audit_to_proto(e) for e in entries])
+
+
+def breaker_to_proto(status: Status) -> operator_pb2.BreakerStatus:
+    state = status.state
+    msg = operator_pb2.BreakerStatus(
+        tripped=state.tripped,
+        why=state.why,
+        window_seconds=status.limits.window_seconds,
+        share=status.limits.share,
+        usage=[
+            operator_pb2.BreakerUsage(scope=u.scope, size=u.size, limit=u.limit, used=u.used, nodes=u.nodes)
+            for u in status.usage
+        ],
+        actions=[
+            operator_pb2.BreakerAction(
+                id=a.id, kind=a.kind, node=a.node, group=a.group, time=_ts(a.time), outcome=a.outcome
+            )
+            for a in state.actions
+        ],
+    )
+    if state.tripped_at is not None:
+        msg.tripped_at.CopyFrom(_ts(state.tripped_at))
+    return msg
+
+
+def audit_to_proto(e: AuditEntry) -> operator_pb2.AuditEntry:
+    msg = operator_pb2.AuditEntry(
+        id=e.id,
+        time=_ts(e.time),
+        requester=e.requester,
+        action=e.action,
+        node=e.node,
+        parameters=json.dumps(e.parameters, sort_keys=True),
+        reason=e.reason,
+        finding_ids=e.findings,
+        outcome=e.outcome,
+        detail=e.detail,
+    )
+    if e.outcome_time is not None:
+        msg.outcome_time.CopyFrom(_ts(e.outcome_time))
+    return msg
 
 
 def command_to_proto(record: CommandRecord, kinds: dict[str, CommandKind]) -> operator_pb2.CommandInfo:

@@ -17,6 +17,7 @@ from controller.detect.explain import explain_gpu, explain_node
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
+from controller.fleet.peers import node_peer_key
 from controller.fleet.probe_info import higher_is_better
 
 NAME = "probe_outlier"
@@ -30,7 +31,7 @@ def peer_group(fleet: Fleet, record: ProbeRecord) -> tuple[str, ...] | None:
     better = "higher" if higher_is_better(node.hello, record.probe) else "lower"
     what = (record.probe, record.variant, record.unit, better)
     if record.gpu is None:
-        return (node.gpu_model, str(len(node.hello.inventory.gpus)), *what)
+        return (*node_peer_key(node), *what)
     return (node.gpu_name(record.gpu), "gpu", *what)
 
 

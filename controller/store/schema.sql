@@ -79,3 +79,23 @@ CREATE TABLE IF NOT EXISTS commands (     -- added within version 1: IF NOT EXIS
 );
 CREATE INDEX IF NOT EXISTS commands_by_node ON commands (node, created);
 CREATE INDEX IF NOT EXISTS commands_open ON commands (finished);
+CREATE TABLE IF NOT EXISTS audit (        -- added within version 1: IF NOT EXISTS creates it in older files
+    id          TEXT PRIMARY KEY,
+    time        REAL NOT NULL,          -- when it was requested (written before acting)
+    requester   TEXT NOT NULL,          -- operator:<peer>, policy, scheduler
+    action      TEXT NOT NULL,          -- probe_node, breaker_reset, retune, drain, ...
+    node        TEXT NOT NULL,          -- '' when it names no node
+    parameters  TEXT NOT NULL,          -- JSON object
+    reason      TEXT NOT NULL,
+    findings    TEXT NOT NULL,          -- JSON list of finding ids
+    outcome     TEXT NOT NULL,          -- requested, then allowed refused succeeded failed rolled_back
+    outcome_time REAL,                  -- NULL while requested
+    detail      TEXT NOT NULL           -- why refused, the error, the command id
+);
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit (time);
+CREATE INDEX IF NOT EXISTS audit_by_node ON audit (node, time);
+CREATE TABLE IF NOT EXISTS breaker (      -- one row: the blast-radius breaker (controller/remediate/)
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    state       TEXT NOT NULL,          -- JSON: window actions, tripped, why, tripped_at
+    updated     REAL NOT NULL
+)

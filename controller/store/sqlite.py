@@ -1,5 +1,5 @@
 """The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings,
-commands (controller/store/commands.py).
+commands (controller/store/commands.py), the audit log and the breaker's state (controller/store/audit.py).
 
 All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
 the controller uses.
@@ -23,7 +23,9 @@ from controller.fleet.finding import Finding
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
+from controller.store import audit as audit_rows
 from controller.store import commands as command_rows
+from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import bmc_pb2
@@ -42,6 +44,9 @@ OPERATIONS = (
     "save_command",
     "list_commands",
     "load_commands",
+    "audit",
+    "list_audit",
+    "breaker",
 )
 
 
@@ -120,6 +125,27 @@ class Store:
         """What a starting controller takes up: the unfinished commands, and those timed out with no
         answer yet (a late answer is still recorded against them)."""
         return await self._call("load_commands", command_rows.load_commands)
+
+    async def add_audit(self, entry: AuditEntry) -> None:
+        """Write a request's audit entry; returns once it is committed (so before anything acts)."""
+        await self._call("audit", lambda c: audit_rows.add_entry(c, entry))
+
+    async def set_audit_outcome(self, entry_id: str, outcome: str, when: float, detail: str = "") -> None:
+        await self._call("audit", lambda c: audit_rows.set_outcome(c, entry_id, outcome, when, detail))
+
+    async def get_audit(self, entry_id: str) -> AuditEntry | None:
+        return await self._call("list_audit", lambda c: audit_rows.get_entry(c, entry_id))
+
+    async def list_audit(
+        self, node: str = "", since: float | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        return await self._call("list_audit", lambda c: audit_rows.list_entries(c, node, since, limit))
+
+    async def save_breaker(self, state: str, when: float) -> None:
+        await self._call("breaker", lambda c: audit_rows.save_breaker(c, state, when))
+
+    async def load_breaker(self) -> str | None:
+        return await self._call("breaker", audit_rows.load_breaker)
 
 
 def _init(conn: sqlite3.Connection) -> None:

@@ -164,6 +164,9 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "save_command": 0,
                 "list_commands": 0,
                 "load_commands": 1,
+                "audit": 0,
+                "list_audit": 0,
+                "breaker": 1,  # the breaker's state, loaded at start
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7

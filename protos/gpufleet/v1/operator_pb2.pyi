@@ -490,3 +490,273 @@ class CommandInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommandInfo: _TypeAlias = CommandInfo  # noqa: Y015
+
+@_typing.final
+class GetBreakerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBreakerRequest: _TypeAlias = GetBreakerRequest  # noqa: Y015
+
+@_typing.final
+class ResetBreakerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """required"""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetBreakerRequest: _TypeAlias = ResetBreakerRequest  # noqa: Y015
+
+@_typing.final
+class BreakerUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """"fleet", or a peer group ("NVIDIA H100 80GB HBM3 x8")"""
+    size: _builtins.int
+    """N: nodes in the fleet or group now"""
+    limit: _builtins.int
+    """max(1, ceil(share x N))"""
+    used: _builtins.int
+    """distinct nodes in action inside the window"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """those nodes"""
+
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        size: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        used: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "nodes", b"nodes", "scope", b"scope", "size", b"size", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BreakerUsage: _TypeAlias = BreakerUsage  # noqa: Y015
+
+@_typing.final
+class BreakerAction(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    kind: _builtins.str
+    """retune, drain, ..."""
+    node: _builtins.str
+    group: _builtins.str
+    outcome: _builtins.str
+    """in_progress, succeeded, failed, rolled_back"""
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        node: _builtins.str = ...,
+        group: _builtins.str = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "id", b"id", "kind", b"kind", "node", b"node", "outcome", b"outcome", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BreakerAction: _TypeAlias = BreakerAction  # noqa: Y015
+
+@_typing.final
+class BreakerStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIPPED_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    TRIPPED_AT_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    tripped: _builtins.bool
+    why: _builtins.str
+    """with tripped: the refused request that tripped it"""
+    window_seconds: _builtins.float
+    share: _builtins.float
+    """p"""
+    @_builtins.property
+    def tripped_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: armed"""
+
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___BreakerUsage]:
+        """the fleet first, then each peer group"""
+
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___BreakerAction]:
+        """the actions inside the window, oldest first"""
+
+    def __init__(
+        self,
+        *,
+        tripped: _builtins.bool = ...,
+        why: _builtins.str = ...,
+        tripped_at: _timestamp_pb2.Timestamp | None = ...,
+        window_seconds: _builtins.float = ...,
+        share: _builtins.float = ...,
+        usage: _abc.Iterable[Global___BreakerUsage] | None = ...,
+        actions: _abc.Iterable[Global___BreakerAction] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tripped_at", b"tripped_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "share", b"share", "tripped", b"tripped", "tripped_at", b"tripped_at", "usage", b"usage", "why", b"why", "window_seconds", b"window_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BreakerStatus: _TypeAlias = BreakerStatus  # noqa: Y015
+
+@_typing.final
+class ListAuditRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """empty: every node"""
+    limit: _builtins.int
+    """0: 100"""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """unset: from the start"""
+
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "node", b"node", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditRequest: _TypeAlias = ListAuditRequest  # noqa: Y015
+
+@_typing.final
+class ListAuditResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___AuditEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditResponse: _TypeAlias = ListAuditResponse  # noqa: Y015
+
+@_typing.final
+class AuditEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    REQUESTER_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    FINDING_IDS_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    OUTCOME_TIME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    requester: _builtins.str
+    """"operator:<peer>", "policy", "scheduler" """
+    action: _builtins.str
+    """probe_node, breaker_reset, retune, drain, ..."""
+    node: _builtins.str
+    """empty: no node"""
+    parameters: _builtins.str
+    """JSON object"""
+    reason: _builtins.str
+    outcome: _builtins.str
+    """requested, allowed, refused, succeeded, failed, rolled_back"""
+    detail: _builtins.str
+    """why refused, the error, the command id"""
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """when it was requested (stored before acting)"""
+
+    @_builtins.property
+    def finding_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def outcome_time(self) -> _timestamp_pb2.Timestamp:
+        """unset: still requested"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        requester: _builtins.str = ...,
+        action: _builtins.str = ...,
+        node: _builtins.str = ...,
+        parameters: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        finding_ids: _abc.Iterable[_builtins.str] | None = ...,
+        outcome: _builtins.str = ...,
+        outcome_time: _timestamp_pb2.Timestamp | None = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome_time", b"outcome_time", "time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "detail", b"detail", "finding_ids", b"finding_ids", "id", b"id", "node", b"node", "outcome", b"outcome", "outcome_time", b"outcome_time", "parameters", b"parameters", "reason", b"reason", "requester", b"requester", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditEntry: _TypeAlias = AuditEntry  # noqa: Y015

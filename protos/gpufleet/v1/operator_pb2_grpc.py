@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class OperatorStub:
-    """Read-only for now; drain and retune arrive in later versions of this service.
+    """Mostly read-only for now; drain and retune arrive in later versions of this service.
     """
 
     def __init__(self, channel):
@@ -60,10 +60,25 @@ class OperatorStub:
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.FromString,
                 _registered_method=True)
+        self.GetBreaker = channel.unary_unary(
+                '/gpufleet.v1.Operator/GetBreaker',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.GetBreakerRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.FromString,
+                _registered_method=True)
+        self.ResetBreaker = channel.unary_unary(
+                '/gpufleet.v1.Operator/ResetBreaker',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ResetBreakerRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/gpufleet.v1.Operator/ListAudit',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
-    """Read-only for now; drain and retune arrive in later versions of this service.
+    """Mostly read-only for now; drain and retune arrive in later versions of this service.
     """
 
     def ListNodes(self, request, context):
@@ -98,6 +113,29 @@ class OperatorServicer:
 
     def ListCommands(self, request, context):
         """Commands sent to agents (any kind), newest first, optionally for one node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBreaker(self, request, context):
+        """The blast-radius breaker: armed or tripped (why, since when), window usage per peer group and
+        fleet-wide, and the limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetBreaker(self, request, context):
+        """Re-arm the breaker (audited; a reason is required: INVALID_ARGUMENT without one). The only way
+        out of a tripped state; it also starts a fresh window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """The audit log of mutating requests, newest first, optionally for one node and since a time.
         later: DrainNode, RetuneNode
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -132,6 +170,21 @@ def add_OperatorServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.SerializeToString,
             ),
+            'GetBreaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBreaker,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.GetBreakerRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.SerializeToString,
+            ),
+            'ResetBreaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetBreaker,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ResetBreakerRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'gpufleet.v1.Operator', rpc_method_handlers)
@@ -141,7 +194,7 @@ def add_OperatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Operator:
-    """Read-only for now; drain and retune arrive in later versions of this service.
+    """Mostly read-only for now; drain and retune arrive in later versions of this service.
     """
 
     @staticmethod
@@ -269,6 +322,87 @@ class Operator:
             '/gpufleet.v1.Operator/ListCommands',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListCommandsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBreaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/GetBreaker',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.GetBreakerRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetBreaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ResetBreaker',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ResetBreakerRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.BreakerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ListAudit',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,7 +27,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class OperatorStub:
-    """Read-only for now; drain and retune arrive in later versions of this service."""
+    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -45,13 +45,23 @@ class OperatorStub:
     returns when the node has answered (or the timeout passed: done=false).
     """
     ListCommands: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListCommandsRequest, _operator_pb2.ListCommandsResponse]
-    """Commands sent to agents (any kind), newest first, optionally for one node.
+    """Commands sent to agents (any kind), newest first, optionally for one node."""
+    GetBreaker: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetBreakerRequest, _operator_pb2.BreakerStatus]
+    """The blast-radius breaker: armed or tripped (why, since when), window usage per peer group and
+    fleet-wide, and the limits.
+    """
+    ResetBreaker: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ResetBreakerRequest, _operator_pb2.BreakerStatus]
+    """Re-arm the breaker (audited; a reason is required: INVALID_ARGUMENT without one). The only way
+    out of a tripped state; it also starts a fresh window.
+    """
+    ListAudit: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListAuditRequest, _operator_pb2.ListAuditResponse]
+    """The audit log of mutating requests, newest first, optionally for one node and since a time.
     later: DrainNode, RetuneNode
     """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
-    """Read-only for now; drain and retune arrive in later versions of this service."""
+    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListNodes: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]  # type: ignore[assignment]
@@ -66,12 +76,22 @@ class OperatorAsyncStub(OperatorStub):
     returns when the node has answered (or the timeout passed: done=false).
     """
     ListCommands: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListCommandsRequest, _operator_pb2.ListCommandsResponse]  # type: ignore[assignment]
-    """Commands sent to agents (any kind), newest first, optionally for one node.
+    """Commands sent to agents (any kind), newest first, optionally for one node."""
+    GetBreaker: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetBreakerRequest, _operator_pb2.BreakerStatus]  # type: ignore[assignment]
+    """The blast-radius breaker: armed or tripped (why, since when), window usage per peer group and
+    fleet-wide, and the limits.
+    """
+    ResetBreaker: _aio.UnaryUnaryMultiCallable[_operator_pb2.ResetBreakerRequest, _operator_pb2.BreakerStatus]  # type: ignore[assignment]
+    """Re-arm the breaker (audited; a reason is required: INVALID_ARGUMENT without one). The only way
+    out of a tripped state; it also starts a fresh window.
+    """
+    ListAudit: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListAuditRequest, _operator_pb2.ListAuditResponse]  # type: ignore[assignment]
+    """The audit log of mutating requests, newest first, optionally for one node and since a time.
     later: DrainNode, RetuneNode
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
-    """Read-only for now; drain and retune arrive in later versions of this service."""
+    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
 
     @_abc_1.abstractmethod
     def ListNodes(
@@ -114,7 +134,35 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListCommandsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListCommandsResponse, _abc.Awaitable[_operator_pb2.ListCommandsResponse]]:
-        """Commands sent to agents (any kind), newest first, optionally for one node.
+        """Commands sent to agents (any kind), newest first, optionally for one node."""
+
+    @_abc_1.abstractmethod
+    def GetBreaker(
+        self,
+        request: _operator_pb2.GetBreakerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.BreakerStatus, _abc.Awaitable[_operator_pb2.BreakerStatus]]:
+        """The blast-radius breaker: armed or tripped (why, since when), window usage per peer group and
+        fleet-wide, and the limits.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetBreaker(
+        self,
+        request: _operator_pb2.ResetBreakerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.BreakerStatus, _abc.Awaitable[_operator_pb2.BreakerStatus]]:
+        """Re-arm the breaker (audited; a reason is required: INVALID_ARGUMENT without one). The only way
+        out of a tripped state; it also starts a fresh window.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAudit(
+        self,
+        request: _operator_pb2.ListAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListAuditResponse, _abc.Awaitable[_operator_pb2.ListAuditResponse]]:
+        """The audit log of mutating requests, newest first, optionally for one node and since a time.
         later: DrainNode, RetuneNode
         """
 

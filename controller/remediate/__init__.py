@@ -1,0 +1,1 @@
+"""Acting safely: the blast-radius breaker (pure decisions in breaker.py, state and audit in guard.py)."""
