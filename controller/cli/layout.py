@@ -36,9 +36,11 @@ def make_table(
 ) -> Table:
     """A table of the columns `wide` selects; each row gives a cell for every column in `columns`."""
     shown = [i for i, c in enumerate(columns) if wide or not c.wide]
-    table = Table(*(columns[i] for i in shown), title=title, title_justify="left")
+    table = Table(*(columns[i] for i in shown), title=Text(title), title_justify="left")
     for row in rows:
-        table.add_row(*(row[i] for i in shown))
+        # Cells are data (node names, BMC messages, sources like "tuned.conf ([cpu] governor)"):
+        # plain text, never rich markup.
+        table.add_row(*(Text(c) if isinstance(c, str) else c for c in (row[i] for i in shown)))
     for column in table.columns:
         if isinstance(column, Col) and column.key:
             column.no_wrap = True
@@ -108,4 +110,4 @@ def show(*items: RenderableType, width: int | None = None) -> None:
     width = width or terminal_width()
     for item in items:
         needed = fit(item, width) if isinstance(item, Table) else 0
-        Console(width=max(width or PIPE_WIDTH, needed)).print(item)
+        Console(width=max(width or PIPE_WIDTH, needed)).print(item, markup=False)  # data, not markup
