@@ -136,7 +136,8 @@ def test_a_command_in_flight_across_a_controller_restart_is_sent_again_and_run_o
                 record = first.app.commands.get(command_id)
                 assert record is not None
                 await until(lambda: record.state == "running", "the agent to start the run")
-                assert probes.runs == [command_id]
+                # `running` is said as the handler starts; the probe runner is called just after.
+                await until(lambda: probes.runs == [command_id], "the probe runner to be called")
             # The controller is gone with the run in progress; a new one takes over the same store.
             async with running_controller(cfg, clock=time.time) as second:
                 again = second.app.commands.get(command_id)
@@ -199,6 +200,7 @@ def test_a_restarted_agent_with_command_memory_is_asked_again_and_answers_from_i
                 record = running.app.commands.get(command_id)
                 assert record is not None
                 await until(lambda: record.state == "running", "the agent to start the run")
+                await until(lambda: first_probes.runs == [command_id], "the probe runner to be called")
             first_probes.gate.set()  # (the stopped agent's worker thread may end now)
             async with agents_running(second):
                 await until(lambda: record.state == "failed", "the new boot's answer")
