@@ -5,7 +5,8 @@ write -> snapshot (the current values) into the journal -> apply each change, jo
 write before it starts -> read back -> `applied`; or, on any failure, roll back every change
 already started to its snapshot value and verify that (`rolled_back`; when the rollback itself
 fails, `needs_attention` with what is left). `dry_run` returns the plan and writes nothing at all,
-not even the journal. `recover` finishes, at agent start, a journal a killed process left.
+not even the journal. `recover` finishes, at agent start, a journal a killed process left; until
+then (or while one needs attention) a new apply is refused, since recovery restores its snapshot.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ def apply_settings(
     dry_run: bool = False,
 ) -> ApplyResult:
     tree = _tree(root)
+    pending = [] if dry_run else unfinished(Path(journal_dir))
+    if pending:
+        # Its snapshot is what recover() restores: an apply on top would be undone by it.
+        held = ", ".join(f"{j.op_id} ({j.state})" for j in pending)
+        return ApplyResult(
+            REFUSED, problems=[f"an earlier apply is unfinished: {held}; recover it first (nothing written)"]
+        )
     planned: list[tuple[Actuator, Change]] = []
     try:
         for actuator in actuators:
@@ -143,7 +151,7 @@ def recover(
     tree = _tree(root)
     by_name = {a.name: a for a in (os_actuators() if actuators is None else actuators)}
     results = []
-    for journal in unfinished(Path(journal_dir)):
+    for journal in reversed(unfinished(Path(journal_dir))):  # undo newest first
         problems = [f"recovered after an interrupted apply (state {journal.state})"]
         started = []
         for name, change in journal.changes():

@@ -1,8 +1,9 @@
 """The blast-radius breaker, decided in pure functions: state in, decision and new state out.
 
 One sliding window (default one hour) holds the actions (retunes now, drains later) taken on nodes
-that were in service ("healthy": known to the fleet and reporting; a node that is joining or silent
-is not counted, so scale-up never trips it). Inside the window at most `max(1, ceil(share x N))`
+the fleet knows (a node joining the fleet, never seen, is not counted; scale-up never trips it;
+a known node that went silent counts like any other). An action holds its place while it is in
+progress, however long, and for a window after it ends. Inside the window at most `max(1, ceil(share x N))`
 distinct nodes may be in action, per peer group (N: the group's current size) and fleet-wide (N:
 the current fleet). An action counts whatever its outcome: a failed or rolled-back action keeps its
 place (its outcome never frees it). A degrading request that would exceed either budget is refused
@@ -34,6 +35,7 @@ class Action:
     group: str  # the node's peer group (controller/fleet/peers.py)
     time: float
     outcome: str = "in_progress"  # in_progress, succeeded, failed, rolled_back
+    finished: float | None = None  # when it ended; it leaves the window `window_seconds` after
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ class Request:
     kind: str
     node: str
     group: str
-    healthy: bool = True  # the node was in service: only then does the action count
+    healthy: bool = True  # the node is known to the fleet (False: joining, never seen): only then it counts
     is_recovery: bool = False  # rollback, uncordon, re-apply of desired state: always proceeds
 
 
@@ -79,8 +81,14 @@ def budget(share: float, size: int) -> int:
 
 
 def slide(state: State, now: float, limits: Limits) -> State:
-    """Drop the actions that left the window."""
-    kept = tuple(a for a in state.actions if a.time > now - limits.window_seconds)
+    """Drop the actions that left the window: ended more than `window_seconds` ago. One still in
+    progress stays, however long it takes (a long drain must not free its slot)."""
+    since = now - limits.window_seconds
+    kept = tuple(
+        a
+        for a in state.actions
+        if a.outcome == "in_progress" or (a.time if a.finished is None else a.finished) > since
+    )
     return state if len(kept) == len(state.actions) else replace(state, actions=kept)
 
 
@@ -107,7 +115,7 @@ def decide(state: State, request: Request, now: float, limits: Limits, sizes: di
     if state.tripped:
         return Decision(False, f"breaker tripped: {state.why}; `gpufleet breaker reset` re-arms it", state)
     if not request.healthy:
-        return Decision(True, "node not in service (joining or silent): not counted", state)
+        return Decision(True, "node joining the fleet (never seen): not counted", state)
     action = Action(request.id, request.kind, request.node, request.group, now)
     for scope in usage(state, now, limits, sizes):
         if scope.scope not in {FLEET, request.group}:
@@ -123,11 +131,13 @@ def decide(state: State, request: Request, now: float, limits: Limits, sizes: di
     return Decision(True, "within budget", replace(state, actions=(*state.actions, action)))
 
 
-def finish(state: State, action_id: str, outcome: str) -> State:
-    """Record an action's outcome; it stays in the window whatever the outcome."""
+def finish(state: State, action_id: str, outcome: str, now: float | None = None) -> State:
+    """Record an action's outcome (at `now`); it stays in the window whatever the outcome."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
-    actions = tuple(replace(a, outcome=outcome) if a.id == action_id else a for a in state.actions)
+    actions = tuple(
+        replace(a, outcome=outcome, finished=now) if a.id == action_id else a for a in state.actions
+    )
     return replace(state, actions=actions)
 
 

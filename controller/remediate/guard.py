@@ -73,12 +73,9 @@ class Breaker:
             await self.store.save_breaker(msgspec.json.encode(state).decode(), self.clock())
             self.state = state
 
-    def in_service(self, node: str) -> bool:
-        """Known and reporting: an action on it counts. A joining (unknown) or silent node does not."""
-        state = self.fleet().nodes.get(node)
-        if state is None:
-            return False
-        return state.connected or self.clock() - state.last_seen <= self.stale_after_seconds
+    def known(self, node: str) -> bool:
+        """An action on a node the fleet knows counts, reporting or silent; one joining does not."""
+        return node in self.fleet().nodes
 
     def group_of(self, node: str) -> str:
         state = self.fleet().nodes.get(node)
@@ -94,10 +91,9 @@ class Breaker:
         parameters: dict[str, Any] | None = None,
         findings: Sequence[str] = (),
         is_recovery: bool = False,
-        healthy: bool | None = None,
     ) -> Verdict:
-        """Audit the request, then allow or refuse it. `healthy` (default: the node is in service)
-        says whether the action counts; recovery always proceeds. There is no bypass."""
+        """Audit the request, then allow or refuse it; recovery always proceeds. There is no
+        bypass: whether an action counts is the breaker's call (the node is known), not the caller's."""
         params = dict(parameters or {}) | {"is_recovery": is_recovery}
         entry = await self.auditor.begin(
             requester, kind, node, parameters=params, reason=reason, findings=findings
@@ -108,7 +104,7 @@ class Breaker:
                 kind=kind,
                 node=node,
                 group=self.group_of(node),
-                healthy=self.in_service(node) if healthy is None else healthy,
+                healthy=self.known(node),
                 is_recovery=is_recovery,
             )
             decision = breaker.decide(self.state, req, self.clock(), self.limits, group_sizes(self.fleet()))
@@ -122,7 +118,7 @@ class Breaker:
     async def finished(self, verdict: Verdict, outcome: str, detail: str = "") -> None:
         """The allowed action ended: succeeded, failed or rolled_back (it keeps counting either way)."""
         async with self._lock:
-            await self._save(breaker.finish(self.state, verdict.action_id, outcome))
+            await self._save(breaker.finish(self.state, verdict.action_id, outcome, self.clock()))
         await self.auditor.outcome(verdict.audit, outcome, detail)
 
     async def reset(self, requester: str, reason: str) -> AuditEntry:

@@ -44,10 +44,12 @@ def test_probe_device_cpu_json_runs_all_four_probes() -> None:
     gemm = {r["variant"]: r for r in doc["results"] if r["probe"] == "gemm"}
     assert set(gemm) == {"fp32", "bf16"}
     for variant, result in gemm.items():
-        # 1 GFLOP/s .. 10 TFLOP/s; a dtype the CPU emulates (bf16 without AVX512-BF16 or AMX) runs
-        # a tiny shape at ~1 GFLOP/s idle, less loaded, and says so
+        # 10 MFLOP/s .. 10 TFLOP/s: plausible, not fast. An emulated dtype (bf16 without
+        # AVX512-BF16 or AMX) runs a tiny shape at ~1 GFLOP/s idle and says so; on a loaded 2-core
+        # box the warm-up picks a small shape and fp32 measured 0.26 GFLOP/s. The FLOP count itself
+        # is checked exactly in test_gemm.py.
+        assert 1e-5 <= result["value"] <= 10.0, result
         emulated = native_on_cpu(variant, cpu_flags()) is False
-        assert (1e-5 if emulated else 1e-3) <= result["value"] <= 10.0, result
         assert "warm-up" in result["params"]["sized_by"]
         assert ("emulated" in result["params"]) == emulated
         assert int(result["params"]["m"]) <= (EMULATED_MAX_SIZE if emulated else 1024)

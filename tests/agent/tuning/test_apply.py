@@ -209,3 +209,21 @@ def test_recover_without_a_journal_does_nothing(tmp_path: Path, host: Path) -> N
     before, times = contents(host), stamps(host)
     assert recover(tmp_path / "none", host) == []
     assert contents(host) == before and stamps(host) == times
+
+
+def test_an_apply_waits_for_an_unfinished_one_so_recovery_never_reverts_a_later_apply(tmp_path: Path) -> None:
+    host = make_host(tmp_path / "host", hugepages=64)
+    journal = tmp_path / "journal"
+    first = OsTargets(sysctls={"vm.swappiness": 10}, hugepages=0)
+    stuck = KernelTree(host, hugepages_cap=16, fail_read_once={SWAPPINESS})
+    assert apply_settings(os_actuators(), first, stuck, journal).state == "needs_attention"
+    later = OsTargets(sysctls={"vm.swappiness": 30})
+    refused = apply_settings(os_actuators(), later, KernelTree(host), journal)
+    assert refused.state == "refused" and "unfinished" in refused.problems[0]
+    assert (host / SWAPPINESS).read_text().strip() == "60"  # nothing written
+    assert apply_settings(os_actuators(), later, KernelTree(host), journal, dry_run=True).state == "planned"
+    (recovered,) = recover(journal, host)  # the next start
+    assert recovered.state == "rolled_back"
+    assert apply_settings(os_actuators(), later, KernelTree(host), journal).state == "applied"
+    assert recover(journal, host) == []  # a restart now keeps the later apply
+    assert (host / SWAPPINESS).read_text().strip() == "30"

@@ -80,10 +80,11 @@ def test_the_fleet_budget_binds_across_groups() -> None:
 def test_the_window_slides() -> None:
     sizes = {"A": 10}
     d = decide(State(), req("n1"), T0, LIMITS, sizes)
+    ended = finish(d.state, "r-n1", "succeeded", T0)  # a quick action: ended as it started
     # still inside the window: refused (and tripped)
-    assert not decide(d.state, req("n2"), T0 + 3599, LIMITS, sizes).allowed
+    assert not decide(ended, req("n2"), T0 + 3599, LIMITS, sizes).allowed
     # the action left the window: allowed, and the old one is gone from the state
-    later = decide(d.state, req("n2"), T0 + 3600.5, LIMITS, sizes)
+    later = decide(ended, req("n2"), T0 + 3600.5, LIMITS, sizes)
     assert later.allowed and [a.node for a in later.state.actions] == ["n2"]
 
 
@@ -161,3 +162,14 @@ def test_usage_lists_the_fleet_then_each_group() -> None:
         ("A", 30, 2, 1, ("a1",)),
         ("B", 10, 1, 0, ()),
     ]
+
+
+def test_an_action_in_progress_keeps_its_slot_past_the_window_and_leaves_a_window_after_it_ends() -> None:
+    sizes = {"A": 10}  # budget 1
+    d = decide(State(), req("n1"), T0, LIMITS, sizes)
+    assert d.allowed
+    late = T0 + LIMITS.window_seconds + 60  # a long drain, still running
+    assert not decide(d.state, req("n2"), late, LIMITS, sizes).allowed
+    ended = finish(d.state, "r-n1", "succeeded", late)
+    assert not decide(ended, req("n2"), late + 1, LIMITS, sizes).allowed  # ended just now: still counts
+    assert decide(ended, req("n2"), late + LIMITS.window_seconds + 1, LIMITS, sizes).allowed
