@@ -187,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         gpu.close()
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 2
+    from agent.compose.tuning import build_tuner
     from agent.daemon import Agent
 
-    agent = Agent(config, gpu, host, probes, bmc=bmc)
+    tuner = None if args.once else build_tuner(config, gpu, host, bmc)
+    agent = Agent(config, gpu, host, probes, bmc=bmc, tuner=tuner)
     if args.once:
         if agent.bmc is not None:
             agent.bmc.poll_once()  # in this thread: one snapshot should show the BMC too

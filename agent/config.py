@@ -173,6 +173,23 @@ class MetricsConfig(_Config):
             check_address(self.address, "metrics.address")
 
 
+class TuningConfig(_Config):
+    """Changing the node's settings (ApplyProfile commands). Off unless the node's own config says so:
+    the controller cannot turn it on."""
+
+    enabled: bool = False  # false: every mutating command is refused
+    state_dir: str | None = None  # the apply journal and the committed profiles; None: <spool_dir>/.tuning
+    reapply_at_start: bool = True  # put committed GPU and OS settings back (lost at a reboot)
+    # GPU model name (as NVML names it) -> base SM clock in MHz, for profiles that lock clocks at
+    # `base`: NVML does not report the base clock, so `base` is refused for a model not listed.
+    base_clocks_mhz: dict[str, int] = msgspec.field(default_factory=dict)
+
+    def journal_dir(self, spool_dir: str | None) -> str | None:
+        if self.state_dir is not None:
+            return self.state_dir
+        return None if spool_dir is None else str(Path(spool_dir) / ".tuning")
+
+
 class AgentConfig(_Config):
     node: str = ""  # empty: the host name
     source: Literal["nvml", "sim"] = "nvml"
@@ -187,8 +204,15 @@ class AgentConfig(_Config):
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     probes: ProbesConfig = msgspec.field(default_factory=ProbesConfig)
+    tuning: TuningConfig = msgspec.field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
+        if self.tuning.enabled and self.stream.spool_dir is None:
+            # The command memory (never apply one command twice) and the journal live on disk.
+            raise ValueError(
+                "tuning.enabled needs stream.spool_dir: a mutating command is recorded on disk "
+                "before it runs, and the apply journal lives there too (or in tuning.state_dir)"
+            )
         if not 0.05 <= self.interval_seconds <= 3600:
             raise ValueError("interval_seconds must be within 0.05..3600")
         if self.expected_gpus is not None and not 0 <= self.expected_gpus <= 1024:

@@ -34,6 +34,7 @@ from agent.stream import frames
 from agent.stream.backoff import Backoff
 from agent.stream.client import StreamClient
 from agent.stream.spool import Spool
+from agent.tuning.tuner import Tuner
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.agent")
@@ -48,9 +49,11 @@ class Agent:
         probes: ProbeRunner,
         *,
         bmc: BmcSource | None = None,
+        tuner: Tuner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.tuner = tuner
         self.gpu = gpu
         self.host = host
         self.probes = probes
@@ -84,7 +87,7 @@ class Agent:
         self._wake_sampler = asyncio.Event()
         spool_dir = config.stream.spool_dir
         self.commands = CommandExecutor(
-            CommandContext(probes=probes, deliver_probes=self._deliver_probes),
+            CommandContext(probes=probes, deliver_probes=self._deliver_probes, tuner=tuner),
             state_dir=None if spool_dir is None else Path(spool_dir) / ".commands",
         )
         self.spool: Spool | None = None
@@ -147,7 +150,9 @@ class Agent:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Sample every interval until `stop`; stream to the controller when one is configured."""
+        """Sample every interval until `stop`; stream to the controller when one is configured.
+        First, tuning's start duties: finish an apply a crash left, and put committed settings back."""
+        await self.settle_tuning()
         stream_cfg = self.config.stream
         tasks = []
         wake = self._wake_sampler
@@ -184,6 +189,16 @@ class Agent:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.close()
+
+    async def settle_tuning(self) -> None:
+        """Roll back (or flag) an apply the last run left unfinished, then re-apply the committed
+        profiles' GPU and OS settings a reboot lost; both logged. Before the first sample, so that
+        what the controller sees is the node as it will stay."""
+        if self.tuner is None:
+            return
+        await asyncio.to_thread(self.tuner.recover)
+        if self.config.tuning.reapply_at_start:
+            await asyncio.to_thread(self.tuner.reapply)
 
     async def _sample_loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
         interval = self.config.interval_seconds

@@ -1,5 +1,6 @@
 """The controller's core, without gRPC: store, fleet state, ingest, connections, detection passes,
-the command channel to agents (controller/commands/) and probe commands (controller/probing.py).
+the command channel to agents (controller/commands/), probe commands (controller/probing.py) and
+tuning (controller/remediate/retune.py: recommendations after each pass, applies, their outcomes).
 
 This is the controller's composition root: ControllerApp.__init__ wires every subsystem from the
 config, and a new one (tuning, Kubernetes) plugs in here; controller/server.py adds gRPC and
@@ -27,6 +28,7 @@ from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
+from controller.remediate.retune import Tuner
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -61,6 +63,18 @@ class ControllerApp:
             clock=clock,
             stale_after_seconds=config.stale_after_seconds,
         )
+        # Tuning: recommendations kept in step with the findings after each pass; applies go
+        # through the breaker and the channel, and the channel's answers settle them.
+        self.tuning = Tuner(
+            config,
+            self.store,
+            fleet=lambda: self.fleet,
+            active=lambda: self.active.values(),  # noqa: PLW0108 - start() replaces self.active
+            channel=self.commands,
+            breaker=self.breaker,
+            auditor=self.audit,
+            clock=clock,
+        )
 
     async def start(self) -> None:
         await self.store.open()
@@ -69,6 +83,7 @@ class ControllerApp:
         self.active = {f.finding.key: f for f in findings}
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         await self.breaker.load()  # its window and tripped state survive a restart
+        await self.tuning.load()  # applies a previous run left in flight: settled or awaited
         for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:
@@ -122,6 +137,10 @@ class ControllerApp:
         self.last_pass = report
         self.last_pass_time = now
         self.pass_duration.observe(time.perf_counter() - started)
+        try:
+            await self.tuning.after_pass()
+        except Exception:  # tuning's trouble (a store error) is logged; detection goes on
+            log.exception("tuning after the detection pass failed")
         return report
 
     async def detect_forever(self, stop: asyncio.Event) -> None:

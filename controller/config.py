@@ -8,6 +8,9 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from controller.profiles import ProfileError, load_catalogue
+from protos.names import CAUSES
+
 
 class ConfigError(Exception):
     """The configuration is not usable; the message says where and why."""
@@ -87,6 +90,40 @@ class BreakerConfig(_Config):
             raise ValueError("breaker.share must be within 0..1 (a share of nodes, 0.05 = 5%)")
 
 
+POLICY_MODES = ("off", "recommend", "auto")
+
+
+class TuningConfig(_Config):
+    """Closed-loop tuning (controller/remediate/retune.py): what the controller does with a finding
+    whose cause a profile fixes. Per cause: `off` (no recommendation), `recommend` (proposed; an
+    operator approves it) or `auto` (applied within the breaker's budget). A fix that needs a
+    reboot (BIOS, ECC) always waits for an approval, whatever the policy says."""
+
+    default_policy: str = "recommend"  # for every cause `policy` does not name
+    policy: dict[str, str] = msgspec.field(default_factory=dict)  # cause -> off | recommend | auto
+    profiles_dir: str | None = None  # a site's own profiles, beside the shipped ones
+
+    def __post_init__(self) -> None:
+        if self.default_policy not in POLICY_MODES:
+            raise ValueError(
+                f"tuning.default_policy: {self.default_policy!r} is not one of {', '.join(POLICY_MODES)}"
+            )
+        for cause, mode in self.policy.items():
+            if cause not in CAUSES:
+                raise ValueError(f"tuning.policy: {cause!r} is not a finding cause ({', '.join(CAUSES)})")
+            if mode not in POLICY_MODES:
+                raise ValueError(f"tuning.policy.{cause}: {mode!r} is not one of {', '.join(POLICY_MODES)}")
+        if self.profiles_dir is not None:
+            try:  # a site profile that does not validate stops the controller here, in one line
+                load_catalogue(self.profiles_dir)
+            except ProfileError as exc:
+                raise ValueError(f"tuning.profiles_dir: {exc}") from exc
+
+    def mode(self, cause: str) -> str:
+        """off, recommend or auto for `cause`."""
+        return self.policy.get(cause, self.default_policy)
+
+
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
@@ -99,6 +136,7 @@ class ControllerConfig(_Config):
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
+    tuning: TuningConfig = msgspec.field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
         check_address(self.listen, "listen")

@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, help="random seed for faults and the fleet (default: a random one, printed)"
     )
     demo.add_argument("--json", action="store_true", help="print one JSON summary on stdout; logs on stderr")
+    demo.add_argument(
+        "--tuning",
+        choices=("off", "recommend", "auto"),
+        default="off",
+        help="close the loop: agents may tune, the controller recommends (or, auto, applies) fixes; "
+        "fixable faults are injected first and the run ends once every fault has its outcome "
+        "(default off)",
+    )
 
     ctl = sub.add_parser("controller", help="run the controller")
     ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
@@ -121,14 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     cmds = sub.add_parser(
         "commands",
         help="list recent commands sent to agents: state, requester, timings, result",
-        description="List the commands the controller sent to agents, newest first (probe runs today; "
-        "tuning and drain later): id, node, kind, state, requester, created/sent/finished, result.",
+        description="List the commands the controller sent to agents, newest first (probe runs and "
+        "tuning applies; drains later): id, node, kind, state, requester, created/sent/finished, "
+        "result.",
     )
     cmds.add_argument("--node", default="", help="only this node")
     cmds.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     add_operator_arguments(cmds)
 
     _add_safety_commands(sub)
+    _add_tuning_commands(sub)
     return parser
 
 
@@ -149,8 +159,9 @@ def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     hist = sub.add_parser(
         "history",
         help="the audit log: every mutating request, who, what, why, when and its outcome",
-        description="The audit log, newest first: each mutating request (probe-node, breaker reset; "
-        "later retune and drain) with its requester, parameters, reason and outcome.",
+        description="The audit log, newest first: each mutating request (probe-node, breaker reset, "
+        "retune and approve, the tuning policy's applies; later drain) with its requester, parameters, "
+        "reason and outcome.",
     )
     hist.add_argument("--node", default="", help="only this node")
     hist.add_argument(
@@ -161,6 +172,71 @@ def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     hist.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     add_operator_arguments(hist)
+
+
+def _add_tuning_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`gpufleet recommendations`, `gpufleet retune` and `gpufleet approve`."""
+    recs = sub.add_parser(
+        "recommendations",
+        help="what the controller proposes for each node's findings, and how each apply went",
+        description="Tuning recommendations, newest first: per node the cause, the fix (a profile, or "
+        "drain/investigate when no setting fixes it), the exact changes (setting, current, target), the "
+        "evidence (finding ids), the expected effect, the risk (online, needs_reboot), the policy and the "
+        "state (proposed, approved, applying, verified, rolled_back, failed, needs_attention).",
+    )
+    recs.add_argument("--node", default="", help="only this node")
+    recs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_operator_arguments(recs)
+
+    retune = sub.add_parser(
+        "retune",
+        help="apply a tuning profile to a node (audited, breaker-checked, verified by re-probe)",
+        description="Apply a tuning profile to one node: the controller audits the request, asks the "
+        "blast-radius breaker and sends the agent an ApplyProfile command; the agent applies it all or "
+        "nothing, re-probes the GPUs it touched and commits, or rolls back. Asks on a terminal unless "
+        "--yes. --dry-run shows the agent's plan and changes nothing. Exit status: 0 committed (or "
+        "planned), 1 rolled back, failed, no answer or refused by the breaker, 2 bad arguments, unknown "
+        "node or profile, or a node that cannot take it now.",
+    )
+    retune.add_argument("name", metavar="NODE", help="node name")
+    retune.add_argument(
+        "--profile", default="", metavar="P", help="profile name (required; see gpufleet profiles)"
+    )
+    retune.add_argument("--dry-run", action="store_true", help="ask the agent for its plan; change nothing")
+    retune.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    retune.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")
+    retune.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        type=int,
+        metavar="N",
+        help="GPU index (repeatable; default: every GPU)",
+    )
+    _add_wait_arguments(retune)
+    add_operator_arguments(retune)
+
+    approve = sub.add_parser(
+        "approve",
+        help="approve a proposed recommendation: it is applied as retune would",
+        description="Approve a proposed recommendation (see gpufleet recommendations): it is applied "
+        "now, as gpufleet retune would apply its changes. Exit status as for retune.",
+    )
+    approve.add_argument("id", metavar="REC_ID", help="the recommendation's id")
+    approve.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")
+    _add_wait_arguments(approve)
+    add_operator_arguments(approve)
+
+
+def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-wait", action="store_true", help="print the command id and return at once")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="wait at most this long for the agent's answer (default 600)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +285,34 @@ def _main(argv: list[str] | None) -> int:
         from controller.cli.history import history
 
         return history(args.controller, args.output, node=args.node, since=args.since, limit=args.limit)
+    if args.command == "recommendations":
+        from controller.cli.recommendations import recommendations
+
+        return recommendations(args.controller, args.output, node=args.node, limit=args.limit)
+    if args.command in ("retune", "approve"):
+        from controller.cli import retune
+
+        if args.command == "approve":
+            return retune.approve(
+                args.controller,
+                args.id,
+                args.output,
+                reason=args.reason,
+                wait=not args.no_wait,
+                timeout=args.timeout,
+            )
+        return retune.retune(
+            args.controller,
+            args.name,
+            args.output,
+            profile=args.profile,
+            dry_run=args.dry_run,
+            yes=args.yes,
+            reason=args.reason,
+            gpus=args.gpu,
+            wait=not args.no_wait,
+            timeout=args.timeout,
+        )
     if args.command == "commands":
         from controller.cli.commands import commands
 

@@ -1,6 +1,7 @@
 """Operator service: the fleet as operators see it, probes on request, the commands sent to
-agents, the breaker and the audit log. Thin: reads app state, converts to the wire. Every request
-that acts (ProbeNode, ResetBreaker) is written to the audit log before it acts."""
+agents, the breaker, the audit log and tuning (recommendations, retune, approve: app.tuning). Thin:
+reads app state, converts to the wire. Every request that acts (ProbeNode, ResetBreaker, Retune,
+Approve) is written to the audit log before it acts."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from controller.fleet.finding import Evidence
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.remediate.applying import BreakerRefused, Started
 from controller.remediate.guard import Status
 from controller.store.audit import AuditEntry
 from controller.store.commands import STATES, CommandRecord
+from controller.store.recommendations import Recommendation
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import cause_value, severity_name, severity_value
@@ -30,6 +33,9 @@ LIST_COMMANDS_DEFAULT = 100
 LIST_COMMANDS_MAX = 10_000
 LIST_AUDIT_DEFAULT = 100
 LIST_AUDIT_MAX = 10_000
+LIST_RECOMMENDATIONS_DEFAULT = 100
+LIST_RECOMMENDATIONS_MAX = 10_000
+RETUNE_WAIT_MAX_SECONDS = 3600.0
 COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.upper()}") for name in STATES}
 
 
@@ -200,6 +206,98 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
         entries = await self.app.store.list_audit(request.node, since, limit)
         return operator_pb2.ListAuditResponse(entries=[audit_to_proto(e) for e in entries])
+
+    async def ListRecommendations(
+        self, request: operator_pb2.ListRecommendationsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.ListRecommendationsResponse:
+        limit = request.limit or LIST_RECOMMENDATIONS_DEFAULT
+        if limit > LIST_RECOMMENDATIONS_MAX:
+            raise InvalidMessage(f"limit must be at most {LIST_RECOMMENDATIONS_MAX}")
+        recs = await self.app.tuning.recommendations(request.node, limit)
+        return operator_pb2.ListRecommendationsResponse(
+            recommendations=[recommendation_to_proto(r) for r in recs]
+        )
+
+    async def Retune(
+        self, request: operator_pb2.RetuneRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.RetuneResponse:
+        timeout = self._apply_wait(request.timeout_seconds)
+        if len(set(request.gpus)) != len(request.gpus):
+            raise InvalidMessage("name each GPU once")
+        try:
+            started = await self.app.tuning.retune(
+                request.node,
+                request.profile,
+                requester=f"operator:{context.peer()}",
+                reason=request.reason,
+                gpus=list(request.gpus),
+                dry_run=request.dry_run,
+            )
+        except BreakerRefused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return await self._answer(started, request.wait, timeout)
+
+    async def Approve(
+        self, request: operator_pb2.ApproveRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.RetuneResponse:
+        timeout = self._apply_wait(request.timeout_seconds)
+        try:
+            started = await self.app.tuning.approve(
+                request.id, requester=f"operator:{context.peer()}", reason=request.reason
+            )
+        except BreakerRefused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return await self._answer(started, request.wait, timeout)
+
+    def _apply_wait(self, requested: float) -> float:
+        timeout = requested or self.app.commands.kinds["apply_profile"].timeout_seconds
+        if not 0 < timeout <= RETUNE_WAIT_MAX_SECONDS:
+            raise InvalidMessage(f"timeout_seconds must be within 0..{RETUNE_WAIT_MAX_SECONDS:.0f}")
+        return timeout
+
+    async def _answer(self, started: Started, wait: bool, timeout: float) -> operator_pb2.RetuneResponse:
+        if wait:
+            await self.app.tuning.wait(started, timeout)
+        record = started.command
+        msg = operator_pb2.RetuneResponse(
+            command_id=record.id,
+            audit_id=started.audit_id,
+            recommendation_id="" if started.recommendation is None else started.recommendation.id,
+            done=record.result is not None,
+            error=record.error,
+        )
+        if record.result is not None and record.result.HasField("apply_profile"):
+            msg.result.CopyFrom(record.result.apply_profile)
+        return msg
+
+
+def recommendation_to_proto(r: Recommendation) -> operator_pb2.Recommendation:
+    msg = operator_pb2.Recommendation(
+        id=r.id,
+        node=r.node,
+        cause=r.cause,
+        action=r.action,
+        profile=r.profile,
+        changes=[
+            pb.SettingChange(
+                setting=c.setting, current=c.current, target=c.target, pending_reboot=c.pending_reboot
+            )
+            for c in r.changes
+        ],
+        finding_ids=r.finding_ids,
+        expected_effect=r.expected_effect,
+        risk=r.risk,
+        state=r.state,
+        created=_ts(r.created),
+        updated=_ts(r.updated),
+        policy=r.policy,
+        command_id=r.command_id,
+        detail=r.detail,
+        gpus=r.gpus,
+    )
+    if r.result is not None:
+        msg.result.CopyFrom(r.result)
+    return msg
 
 
 def breaker_to_proto(status: Status) -> operator_pb2.BreakerStatus:

@@ -10,6 +10,8 @@ HTTP/1.1 on 127.0.0.1, port 0. Knobs a test may set at any time, before or betwe
 - `require_auth`: (user, password); then everything but GET of the service root and the session
   login answers 401 unless it carries that basic auth or a live X-Auth-Token.
 - `noncompliant_sessions`: session login answers 204 with neither token nor Location.
+- `reject_apply_time`: a PATCH carrying @Redfish.SettingsApplyTime answers 400 (PropertyUnknown)
+  and writes nothing, as some vendors' BMCs do although they list SupportedApplyTimes.
 
 Patterns are fnmatch globs matched against the path without query or trailing slash, e.g.
 "/redfish/v1/Chassis/*/Sensors*" ('*' also crosses '/'). Faults win over everything else.
@@ -79,9 +81,9 @@ class Session:
         return f"{SESSIONS}/{self.id}"
 
 
-def redfish_error(status: int, message: str) -> bytes:
+def redfish_error(status: int, message: str, message_id: str = "") -> bytes:
     """A Redfish error body (DSP0266 "error" object) for `status`."""
-    message_id = _MESSAGE_IDS.get(status, "Base.1.8.GeneralError")
+    message_id = message_id or _MESSAGE_IDS.get(status, "Base.1.8.GeneralError")
     info = {"@odata.type": "#Message.v1_1_1.Message", "MessageId": message_id, "Message": message}
     error = {"code": message_id, "message": message, "@Message.ExtendedInfo": [info]}
     return json.dumps({"error": error}).encode()
@@ -126,6 +128,7 @@ class FakeBmcServer:
         self.require_auth: tuple[str, str] | None = None
         self.noncompliant_sessions = False
         self.root_requires_auth = False  # against the standard, as some BMCs do
+        self.reject_apply_time = False
         self.requests: list[RecordedRequest] = []
         self.sessions: dict[str, Session] = {}
         self.logouts: list[str] = []  # session paths deleted, in order
@@ -253,6 +256,9 @@ class FakeBmcServer:
             change = None
         if not isinstance(change, dict):
             return 400, redfish_error(400, "PATCH body must be a JSON object"), {}
+        if self.reject_apply_time and "@Redfish.SettingsApplyTime" in change:
+            unknown = "The property @Redfish.SettingsApplyTime is not in the list of valid properties"
+            return 400, redfish_error(400, unknown, "Base.1.8.PropertyUnknown"), {}
         with self.lock:  # check-then-write must not interleave with another PATCH
             doc, etag = resource_etag(file.read_bytes())
             accepted = {tag.strip() for tag in (if_match or "").split(",")}

@@ -140,3 +140,32 @@ def test_demo_rejects_bad_arguments_with_one_line(tmp_path: Path) -> None:
         result.stderr.strip().splitlines()[-1]
         == "gpufleet demo: --faults 3 needs at least as many nodes (have 2)"
     )
+
+
+def test_demo_tuning_auto_fixes_the_fixable_faults_and_recommends_drain_for_the_rest(tmp_path: Path) -> None:
+    """power_cap and clocks_locked_low are settings: the controller applies gpu-defaults, the agent
+    re-probes and commits, the finding resolves. The others are hardware: a drain is recommended."""
+    args = ("--nodes", "8", "--gpus-per-node", "4", "--faults", "4", "--tuning", "auto", "--seed", "5")
+    result = subprocess.run(
+        demo_command(*args, "--json"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=demo_env(tmp_path),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(result.stdout)
+    outcomes = {i["fault"]: i["outcome"] for i in summary["injected"]}
+    fixable = {"power_cap", "clocks_locked_low"}
+    assert fixable <= set(outcomes), outcomes  # fixable faults are injected first
+    assert outcomes == {f: "fixed" if f in fixable else "recommended_drain" for f in outcomes}, (
+        outcomes,
+        result.stderr[-3000:],
+    )
+    tuning = summary["tuning"]
+    assert (tuning["verified"], tuning["rolled_back"], tuning["needs_attention"]) == (2, 0, 0)
+    assert tuning["drain_recommended"] == 2
+    assert summary["precision"] == 1.0 and summary["recall"] == 1.0
+    assert summary["elapsed_s"] < 200  # it ended when every fault had its outcome
+    assert leftovers(tmp_path) == []

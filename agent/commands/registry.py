@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from agent.probes.base import ProbeOutcome, ProbeRunner
+from agent.tuning.tuner import Tuner
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NOT_HANDLERS = frozenset({"registry", "executor", "memory"})
@@ -25,6 +26,7 @@ class CommandContext:
 
     probes: ProbeRunner
     deliver_probes: Callable[[Sequence[ProbeOutcome]], None]  # results ride in the next frame, sent at once
+    tuner: Tuner | None = None  # None: this agent changes no settings (every ApplyProfile refused)
 
 
 class CommandHandler(ABC):

@@ -12,7 +12,7 @@ then (or while one needs attention) a new apply is refused, since recovery resto
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from agent.tuning.journal import (
     unfinished,
 )
 from agent.tuning.os_settings import os_actuators
-from agent.tuning.targets import OsTargets
+from agent.tuning.targets import OsTargets, Targets, as_targets
 
 # Outcomes besides the journal's final states: nothing written in any of these.
 NOTHING_TO_DO, PLANNED, REFUSED, FAILED = "nothing_to_do", "planned", "refused", "failed"
@@ -53,12 +53,17 @@ def _tree(root: str | os.PathLike[str] | Tree) -> Tree:
 
 def apply_settings(
     actuators: Sequence[Actuator],
-    targets: OsTargets,
+    targets: Targets | OsTargets,
     root: str | os.PathLike[str] | Tree,
     journal_dir: str | os.PathLike[str],
+    *,
     dry_run: bool = False,
+    check: Callable[[list[Change]], list[str]] | None = None,
 ) -> ApplyResult:
+    """`check` runs after the read-back, while the journal still says `verifying` (a re-probe
+    against the peers' bars): problems it returns roll the apply back like a failed write."""
     tree = _tree(root)
+    targets = as_targets(targets)
     pending = [] if dry_run else unfinished(Path(journal_dir))
     if pending:
         # Its snapshot is what recover() restores: an apply on top would be undone by it.
@@ -92,6 +97,11 @@ def apply_settings(
         journal.step(VERIFYING, "reading back")
         for actuator, change in planned:
             actuator.verify(tree, change)
+        if check is not None:
+            journal.step(VERIFYING, "read back at target; checking the effect")
+            failed = check(changes)
+            if failed:
+                return roll_back(tree, journal, started, failed)
         journal.step(APPLIED, "at target")
     except TuningError as exc:
         result = roll_back(tree, journal, started, [str(exc)])

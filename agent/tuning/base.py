@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agent.tuning.targets import OsTargets
+from agent.tuning.targets import Targets
 
 
 class TuningError(Exception):
@@ -31,9 +31,10 @@ class Change:
     setting: str
     current: str
     target: str
+    pending_reboot: bool = False  # takes effect at the next reboot (BIOS, ECC): read back as pending
 
     def reverse(self) -> Change:
-        return Change(self.setting, self.target, self.current)
+        return Change(self.setting, self.target, self.current, self.pending_reboot)
 
 
 def _shown(rel: str) -> str:
@@ -111,8 +112,10 @@ class Actuator(Protocol):
         """Every setting this actuator knows on this host, with its current value."""
         ...
 
-    def plan(self, tree: Tree, targets: OsTargets) -> list[Change]:
-        """The changes that take the host from its current values to `targets` ([] when there)."""
+    def plan(self, tree: Tree, targets: Targets) -> list[Change]:
+        """The changes that take the host from its current values to `targets` ([] when there).
+        Actuators of other levels (GPU through NVML, BIOS through Redfish) hold their own handle
+        and ignore `tree`."""
         ...
 
     def validate(self, tree: Tree, change: Change) -> None:

@@ -54,7 +54,13 @@ class Journal:
             "op_id": op_id,
             "state": SNAPSHOT,
             "changes": [
-                {"actuator": name, "setting": c.setting, "current": c.current, "target": c.target}
+                {
+                    "actuator": name,
+                    "setting": c.setting,
+                    "current": c.current,
+                    "target": c.target,
+                    "pending_reboot": c.pending_reboot,
+                }
                 for name, c in changes
             ],
             "started": [],
@@ -84,7 +90,8 @@ class Journal:
 
     def changes(self) -> list[tuple[str, Change]]:
         return [
-            (c["actuator"], Change(c["setting"], c["current"], c["target"])) for c in self.record["changes"]
+            (c["actuator"], Change(c["setting"], c["current"], c["target"], c.get("pending_reboot", False)))
+            for c in self.record["changes"]
         ]
 
     def started(self, setting: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from agent.sources.linux.proc import parse_bracketed
 from agent.sources.linux.sysfs import natural_key, parse_word
 from agent.tuning.base import Actuator, Change, Shortfall, Tree, TuningError
-from agent.tuning.targets import SYSCTLS, OsTargets
+from agent.tuning.targets import SYSCTLS, OsTargets, Targets, as_targets
 
 CPUFREQ_GLOB = "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 THP_DIR = "sys/kernel/mm/transparent_hugepage"
@@ -64,9 +64,9 @@ class FileActuator:
     def read(self, tree: Tree) -> dict[str, str]:
         return {setting: self.current(tree, setting) for setting in self.files(tree)}
 
-    def plan(self, tree: Tree, targets: OsTargets) -> list[Change]:
+    def plan(self, tree: Tree, targets: Targets | OsTargets) -> list[Change]:
         changes = []
-        for setting, target in self.wanted(tree, targets).items():
+        for setting, target in self.wanted(tree, as_targets(targets).os).items():
             current = self.current(tree, setting)
             if current != target:
                 changes.append(Change(setting, current, target))

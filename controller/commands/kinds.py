@@ -2,6 +2,8 @@
 
 `mutating`: the command changes the node's settings (tuning, drain). At most one mutating command
 is in flight per node. RunProbes is not mutating (probing keeps its own one-run-per-node rule).
+ApplyProfile is, dry runs included (the agent plans against the node's live settings; a plan
+beside a running apply would read a half-applied node).
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ class CommandKind:
 
 
 KINDS: dict[str, CommandKind] = {
-    k.name: k for k in (CommandKind("run_probes", mutating=False, timeout_seconds=900.0),)
+    k.name: k
+    for k in (
+        CommandKind("run_probes", mutating=False, timeout_seconds=900.0),
+        # apply, read back, re-probe the affected GPUs (short suite), commit or roll back
+        CommandKind("apply_profile", mutating=True, timeout_seconds=600.0),
+    )
 }
 
 

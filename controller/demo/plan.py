@@ -23,9 +23,16 @@ def node_names(count: int) -> list[str]:
 
 
 def plan_faults(
-    nodes: list[str], gpus_per_node: int, faults: int, seed: int, kinds: Sequence[AgentFault]
+    nodes: list[str],
+    gpus_per_node: int,
+    faults: int,
+    seed: int,
+    kinds: Sequence[AgentFault],
+    *,
+    first: Sequence[str] = (),
 ) -> list[Injected]:
-    """`faults` faults of distinct `kinds` on distinct random nodes, each GPU fault on a random GPU."""
+    """`faults` faults of distinct `kinds` on distinct random nodes, each GPU fault on a random GPU;
+    the kinds named in `first` are among them (as many as `faults` allows), the rest drawn."""
     if faults < 0:
         raise ValueError("--faults must be >= 0")
     if faults > len(kinds):
@@ -34,7 +41,13 @@ def plan_faults(
     if faults > len(nodes):
         raise ValueError(f"--faults {faults} needs at least as many nodes (have {len(nodes)})")
     rng = random.Random(f"demo-faults:{seed}")
-    chosen = rng.sample(list(kinds), faults)
+    preferred = [k for k in kinds if k.name in first]
+    if preferred:
+        chosen = rng.sample(preferred, min(faults, len(preferred)))
+        chosen += rng.sample([k for k in kinds if k not in chosen], faults - len(chosen))
+        rng.shuffle(chosen)
+    else:  # the draws as they always were: a seed repeats its plan
+        chosen = rng.sample(list(kinds), faults)
     targets = rng.sample(nodes, faults)
     return [
         Injected(node, rng.randrange(gpus_per_node) if kind.level == "gpu" else None, kind.name, kind.cause)

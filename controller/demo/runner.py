@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
 from controller.demo.score import score
+from controller.demo.tuning import fixable, outcome, settled, summary
 from controller.demo.view import injected_table, live_panel
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import cause_name, severity_name
@@ -51,6 +53,9 @@ PROBE_INTERVAL_SECONDS = 8.0
 PROBE_CHECK_SECONDS = 1.0
 PROBE_FLEET_SHARE = 0.3
 ROUNDS_POLL_SECONDS = 2.0
+# With tuning and no --seconds: the run ends when every injected fault has its outcome, or here.
+TUNING_MAX_SECONDS = 240.0
+BREAKER_WINDOW_SECONDS = 20.0
 
 
 class DemoError(Exception):
@@ -62,10 +67,16 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def _start_controller(tmp: Path) -> tuple[Child, str]:
+def _start_controller(tmp: Path, tuning: str) -> tuple[Child, str]:
+    settings: dict[str, Any] = {}
+    if tuning != "off":
+        settings["tuning"] = {"default_policy": tuning}
+        # A demo minute stands for an hour: the breaker's window shrinks with it (production: 1 h).
+        settings["breaker"] = {"window_seconds": BREAKER_WINDOW_SECONDS}
     config = _write_yaml(
         tmp / "controller.yaml",
         {
+            **settings,
             "listen": "127.0.0.1:0",
             "metrics_address": None,  # a demo binds nothing beyond loopback gRPC
             "db": str(tmp / "gpufleet.db"),
@@ -94,7 +105,14 @@ def _start_controller(tmp: Path) -> tuple[Child, str]:
 
 
 def _start_agents(
-    tmp: Path, address: str, names: list[str], *, gpus: int, injected: list[Injected], seed: int
+    tmp: Path,
+    address: str,
+    names: list[str],
+    *,
+    gpus: int,
+    injected: list[Injected],
+    seed: int,
+    tuning: bool,
 ) -> list[Child]:
     children = []
     for name in names:
@@ -104,9 +122,19 @@ def _start_agents(
             for i in injected
             if i.node == name
         ]
+        stream: dict[str, Any] = {
+            "controller": address,
+            "backoff_initial_seconds": 0.2,
+            "backoff_max_seconds": 2.0,
+        }
+        extra: dict[str, Any] = {}
+        if tuning:  # tuning keeps its journal and the command memory on disk
+            stream["spool_dir"] = str(tmp / f"{name}.spool")
+            extra["tuning"] = {"enabled": True}
         config = _write_yaml(
             tmp / f"{name}.yaml",
             {
+                **extra,
                 "node": name,
                 "source": "sim",
                 "interval_seconds": AGENT_INTERVAL_SECONDS,
@@ -117,7 +145,7 @@ def _start_agents(
                     "idle_every_seconds": IDLE_EVERY_SECONDS,
                     "idle_seconds": IDLE_SECONDS,
                 },
-                "stream": {"controller": address, "backoff_initial_seconds": 0.2, "backoff_max_seconds": 2.0},
+                "stream": stream,
                 "metrics": {"address": None},  # many agents on one machine: no /metrics ports
             },
         )
@@ -166,6 +194,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _validate(args)
         names = node_names(args.nodes)
         kinds = detectable(agent_faults())
+        fixable_faults = fixable(kinds) if args.tuning != "off" else []
     except (DemoError, ValueError) as exc:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 2
@@ -173,7 +202,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 1
     try:
-        injected = plan_faults(names, args.gpus_per_node, args.faults, args.seed, kinds)
+        injected = plan_faults(names, args.gpus_per_node, args.faults, args.seed, kinds, first=fixable_faults)
     except ValueError as exc:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 2
@@ -191,15 +220,28 @@ def run_demo(args: argparse.Namespace) -> int:
                 for inj in injected:
                     where = "" if inj.gpu is None else f" gpu {inj.gpu}"
                     log.info("injecting %s on %s%s", inj.fault, inj.node, where)
-                controller, address = _start_controller(tmp)
+                controller, address = _start_controller(tmp, args.tuning)
                 children.append(controller)
                 log.info("controller listening on %s (try: gpufleet nodes --controller %s)", address, address)
                 agents = _start_agents(
-                    tmp, address, names, gpus=args.gpus_per_node, injected=injected, seed=args.seed
+                    tmp,
+                    address,
+                    names,
+                    gpus=args.gpus_per_node,
+                    injected=injected,
+                    seed=args.seed,
+                    tuning=args.tuning != "off",
                 )
                 children.extend(agents)
-                findings = _watch(
-                    args, address, injected, started=started, stop=stop, agents=agents, rounds=rounds
+                watched = _watch(
+                    args,
+                    address,
+                    injected,
+                    started=started,
+                    stop=stop,
+                    agents=agents,
+                    rounds=rounds,
+                    fixable_faults=fixable_faults,
                 )
             except DemoError as exc:
                 print(f"gpufleet demo: {exc}", file=sys.stderr)
@@ -213,7 +255,7 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _report(args, injected, findings, rounds, time.monotonic() - started)
+    return _report(args, injected, watched, rounds, time.monotonic() - started)
 
 
 def _watch(
@@ -225,10 +267,14 @@ def _watch(
     stop: threading.Event,
     agents: list[Child],
     rounds: ProbeRounds,
-) -> list[findings_pb2.Finding]:
+    fixable_faults: list[str],
+) -> Watched:
     interactive = not args.json and sys.stdout.isatty()
     nodes: list[operator_pb2.NodeSummary] = []
     findings: list[findings_pb2.Finding] = []
+    watched = Watched()
+    tuning = args.tuning != "off"
+    limit = args.seconds if args.seconds is not None or not tuning else TUNING_MAX_SECONDS
     with grpc.insecure_channel(address) as channel:
         stub = operator_pb2_grpc.OperatorStub(channel)
         live = None
@@ -241,12 +287,18 @@ def _watch(
             last_line = last_rounds = 0.0
             while not stop.is_set():
                 elapsed = time.monotonic() - started
-                if args.seconds is not None and elapsed >= args.seconds:
+                if limit is not None and elapsed >= limit:
                     break
                 try:
                     nodes, findings = _poll(stub)
+                    watched.see(findings)
+                    if tuning:
+                        watched.recommendations = _recommendations(stub)
                 except grpc.RpcError as exc:
                     raise DemoError(f"the controller stopped answering: {exc.code().name}") from exc
+                if tuning and settled(injected, watched.recommendations, findings, fixable_faults):
+                    log.info("%.0fs: every injected fault has its outcome", elapsed)
+                    break
                 if all(a.process.poll() is not None for a in agents):
                     raise DemoError("every agent process has exited:\n" + agents[0].log_tail())
                 if elapsed - last_rounds >= ROUNDS_POLL_SECONDS:
@@ -278,10 +330,33 @@ def _watch(
                         rounds.later,
                     )
                 stop.wait(1.0)
-            return _poll(stub)[1]
+            watched.findings = _poll(stub)[1]
+            watched.see(watched.findings)
+            if tuning:
+                watched.recommendations = _recommendations(stub)
+            return watched
         finally:
             if live is not None:
                 live.stop()
+
+
+@dataclass
+class Watched:
+    """What the demo saw: the findings at the end, every finding seen during the run (a fixed
+    fault's finding resolves before the end), and the tuning recommendations."""
+
+    findings: list[findings_pb2.Finding] = field(default_factory=list)
+    seen: dict[tuple[str, int | None, int], findings_pb2.Finding] = field(default_factory=dict)
+    recommendations: list[operator_pb2.Recommendation] = field(default_factory=list)
+
+    def see(self, findings: list[findings_pb2.Finding]) -> None:
+        for f in findings:
+            self.seen[(f.node, f.gpu if f.HasField("gpu") else None, f.cause)] = f
+
+
+def _recommendations(stub: operator_pb2_grpc.OperatorStub) -> list[operator_pb2.Recommendation]:
+    request = operator_pb2.ListRecommendationsRequest(limit=1000)
+    return list(stub.ListRecommendations(request, timeout=5).recommendations)
 
 
 def _observe_rounds(
@@ -297,24 +372,34 @@ def _observe_rounds(
 def _report(
     args: argparse.Namespace,
     injected: list[Injected],
-    findings: list[findings_pb2.Finding],
+    watched: Watched,
     rounds: ProbeRounds,
     elapsed: float,
 ) -> int:
+    tuning = args.tuning != "off"
+    # With tuning, a fixed fault's finding is gone by the end: score what was found along the way.
+    findings = list(watched.seen.values()) if tuning else watched.findings
     found = [(f.node, f.gpu if f.HasField("gpu") else None) for f in findings]
+    recs, final = watched.recommendations, watched.findings
     precision, recall = score(found, [(i.node, i.gpu) for i in injected])
     if args.json:
         body = {
             "nodes": args.nodes,
             "gpus": args.nodes * args.gpus_per_node,
             "seed": args.seed,
-            "injected": [{"node": i.node, "gpu": i.gpu, "fault": i.fault} for i in injected],
+            "injected": [
+                {"node": i.node, "gpu": i.gpu, "fault": i.fault}
+                | ({"outcome": outcome(i, recs, final)} if tuning else {})
+                for i in injected
+            ],
             "findings": [_finding_json(f) for f in findings],
             "precision": round(precision, 4),
             "recall": round(recall, 4),
             "probe_rounds": rounds.as_dict(),
             "elapsed_s": round(elapsed, 2),
         }
+        if tuning:
+            body["tuning"] = summary(injected, recs, final)
         print(json.dumps(body, sort_keys=False))
         return 0
     from rich.console import Console
@@ -327,4 +412,12 @@ def _report(
         f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s; "
         f"{rounds.total} probe rounds, {rounds.later} of them scheduled"
     )
+    if tuning:
+        t = summary(injected, recs, final)
+        console.print(
+            f"tuning ({args.tuning}): {t['recommended']} recommended, {t['applied']} applied, "
+            f"{t['verified']} verified, {t['rolled_back']} rolled back, {t['needs_attention']} need "
+            f"attention, {t['drain_recommended']} drains recommended; outcomes "
+            + ", ".join(f"{k} {v}" for k, v in sorted(t["outcomes"].items()))
+        )
     return 0

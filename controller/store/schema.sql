@@ -98,4 +98,17 @@ CREATE TABLE IF NOT EXISTS breaker (      -- one row: the blast-radius breaker (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
     state       TEXT NOT NULL,          -- JSON: window actions, tripped, why, tripped_at
     updated     REAL NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS recommendations (  -- added within version 1: IF NOT EXISTS creates it in older files
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    cause       TEXT NOT NULL,          -- the finding cause it answers ('' for an operator's retune)
+    profile     TEXT NOT NULL,          -- '' for drain / investigate
+    state       TEXT NOT NULL,          -- proposed approved applying verified rolled_back failed needs_attention
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    command_id  TEXT NOT NULL,          -- the ApplyProfile command ('' before applying)
+    body        TEXT NOT NULL,          -- JSON: action, policy, risk, findings, gpus, changes, targets, ...
+    result      BLOB                    -- gpufleet.v1.ApplyProfileResult, once the agent answered
+);
+CREATE INDEX IF NOT EXISTS recommendations_by_node ON recommendations (node, created)

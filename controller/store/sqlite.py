@@ -1,5 +1,6 @@
 """The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings,
-commands (controller/store/commands.py), the audit log and the breaker's state (controller/store/audit.py).
+commands (controller/store/commands.py), the audit log and the breaker's state (controller/store/audit.py),
+tuning recommendations (controller/store/recommendations.py).
 
 All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
 the controller uses.
@@ -25,8 +26,10 @@ from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, Probe
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.store import audit as audit_rows
 from controller.store import commands as command_rows
+from controller.store import recommendations as recommendation_rows
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
+from controller.store.recommendations import Recommendation
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -47,6 +50,7 @@ OPERATIONS = (
     "audit",
     "list_audit",
     "breaker",
+    "recommendations",
 )
 
 
@@ -101,12 +105,13 @@ class Store:
         return await self._call("list_findings", lambda c: _list_findings(c, node, include_resolved, limit))
 
     async def prune_history(self, before: float) -> int:
-        """Drop probe history, and finished commands, older than `before`."""
+        """Drop probe history, finished commands and finished recommendations older than `before`."""
         return await self._call(
             "prune_history",
             lambda c: (
                 c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
                 + command_rows.prune_commands(c, before)
+                + recommendation_rows.prune(c, before)
             ),
         )
 
@@ -140,6 +145,19 @@ class Store:
         self, node: str = "", since: float | None = None, limit: int = 100
     ) -> list[AuditEntry]:
         return await self._call("list_audit", lambda c: audit_rows.list_entries(c, node, since, limit))
+
+    async def save_recommendation(self, rec: Recommendation) -> None:
+        row = recommendation_rows.to_row(rec)  # as it is now, whatever changes before the thread runs
+        await self._call("recommendations", lambda c: recommendation_rows.save(c, row))
+
+    async def delete_recommendation(self, rec_id: str) -> None:
+        await self._call("recommendations", lambda c: recommendation_rows.delete(c, rec_id))
+
+    async def list_recommendations(self, node: str = "", limit: int = 100) -> list[Recommendation]:
+        return await self._call("recommendations", lambda c: recommendation_rows.list_rows(c, node, limit))
+
+    async def load_recommendations(self) -> list[Recommendation]:
+        return await self._call("recommendations", recommendation_rows.load_all)
 
     async def save_breaker(self, state: str, when: float) -> None:
         await self._call("breaker", lambda c: audit_rows.save_breaker(c, state, when))

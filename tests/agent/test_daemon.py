@@ -312,7 +312,8 @@ def test_unsupported_command_is_refused(tmp_path: Path) -> None:
     agent, _ = make_agent(tmp_path)
     result = asyncio.run(agent.handle_command(pb.Command(id="c9")))
     assert result.command_id == "c9"
-    assert not result.ok and result.error == "unsupported command None: this agent serves run_probes"
+    assert not result.ok
+    assert result.error == "unsupported command None: this agent serves apply_profile, run_probes"
     assert agent.sample().probes == []
 
 

@@ -167,6 +167,7 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "audit": 0,
                 "list_audit": 0,
                 "breaker": 1,  # the breaker's state, loaded at start
+                "recommendations": 1,  # the tuning recommendations, loaded at start
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7

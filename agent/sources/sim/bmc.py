@@ -26,6 +26,7 @@ from agent.sources.bmc import (
 )
 from agent.sources.gpu import GpuInfo
 from agent.sources.redfish.values import worst
+from agent.sources.sim.bios import SimBiosControl
 from agent.sources.sim.bmc_chassis import HGX_H100_CHASSIS, ChassisProfile, Thresholds
 from agent.sources.sim.faults import FAULTS
 from agent.sources.sim.gpu import OperatingPoint, bounded_gauss
@@ -75,6 +76,7 @@ class SimBmc:
         self.clock = clock or node.clock
         self.endpoint = f"sim://{node.node}"
         self.condition = BmcCondition()
+        self.bios = SimBiosControl(self)  # the BIOS settings, pending ones until reboot()
         self._seed = seed
         c, rng = chassis, random.Random(f"{seed}:{node.node}:bmc")
         self.serial = f"SIM{rng.randrange(10**8):08d}"
@@ -99,6 +101,10 @@ class SimBmc:
     def close(self) -> None:
         """Nothing to release."""
 
+    def reboot(self) -> None:
+        """The node restarts: pending BIOS settings take effect."""
+        self.bios.reboot()
+
     def poll(self, gpus: Sequence[GpuInfo] = ()) -> BmcSample:
         """The BMC's view now; `gpus` (default: the node's own inventory) maps boards to indices."""
         now = self.clock()
@@ -112,6 +118,7 @@ class SimBmc:
         bmc_version = self.condition.firmware_version or c.bmc_firmware_version
         parts: list[BmcTemperature | BmcFan | BmcPowerSupply] = [*temperatures, *fans, *psus]
         health = worst([part.health for part in parts] + [redundancy])
+        bios = self.bios.read()
         seconds = [
             _SECTION_SECONDS.get(n, _DEFAULT_SECTION_SECONDS) * noise.uniform(0.7, 1.6) for n in SECTIONS
         ]
@@ -134,8 +141,8 @@ class SimBmc:
             power_supply_redundancy_health=redundancy,
             power_consumed_watts=float(round(moment.total_watts * (1.0 + noise.gauss(0.0, 0.003)))),
             bios_version=c.bios_version,
-            bios_attributes={**c.bios_attributes, **self.condition.bios_attributes},
-            bios_pending={},
+            bios_attributes=bios.current,
+            bios_pending=bios.pending,
             bios_apply_times=["OnReset"],
             firmware=c.firmware(inventory, bmc_version),
             bmc_firmware_version=bmc_version,

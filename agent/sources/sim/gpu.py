@@ -16,7 +16,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from agent.sources.sim.profile import PCIE_LANE_GBPS, GpuProfile, Workload
+from agent.sources.sim.profile import COMPUTE_MODE_DEFAULT, PCIE_LANE_GBPS, GpuProfile, Workload
 from protos.names import clock_event_reason_bit
 
 IDLE = clock_event_reason_bit("gpu_idle")
@@ -25,6 +25,8 @@ SW_POWER_CAP = clock_event_reason_bit("sw_power_cap")
 HW_SLOWDOWN = clock_event_reason_bit("hw_slowdown")
 HW_THERMAL = clock_event_reason_bit("hw_thermal_slowdown")
 HW_POWER_BRAKE = clock_event_reason_bit("hw_power_brake_slowdown")
+# NVML's compute modes by name, as the ComputeMode enum numbers them (NVML's value + 1).
+COMPUTE_MODES = {"default": COMPUTE_MODE_DEFAULT, "prohibited": 3, "exclusive_process": 4}
 
 
 def bounded_gauss(rng: random.Random, sigma: float, limit: float) -> float:
@@ -76,6 +78,23 @@ class GpuCondition:
     xids: list[int] = field(default_factory=list)  # XIDs the fault raised, seen by the first read
     lost: bool = False  # fallen off the bus (XID 79): answers nothing until a reset
     vbios_version: str | None = None  # differs from the fleet's
+    # NVML settings (agent/sources/sim/control.py sets them). A lock caps the SM clock at
+    # locked_sm_clock_hz; its lower bound as set, None for a lock at one clock (the fault's).
+    locked_sm_clock_min_hz: float | None = None
+    locked_memory_clocks_mhz: tuple[int, int] | None = None
+    persistence_mode: bool = True
+    compute_mode: str = "default"  # a key of COMPUTE_MODES
+    ecc_enabled: bool = True
+    ecc_pending: bool = True  # the ECC mode from the next reboot on
+
+    def reboot(self) -> None:
+        """What a reboot does to the settings: NVML's are lost (no nvidia-persistenced runs in the
+        simulator, so persistence goes off too) and the pending ECC mode takes effect. The fault
+        conditions of the hardware stay as they are."""
+        self.power_limit_watts = None
+        self.locked_sm_clock_hz = self.locked_sm_clock_min_hz = self.locked_memory_clocks_mhz = None
+        self.persistence_mode, self.compute_mode = False, "default"
+        self.ecc_enabled = self.ecc_pending
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,11 +52,16 @@ _BOOT_NAMESPACE = uuid.UUID("9b0f2c55-4f7e-4d6b-8f0e-5a8c2f3d7e61")
 class HostCondition:
     """What host faults change. Defaults are a healthy, tuned node."""
 
-    governor: str = "performance"  # every core's cpufreq governor; "powersave" holds them near 1.2 GHz
+    governor: str = "performance"  # cpufreq governor of every core not in core_governors; powersave: ~1.2 GHz
     degraded_ib_ports: set[str] = field(default_factory=set)  # HCA names (mlx5_3): half rate, errors rising
     down_ib_ports: set[str] = field(default_factory=set)  # no link: state down, polling, no traffic
     numa_balancing: bool | None = None  # None: as the profile has it
     transparent_hugepage: str | None = None  # None: as the profile has it
+    # Settings the OS actuators write (through sim/control.py's SimHostTree).
+    core_governors: dict[int, str] = field(default_factory=dict)  # CPUs set apart from `governor`
+    thp_defrag: str = "madvise"
+    hugepages: int = 0  # vm.nr_hugepages: 2 MiB pages reserved (used memory, never the job's)
+    sysctls: dict[str, int] = field(default_factory=dict)  # other sysctls, where set off their default
 
 
 @dataclass(slots=True)
@@ -167,6 +173,26 @@ class SimHost:
     def nvidia_gpu_pci_count(self) -> int:
         return len(self.node.gpus)
 
+    @property
+    def cpu_count(self) -> int:
+        return len(self._core_weights)
+
+    def governor(self, cpu: int) -> str:
+        """cpufreq's governor of `cpu`."""
+        return self.condition.core_governors.get(cpu, self.condition.governor)
+
+    def set_governor(self, cpu: int, name: str) -> None:
+        """Set one CPU's governor. `condition.governor` stays the one most CPUs run (on a tie, the
+        one it was), so a host with every CPU set alike has the condition of one booted that way."""
+        governors = [self.governor(i) for i in range(self.cpu_count)]
+        governors[cpu] = name
+        counts = Counter(governors)
+        common = self.condition.governor
+        if counts[common] < max(counts.values()):
+            common = counts.most_common(1)[0][0]
+        self.condition.governor = common
+        self.condition.core_governors = {i: g for i, g in enumerate(governors) if g != common}
+
     def last_errors(self) -> list[str]:
         return []
 
@@ -182,6 +208,8 @@ class SimHost:
             self._loads[i] = self._loads[i] * decay + running * (1.0 - decay)
         used = p.memory_base_bytes + load * p.memory_job_bytes * self._memory_trait
         used = int(used * (1.0 + self._noise.gauss(0.0, 0.002)))
+        hugepages = self.condition.hugepages
+        used += hugepages * p.hugepage_size_bytes
         freqs = [c.frequency_hz or 0.0 for c in cores]
         numa_balancing = self.condition.numa_balancing
         if numa_balancing is None:
@@ -196,13 +224,13 @@ class SimHost:
             memory_available_bytes=p.memory_total_bytes - used,
             swap_used_bytes=0,
             swap_total_bytes=0,  # GPU nodes run without swap
-            hugepages_total=0,
-            hugepages_free=0,
+            hugepages_total=hugepages,
+            hugepages_free=hugepages,  # nothing maps them: the job allocates ordinary pages
             hugepage_size_bytes=p.hugepage_size_bytes,
             transparent_hugepage=self.condition.transparent_hugepage or p.transparent_hugepage,
             numa_balancing=numa_balancing,
             kernel=p.kernel,
-            cpu_governor=self.condition.governor,
+            cpu_governor=cores[0].governor,  # cpu0's, as the Linux source reports it
             cpu_frequency_hz=round(sum(freqs) / len(freqs), 1),
             uptime_seconds=round(now - self._booted, 2),
             cpus=cores,
@@ -221,8 +249,8 @@ class SimHost:
     def _core_busy(weight: float, load: float) -> float:
         return 0.02 + 0.6 * load * weight
 
-    def _frequency_hz(self, busy: float) -> float:
-        p, governor = self.profile, self.condition.governor
+    def _frequency_hz(self, busy: float, governor: str) -> float:
+        p = self.profile
         if governor == "performance":
             hz = p.all_core_turbo_hz * (0.96 + 0.04 * busy)
         elif governor == "powersave":
@@ -235,8 +263,9 @@ class SimHost:
         out = []
         for cpu, weight in enumerate(self._core_weights):
             busy = min(1.0, max(0.0, self._core_busy(weight, load) + self._noise.gauss(0.0, 0.02)))
-            khz = round(self._frequency_hz(busy) / 1000.0)  # cpufreq reports whole kHz
-            out.append(CpuCoreReading(cpu, round(busy, 4), khz * 1000.0, self.condition.governor))
+            governor = self.governor(cpu)
+            khz = round(self._frequency_hz(busy, governor) / 1000.0)  # cpufreq reports whole kHz
+            out.append(CpuCoreReading(cpu, round(busy, 4), khz * 1000.0, governor))
         return out
 
     def _network(self, load: float, elapsed: float) -> list[NetInterfaceReading]:

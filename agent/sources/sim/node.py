@@ -23,9 +23,8 @@ from agent.probes.kernels import infos
 from agent.sources.gpu import ComputeProcess, GpuInfo, GpuReading, Inventory, NvLinkReading, XidEvent
 from agent.sources.sim.counters import GpuCounters
 from agent.sources.sim.faults import FAULTS, FaultSpec
-from agent.sources.sim.gpu import GpuTraits, SimGpu, bounded_gauss
+from agent.sources.sim.gpu import COMPUTE_MODES, GpuTraits, SimGpu, bounded_gauss
 from agent.sources.sim.profile import (
-    COMPUTE_MODE_DEFAULT,
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
     FABRIC_CLIQUE_ID,
@@ -219,6 +218,12 @@ class SimNode:
     def close(self) -> None:
         """Nothing to release."""
 
+    def reboot(self) -> None:
+        """The node reboots: every GPU loses its NVML settings and takes its pending ECC mode
+        (GpuCondition.reboot); counters, faults and the job carry on as they were."""
+        for gpu in self.gpus:
+            gpu.condition.reboot()
+
     # The model
 
     def inlet_celsius(self, now: float) -> float:
@@ -251,6 +256,10 @@ class SimNode:
         processes = [ComputeProcess(job.pid, job.used_memory_bytes)] if load > 0 else []
         used = IDLE_MEMORY_USED_BYTES + sum(process.used_memory_bytes or 0 for process in processes)
         power_limit = gpu.power_limit_watts
+        memory_lock = c.locked_memory_clocks_mhz
+        memory_clock = (
+            p.memory_clock_hz if memory_lock is None else min(p.memory_clock_hz, memory_lock[1] * 1e6)
+        )
         return GpuReading(
             index=gpu.index,
             uuid=self._uuid(gpu.index),
@@ -263,12 +272,12 @@ class SimNode:
             memory_free_bytes=p.memory_total_bytes - p.memory_reserved_bytes - used,
             sm_clock_hz=op.sm_clock_hz,
             graphics_clock_hz=op.sm_clock_hz,  # one clock domain on Hopper
-            memory_clock_hz=p.memory_clock_hz,
+            memory_clock_hz=memory_clock,
             max_sm_clock_hz=p.max_sm_clock_hz,
             max_graphics_clock_hz=p.max_sm_clock_hz,
             max_memory_clock_hz=p.memory_clock_hz,
             applications_sm_clock_hz=c.locked_sm_clock_hz or p.max_sm_clock_hz,
-            applications_memory_clock_hz=p.memory_clock_hz,
+            applications_memory_clock_hz=memory_clock,
             power_watts=round(op.power_watts * (1.0 + noise.gauss(0.0, 0.005)), 2),
             power_management_limit_watts=power_limit,
             enforced_power_limit_watts=power_limit,
@@ -299,15 +308,15 @@ class SimNode:
             # H100 SXM has NVDEC/NVJPG but no NVENC; a training job uses neither.
             encoder_utilization_ratio=0.0,
             decoder_utilization_ratio=0.0,
-            ecc_mode_enabled=True,
+            ecc_mode_enabled=c.ecc_enabled,
             row_remap_correctable_total=gpu.traits.rows_remapped,
             row_remap_uncorrectable_total=c.extra_uncorrectable,
             row_remap_pending=c.row_remap_pending,
             row_remap_failure=False,
             # Data-centre parts stay in P0 with persistence on, idle or not; clocks do the saving.
             performance_state=0,
-            persistence_mode_enabled=True,
-            compute_mode=COMPUTE_MODE_DEFAULT,
+            persistence_mode_enabled=c.persistence_mode,
+            compute_mode=COMPUTE_MODES[c.compute_mode],
             processes=processes,
             gpm_sm_activity_ratio=_ratio(activity.sm * sm),
             gpm_tensor_activity_ratio=_ratio(activity.tensor * tensor),

@@ -28,57 +28,69 @@ from protos.gpufleet.v1 import findings_pb2 as protos_dot_gpufleet_dot_v1_dot_fi
 from protos.gpufleet.v1 import telemetry_pb2 as protos_dot_gpufleet_dot_v1_dot_telemetry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gpufleet/v1/operator.proto\x12\x0bgpufleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cprotos/gpufleet/v1/bmc.proto\x1a!protos/gpufleet/v1/findings.proto\x1a\"protos/gpufleet/v1/telemetry.proto\"t\n\x10ProbeNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06probes\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x0c\n\x04wait\x18\x05 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\"{\n\x11ProbeNodeResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12)\n\x07results\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\"\x12\n\x10ListNodesRequest\"<\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\"\x90\x02\n\x0bNodeSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\tgpu_count\x18\x04 \x01(\r\x12\x11\n\tgpu_model\x18\x05 \x01(\t\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12-\n\tlast_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tacked_seq\x18\x08 \x01(\x04\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gpufleet.v1.NodeHealth\x12\x17\n\x0f\x61\x63tive_findings\x18\n \x01(\r\x12\x0e\n\x06source\x18\x0b \x01(\t\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x9e\x02\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.gpufleet.v1.Hello\x12$\n\x04gpus\x18\x03 \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.gpufleet.v1.HostSample\x12(\n\x06probes\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\x12&\n\x08\x66indings\x18\x06 \x03(\x0b\x32\x14.gpufleet.v1.Finding\x12#\n\x03\x62mc\x18\x07 \x01(\x0b\x32\x16.gpufleet.v1.BmcSample\"j\n\x13ListFindingsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x18\n\x10include_resolved\x18\x02 \x01(\x08\x12+\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Severity\">\n\x14ListFindingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpufleet.v1.Finding\"2\n\x13ListCommandsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"B\n\x14ListCommandsResponse\x12*\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.CommandInfo\"\x99\x03\n\x0b\x43ommandInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.gpufleet.v1.CommandState\x12\x11\n\trequester\x18\x05 \x01(\t\x12+\n\x07\x63reated\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x04sent\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66inished\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12*\n\x06result\x18\x0b \x01(\x0b\x32\x1a.gpufleet.v1.CommandResult\x12%\n\x07\x63ommand\x18\x0c \x01(\x0b\x32\x14.gpufleet.v1.Command\x12\x10\n\x08mutating\x18\r \x01(\x08\"\x13\n\x11GetBreakerRequest\"%\n\x13ResetBreakerRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"W\n\x0c\x42reakerUsage\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x0c\n\x04used\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x03(\t\"\x81\x01\n\rBreakerAction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"\xdb\x01\n\rBreakerStatus\x12\x0f\n\x07tripped\x18\x01 \x01(\x08\x12\x0b\n\x03why\x18\x02 \x01(\t\x12.\n\ntripped_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\r\n\x05share\x18\x05 \x01(\x01\x12(\n\x05usage\x18\x06 \x03(\x0b\x32\x19.gpufleet.v1.BreakerUsage\x12+\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x1a.gpufleet.v1.BreakerAction\"Z\n\x10ListAuditRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x03 \x01(\r\"=\n\x11ListAuditResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.gpufleet.v1.AuditEntry\"\xff\x01\n\nAuditEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\trequester\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x12\n\nparameters\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0b\x66inding_ids\x18\x08 \x03(\t\x12\x0f\n\x07outcome\x18\t \x01(\t\x12\x30\n\x0coutcome_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x0b \x01(\t*\x8d\x01\n\nNodeHealth\x12\x1b\n\x17NODE_HEALTH_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_HEALTH_HEALTHY\x10\x01\x12\x18\n\x14NODE_HEALTH_DEGRADED\x10\x02\x12\x18\n\x14NODE_HEALTH_CRITICAL\x10\x03\x12\x15\n\x11NODE_HEALTH_STALE\x10\x04*\xec\x01\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMMAND_STATE_PENDING\x10\x01\x12\x16\n\x12\x43OMMAND_STATE_SENT\x10\x02\x12\x19\n\x15\x43OMMAND_STATE_RUNNING\x10\x03\x12\x1b\n\x17\x43OMMAND_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x43OMMAND_STATE_FAILED\x10\x05\x12\x1b\n\x17\x43OMMAND_STATE_TIMED_OUT\x10\x06\x12\x1b\n\x17\x43OMMAND_STATE_CANCELLED\x10\x07\x32\xf1\x04\n\x08Operator\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12S\n\x0cListFindings\x12 .gpufleet.v1.ListFindingsRequest\x1a!.gpufleet.v1.ListFindingsResponse\x12J\n\tProbeNode\x12\x1d.gpufleet.v1.ProbeNodeRequest\x1a\x1e.gpufleet.v1.ProbeNodeResponse\x12S\n\x0cListCommands\x12 .gpufleet.v1.ListCommandsRequest\x1a!.gpufleet.v1.ListCommandsResponse\x12H\n\nGetBreaker\x12\x1e.gpufleet.v1.GetBreakerRequest\x1a\x1a.gpufleet.v1.BreakerStatus\x12L\n\x0cResetBreaker\x12 .gpufleet.v1.ResetBreakerRequest\x1a\x1a.gpufleet.v1.BreakerStatus\x12J\n\tListAudit\x12\x1d.gpufleet.v1.ListAuditRequest\x1a\x1e.gpufleet.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gpufleet/v1/operator.proto\x12\x0bgpufleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cprotos/gpufleet/v1/bmc.proto\x1a!protos/gpufleet/v1/findings.proto\x1a\"protos/gpufleet/v1/telemetry.proto\"9\n\x1aListRecommendationsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"S\n\x1bListRecommendationsResponse\x12\x34\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x1b.gpufleet.v1.Recommendation\"\x9f\x03\n\x0eRecommendation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0f\n\x07profile\x18\x05 \x01(\t\x12+\n\x07\x63hanges\x18\x06 \x03(\x0b\x32\x1a.gpufleet.v1.SettingChange\x12\x13\n\x0b\x66inding_ids\x18\x07 \x03(\t\x12\x17\n\x0f\x65xpected_effect\x18\x08 \x01(\t\x12\x0c\n\x04risk\x18\t \x01(\t\x12\r\n\x05state\x18\n \x01(\t\x12+\n\x07\x63reated\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07updated\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06policy\x18\r \x01(\t\x12\x12\n\ncommand_id\x18\x0e \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x0f \x01(\t\x12\x0c\n\x04gpus\x18\x10 \x03(\r\x12/\n\x06result\x18\x11 \x01(\x0b\x32\x1f.gpufleet.v1.ApplyProfileResult\"\x84\x01\n\rRetuneRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04gpus\x18\x05 \x03(\r\x12\x0c\n\x04wait\x18\x06 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\"S\n\x0e\x41pproveRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04wait\x18\x03 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"\x9f\x01\n\x0eRetuneResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x61udit_id\x18\x02 \x01(\t\x12\x19\n\x11recommendation_id\x18\x03 \x01(\t\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12/\n\x06result\x18\x05 \x01(\x0b\x32\x1f.gpufleet.v1.ApplyProfileResult\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"t\n\x10ProbeNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06probes\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x0c\n\x04wait\x18\x05 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\"{\n\x11ProbeNodeResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12)\n\x07results\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\"\x12\n\x10ListNodesRequest\"<\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\"\x90\x02\n\x0bNodeSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\tgpu_count\x18\x04 \x01(\r\x12\x11\n\tgpu_model\x18\x05 \x01(\t\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12-\n\tlast_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tacked_seq\x18\x08 \x01(\x04\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gpufleet.v1.NodeHealth\x12\x17\n\x0f\x61\x63tive_findings\x18\n \x01(\r\x12\x0e\n\x06source\x18\x0b \x01(\t\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x9e\x02\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.gpufleet.v1.Hello\x12$\n\x04gpus\x18\x03 \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.gpufleet.v1.HostSample\x12(\n\x06probes\x18\x05 \x03(\x0b\x32\x18.gpufleet.v1.ProbeResult\x12&\n\x08\x66indings\x18\x06 \x03(\x0b\x32\x14.gpufleet.v1.Finding\x12#\n\x03\x62mc\x18\x07 \x01(\x0b\x32\x16.gpufleet.v1.BmcSample\"j\n\x13ListFindingsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x18\n\x10include_resolved\x18\x02 \x01(\x08\x12+\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Severity\">\n\x14ListFindingsResponse\x12&\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x14.gpufleet.v1.Finding\"2\n\x13ListCommandsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"B\n\x14ListCommandsResponse\x12*\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.CommandInfo\"\x99\x03\n\x0b\x43ommandInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.gpufleet.v1.CommandState\x12\x11\n\trequester\x18\x05 \x01(\t\x12+\n\x07\x63reated\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x04sent\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66inished\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12*\n\x06result\x18\x0b \x01(\x0b\x32\x1a.gpufleet.v1.CommandResult\x12%\n\x07\x63ommand\x18\x0c \x01(\x0b\x32\x14.gpufleet.v1.Command\x12\x10\n\x08mutating\x18\r \x01(\x08\"\x13\n\x11GetBreakerRequest\"%\n\x13ResetBreakerRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"W\n\x0c\x42reakerUsage\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x0c\n\x04used\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x03(\t\"\x81\x01\n\rBreakerAction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"\xdb\x01\n\rBreakerStatus\x12\x0f\n\x07tripped\x18\x01 \x01(\x08\x12\x0b\n\x03why\x18\x02 \x01(\t\x12.\n\ntripped_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\r\n\x05share\x18\x05 \x01(\x01\x12(\n\x05usage\x18\x06 \x03(\x0b\x32\x19.gpufleet.v1.BreakerUsage\x12+\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x1a.gpufleet.v1.BreakerAction\"Z\n\x10ListAuditRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x03 \x01(\r\"=\n\x11ListAuditResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.gpufleet.v1.AuditEntry\"\xff\x01\n\nAuditEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\trequester\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x12\n\nparameters\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0b\x66inding_ids\x18\x08 \x03(\t\x12\x0f\n\x07outcome\x18\t \x01(\t\x12\x30\n\x0coutcome_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x0b \x01(\t*\x8d\x01\n\nNodeHealth\x12\x1b\n\x17NODE_HEALTH_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_HEALTH_HEALTHY\x10\x01\x12\x18\n\x14NODE_HEALTH_DEGRADED\x10\x02\x12\x18\n\x14NODE_HEALTH_CRITICAL\x10\x03\x12\x15\n\x11NODE_HEALTH_STALE\x10\x04*\xec\x01\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMMAND_STATE_PENDING\x10\x01\x12\x16\n\x12\x43OMMAND_STATE_SENT\x10\x02\x12\x19\n\x15\x43OMMAND_STATE_RUNNING\x10\x03\x12\x1b\n\x17\x43OMMAND_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x43OMMAND_STATE_FAILED\x10\x05\x12\x1b\n\x17\x43OMMAND_STATE_TIMED_OUT\x10\x06\x12\x1b\n\x17\x43OMMAND_STATE_CANCELLED\x10\x07\x32\xe3\x06\n\x08Operator\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12S\n\x0cListFindings\x12 .gpufleet.v1.ListFindingsRequest\x1a!.gpufleet.v1.ListFindingsResponse\x12J\n\tProbeNode\x12\x1d.gpufleet.v1.ProbeNodeRequest\x1a\x1e.gpufleet.v1.ProbeNodeResponse\x12S\n\x0cListCommands\x12 .gpufleet.v1.ListCommandsRequest\x1a!.gpufleet.v1.ListCommandsResponse\x12H\n\nGetBreaker\x12\x1e.gpufleet.v1.GetBreakerRequest\x1a\x1a.gpufleet.v1.BreakerStatus\x12L\n\x0cResetBreaker\x12 .gpufleet.v1.ResetBreakerRequest\x1a\x1a.gpufleet.v1.BreakerStatus\x12J\n\tListAudit\x12\x1d.gpufleet.v1.ListAuditRequest\x1a\x1e.gpufleet.v1.ListAuditResponse\x12h\n\x13ListRecommendations\x12\'.gpufleet.v1.ListRecommendationsRequest\x1a(.gpufleet.v1.ListRecommendationsResponse\x12\x41\n\x06Retune\x12\x1a.gpufleet.v1.RetuneRequest\x1a\x1b.gpufleet.v1.RetuneResponse\x12\x43\n\x07\x41pprove\x12\x1b.gpufleet.v1.ApproveRequest\x1a\x1b.gpufleet.v1.RetuneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.gpufleet.v1.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEHEALTH']._serialized_start=2726
-  _globals['_NODEHEALTH']._serialized_end=2867
-  _globals['_COMMANDSTATE']._serialized_start=2870
-  _globals['_COMMANDSTATE']._serialized_end=3106
-  _globals['_PROBENODEREQUEST']._serialized_start=184
-  _globals['_PROBENODEREQUEST']._serialized_end=300
-  _globals['_PROBENODERESPONSE']._serialized_start=302
-  _globals['_PROBENODERESPONSE']._serialized_end=425
-  _globals['_LISTNODESREQUEST']._serialized_start=427
-  _globals['_LISTNODESREQUEST']._serialized_end=445
-  _globals['_LISTNODESRESPONSE']._serialized_start=447
-  _globals['_LISTNODESRESPONSE']._serialized_end=507
-  _globals['_NODESUMMARY']._serialized_start=510
-  _globals['_NODESUMMARY']._serialized_end=782
-  _globals['_GETNODEREQUEST']._serialized_start=784
-  _globals['_GETNODEREQUEST']._serialized_end=814
-  _globals['_NODEDETAIL']._serialized_start=817
-  _globals['_NODEDETAIL']._serialized_end=1103
-  _globals['_LISTFINDINGSREQUEST']._serialized_start=1105
-  _globals['_LISTFINDINGSREQUEST']._serialized_end=1211
-  _globals['_LISTFINDINGSRESPONSE']._serialized_start=1213
-  _globals['_LISTFINDINGSRESPONSE']._serialized_end=1275
-  _globals['_LISTCOMMANDSREQUEST']._serialized_start=1277
-  _globals['_LISTCOMMANDSREQUEST']._serialized_end=1327
-  _globals['_LISTCOMMANDSRESPONSE']._serialized_start=1329
-  _globals['_LISTCOMMANDSRESPONSE']._serialized_end=1395
-  _globals['_COMMANDINFO']._serialized_start=1398
-  _globals['_COMMANDINFO']._serialized_end=1807
-  _globals['_GETBREAKERREQUEST']._serialized_start=1809
-  _globals['_GETBREAKERREQUEST']._serialized_end=1828
-  _globals['_RESETBREAKERREQUEST']._serialized_start=1830
-  _globals['_RESETBREAKERREQUEST']._serialized_end=1867
-  _globals['_BREAKERUSAGE']._serialized_start=1869
-  _globals['_BREAKERUSAGE']._serialized_end=1956
-  _globals['_BREAKERACTION']._serialized_start=1959
-  _globals['_BREAKERACTION']._serialized_end=2088
-  _globals['_BREAKERSTATUS']._serialized_start=2091
-  _globals['_BREAKERSTATUS']._serialized_end=2310
-  _globals['_LISTAUDITREQUEST']._serialized_start=2312
-  _globals['_LISTAUDITREQUEST']._serialized_end=2402
-  _globals['_LISTAUDITRESPONSE']._serialized_start=2404
-  _globals['_LISTAUDITRESPONSE']._serialized_end=2465
-  _globals['_AUDITENTRY']._serialized_start=2468
-  _globals['_AUDITENTRY']._serialized_end=2723
-  _globals['_OPERATOR']._serialized_start=3109
-  _globals['_OPERATOR']._serialized_end=3734
+  _globals['_NODEHEALTH']._serialized_start=3670
+  _globals['_NODEHEALTH']._serialized_end=3811
+  _globals['_COMMANDSTATE']._serialized_start=3814
+  _globals['_COMMANDSTATE']._serialized_end=4050
+  _globals['_LISTRECOMMENDATIONSREQUEST']._serialized_start=184
+  _globals['_LISTRECOMMENDATIONSREQUEST']._serialized_end=241
+  _globals['_LISTRECOMMENDATIONSRESPONSE']._serialized_start=243
+  _globals['_LISTRECOMMENDATIONSRESPONSE']._serialized_end=326
+  _globals['_RECOMMENDATION']._serialized_start=329
+  _globals['_RECOMMENDATION']._serialized_end=744
+  _globals['_RETUNEREQUEST']._serialized_start=747
+  _globals['_RETUNEREQUEST']._serialized_end=879
+  _globals['_APPROVEREQUEST']._serialized_start=881
+  _globals['_APPROVEREQUEST']._serialized_end=964
+  _globals['_RETUNERESPONSE']._serialized_start=967
+  _globals['_RETUNERESPONSE']._serialized_end=1126
+  _globals['_PROBENODEREQUEST']._serialized_start=1128
+  _globals['_PROBENODEREQUEST']._serialized_end=1244
+  _globals['_PROBENODERESPONSE']._serialized_start=1246
+  _globals['_PROBENODERESPONSE']._serialized_end=1369
+  _globals['_LISTNODESREQUEST']._serialized_start=1371
+  _globals['_LISTNODESREQUEST']._serialized_end=1389
+  _globals['_LISTNODESRESPONSE']._serialized_start=1391
+  _globals['_LISTNODESRESPONSE']._serialized_end=1451
+  _globals['_NODESUMMARY']._serialized_start=1454
+  _globals['_NODESUMMARY']._serialized_end=1726
+  _globals['_GETNODEREQUEST']._serialized_start=1728
+  _globals['_GETNODEREQUEST']._serialized_end=1758
+  _globals['_NODEDETAIL']._serialized_start=1761
+  _globals['_NODEDETAIL']._serialized_end=2047
+  _globals['_LISTFINDINGSREQUEST']._serialized_start=2049
+  _globals['_LISTFINDINGSREQUEST']._serialized_end=2155
+  _globals['_LISTFINDINGSRESPONSE']._serialized_start=2157
+  _globals['_LISTFINDINGSRESPONSE']._serialized_end=2219
+  _globals['_LISTCOMMANDSREQUEST']._serialized_start=2221
+  _globals['_LISTCOMMANDSREQUEST']._serialized_end=2271
+  _globals['_LISTCOMMANDSRESPONSE']._serialized_start=2273
+  _globals['_LISTCOMMANDSRESPONSE']._serialized_end=2339
+  _globals['_COMMANDINFO']._serialized_start=2342
+  _globals['_COMMANDINFO']._serialized_end=2751
+  _globals['_GETBREAKERREQUEST']._serialized_start=2753
+  _globals['_GETBREAKERREQUEST']._serialized_end=2772
+  _globals['_RESETBREAKERREQUEST']._serialized_start=2774
+  _globals['_RESETBREAKERREQUEST']._serialized_end=2811
+  _globals['_BREAKERUSAGE']._serialized_start=2813
+  _globals['_BREAKERUSAGE']._serialized_end=2900
+  _globals['_BREAKERACTION']._serialized_start=2903
+  _globals['_BREAKERACTION']._serialized_end=3032
+  _globals['_BREAKERSTATUS']._serialized_start=3035
+  _globals['_BREAKERSTATUS']._serialized_end=3254
+  _globals['_LISTAUDITREQUEST']._serialized_start=3256
+  _globals['_LISTAUDITREQUEST']._serialized_end=3346
+  _globals['_LISTAUDITRESPONSE']._serialized_start=3348
+  _globals['_LISTAUDITRESPONSE']._serialized_end=3409
+  _globals['_AUDITENTRY']._serialized_start=3412
+  _globals['_AUDITENTRY']._serialized_end=3667
+  _globals['_OPERATOR']._serialized_start=4053
+  _globals['_OPERATOR']._serialized_end=4920
 # @@protoc_insertion_point(module_scope)

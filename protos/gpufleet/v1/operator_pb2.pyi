@@ -90,6 +90,248 @@ COMMAND_STATE_CANCELLED: CommandState.ValueType  # 7
 Global___CommandState: _TypeAlias = CommandState  # noqa: Y015
 
 @_typing.final
+class ListRecommendationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """empty: every node"""
+    limit: _builtins.int
+    """0: 100"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecommendationsRequest: _TypeAlias = ListRecommendationsRequest  # noqa: Y015
+
+@_typing.final
+class ListRecommendationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECOMMENDATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def recommendations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Recommendation]: ...
+    def __init__(
+        self,
+        *,
+        recommendations: _abc.Iterable[Global___Recommendation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recommendations", b"recommendations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecommendationsResponse: _TypeAlias = ListRecommendationsResponse  # noqa: Y015
+
+@_typing.final
+class Recommendation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    FINDING_IDS_FIELD_NUMBER: _builtins.int
+    EXPECTED_EFFECT_FIELD_NUMBER: _builtins.int
+    RISK_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    node: _builtins.str
+    cause: _builtins.str
+    """the finding cause it answers"""
+    action: _builtins.str
+    """tune, set_fleet_value, recommend_firmware, drain, investigate"""
+    profile: _builtins.str
+    """empty for drain / investigate"""
+    expected_effect: _builtins.str
+    risk: _builtins.str
+    """online | needs_reboot"""
+    state: _builtins.str
+    """proposed | approved | applying | verified | rolled_back | failed | needs_attention"""
+    policy: _builtins.str
+    """off | recommend | auto: what the policy said for this cause"""
+    command_id: _builtins.str
+    """the ApplyProfile command, once applied"""
+    detail: _builtins.str
+    """why it failed or rolled back; what is pending"""
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.SettingChange]:
+        """setting, current, target"""
+
+    @_builtins.property
+    def finding_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the evidence"""
+
+    @_builtins.property
+    def created(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the GPUs it touches; empty: the node"""
+
+    @_builtins.property
+    def result(self) -> _telemetry_pb2.ApplyProfileResult:
+        """the agent's answer, once it answered"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        cause: _builtins.str = ...,
+        action: _builtins.str = ...,
+        profile: _builtins.str = ...,
+        changes: _abc.Iterable[_telemetry_pb2.SettingChange] | None = ...,
+        finding_ids: _abc.Iterable[_builtins.str] | None = ...,
+        expected_effect: _builtins.str = ...,
+        risk: _builtins.str = ...,
+        state: _builtins.str = ...,
+        created: _timestamp_pb2.Timestamp | None = ...,
+        updated: _timestamp_pb2.Timestamp | None = ...,
+        policy: _builtins.str = ...,
+        command_id: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        result: _telemetry_pb2.ApplyProfileResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "result", b"result", "updated", b"updated"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cause", b"cause", "changes", b"changes", "command_id", b"command_id", "created", b"created", "detail", b"detail", "expected_effect", b"expected_effect", "finding_ids", b"finding_ids", "gpus", b"gpus", "id", b"id", "node", b"node", "policy", b"policy", "profile", b"profile", "result", b"result", "risk", b"risk", "state", b"state", "updated", b"updated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Recommendation: _TypeAlias = Recommendation  # noqa: Y015
+
+@_typing.final
+class RetuneRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    profile: _builtins.str
+    dry_run: _builtins.bool
+    reason: _builtins.str
+    wait: _builtins.bool
+    """return when the agent has answered (or timeout_seconds passed)"""
+    timeout_seconds: _builtins.float
+    """0: the command's default deadline"""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """empty: every GPU"""
+
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        profile: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        wait: _builtins.bool = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "gpus", b"gpus", "node", b"node", "profile", b"profile", "reason", b"reason", "timeout_seconds", b"timeout_seconds", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetuneRequest: _TypeAlias = RetuneRequest  # noqa: Y015
+
+@_typing.final
+class ApproveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    reason: _builtins.str
+    wait: _builtins.bool
+    timeout_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        wait: _builtins.bool = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "reason", b"reason", "timeout_seconds", b"timeout_seconds", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveRequest: _TypeAlias = ApproveRequest  # noqa: Y015
+
+@_typing.final
+class RetuneResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    RECOMMENDATION_ID_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    command_id: _builtins.str
+    audit_id: _builtins.str
+    recommendation_id: _builtins.str
+    done: _builtins.bool
+    """the agent answered (wait)"""
+    error: _builtins.str
+    """the command failed (timed out, agent error)"""
+    @_builtins.property
+    def result(self) -> _telemetry_pb2.ApplyProfileResult:
+        """its answer, when done"""
+
+    def __init__(
+        self,
+        *,
+        command_id: _builtins.str = ...,
+        audit_id: _builtins.str = ...,
+        recommendation_id: _builtins.str = ...,
+        done: _builtins.bool = ...,
+        result: _telemetry_pb2.ApplyProfileResult | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "command_id", b"command_id", "done", b"done", "error", b"error", "recommendation_id", b"recommendation_id", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetuneResponse: _TypeAlias = RetuneResponse  # noqa: Y015
+
+@_typing.final
 class ProbeNodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

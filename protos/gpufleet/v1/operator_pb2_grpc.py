@@ -75,6 +75,21 @@ class OperatorStub:
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ListRecommendations = channel.unary_unary(
+                '/gpufleet.v1.Operator/ListRecommendations',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsResponse.FromString,
+                _registered_method=True)
+        self.Retune = channel.unary_unary(
+                '/gpufleet.v1.Operator/Retune',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
+                _registered_method=True)
+        self.Approve = channel.unary_unary(
+                '/gpufleet.v1.Operator/Approve',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -136,7 +151,32 @@ class OperatorServicer:
 
     def ListAudit(self, request, context):
         """The audit log of mutating requests, newest first, optionally for one node and since a time.
-        later: DrainNode, RetuneNode
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecommendations(self, request, context):
+        """Tuning recommendations (from findings, the cause map and the policy), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Retune(self, request, context):
+        """Apply a profile to one node (an ApplyProfile command): audited first, breaker-counted, one
+        mutating command per node. NOT_FOUND (node or profile), FAILED_PRECONDITION (not connected,
+        tuning refused, another action in flight), RESOURCE_EXHAUSTED (breaker). With dry_run the
+        agent answers its plan and nothing is written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Approve(self, request, context):
+        """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
+        when it is not `proposed`).
+        later: DrainNode
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +224,21 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ListRecommendations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecommendations,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsResponse.SerializeToString,
+            ),
+            'Retune': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retune,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.SerializeToString,
+            ),
+            'Approve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Approve,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +458,87 @@ class Operator:
             '/gpufleet.v1.Operator/ListAudit',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecommendations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ListRecommendations',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListRecommendationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Retune',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Approve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Approve',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,8 +55,19 @@ class OperatorStub:
     out of a tripped state; it also starts a fresh window.
     """
     ListAudit: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListAuditRequest, _operator_pb2.ListAuditResponse]
-    """The audit log of mutating requests, newest first, optionally for one node and since a time.
-    later: DrainNode, RetuneNode
+    """The audit log of mutating requests, newest first, optionally for one node and since a time."""
+    ListRecommendations: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListRecommendationsRequest, _operator_pb2.ListRecommendationsResponse]
+    """Tuning recommendations (from findings, the cause map and the policy), newest first."""
+    Retune: _grpc.UnaryUnaryMultiCallable[_operator_pb2.RetuneRequest, _operator_pb2.RetuneResponse]
+    """Apply a profile to one node (an ApplyProfile command): audited first, breaker-counted, one
+    mutating command per node. NOT_FOUND (node or profile), FAILED_PRECONDITION (not connected,
+    tuning refused, another action in flight), RESOURCE_EXHAUSTED (breaker). With dry_run the
+    agent answers its plan and nothing is written.
+    """
+    Approve: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ApproveRequest, _operator_pb2.RetuneResponse]
+    """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
+    when it is not `proposed`).
+    later: DrainNode
     """
 
 @_typing.type_check_only
@@ -86,8 +97,19 @@ class OperatorAsyncStub(OperatorStub):
     out of a tripped state; it also starts a fresh window.
     """
     ListAudit: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListAuditRequest, _operator_pb2.ListAuditResponse]  # type: ignore[assignment]
-    """The audit log of mutating requests, newest first, optionally for one node and since a time.
-    later: DrainNode, RetuneNode
+    """The audit log of mutating requests, newest first, optionally for one node and since a time."""
+    ListRecommendations: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListRecommendationsRequest, _operator_pb2.ListRecommendationsResponse]  # type: ignore[assignment]
+    """Tuning recommendations (from findings, the cause map and the policy), newest first."""
+    Retune: _aio.UnaryUnaryMultiCallable[_operator_pb2.RetuneRequest, _operator_pb2.RetuneResponse]  # type: ignore[assignment]
+    """Apply a profile to one node (an ApplyProfile command): audited first, breaker-counted, one
+    mutating command per node. NOT_FOUND (node or profile), FAILED_PRECONDITION (not connected,
+    tuning refused, another action in flight), RESOURCE_EXHAUSTED (breaker). With dry_run the
+    agent answers its plan and nothing is written.
+    """
+    Approve: _aio.UnaryUnaryMultiCallable[_operator_pb2.ApproveRequest, _operator_pb2.RetuneResponse]  # type: ignore[assignment]
+    """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
+    when it is not `proposed`).
+    later: DrainNode
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -162,8 +184,37 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListAuditRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListAuditResponse, _abc.Awaitable[_operator_pb2.ListAuditResponse]]:
-        """The audit log of mutating requests, newest first, optionally for one node and since a time.
-        later: DrainNode, RetuneNode
+        """The audit log of mutating requests, newest first, optionally for one node and since a time."""
+
+    @_abc_1.abstractmethod
+    def ListRecommendations(
+        self,
+        request: _operator_pb2.ListRecommendationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListRecommendationsResponse, _abc.Awaitable[_operator_pb2.ListRecommendationsResponse]]:
+        """Tuning recommendations (from findings, the cause map and the policy), newest first."""
+
+    @_abc_1.abstractmethod
+    def Retune(
+        self,
+        request: _operator_pb2.RetuneRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.RetuneResponse, _abc.Awaitable[_operator_pb2.RetuneResponse]]:
+        """Apply a profile to one node (an ApplyProfile command): audited first, breaker-counted, one
+        mutating command per node. NOT_FOUND (node or profile), FAILED_PRECONDITION (not connected,
+        tuning refused, another action in flight), RESOURCE_EXHAUSTED (breaker). With dry_run the
+        agent answers its plan and nothing is written.
+        """
+
+    @_abc_1.abstractmethod
+    def Approve(
+        self,
+        request: _operator_pb2.ApproveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.RetuneResponse, _abc.Awaitable[_operator_pb2.RetuneResponse]]:
+        """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
+        when it is not `proposed`).
+        later: DrainNode
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

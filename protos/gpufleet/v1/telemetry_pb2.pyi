@@ -1778,6 +1778,7 @@ class Command(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     SECONDS_LEFT_FIELD_NUMBER: _builtins.int
     RUN_PROBES_FIELD_NUMBER: _builtins.int
+    APPLY_PROFILE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     seconds_left: _builtins.float
     """Seconds the controller still gives the command when it sends it (relative, like a gRPC
@@ -1786,8 +1787,10 @@ class Command(_message.Message):
     it started") instead of running it. Unset: no deadline.
     """
     @_builtins.property
-    def run_probes(self) -> Global___RunProbes:
-        """11..: tuning actions, drain"""
+    def run_probes(self) -> Global___RunProbes: ...
+    @_builtins.property
+    def apply_profile(self) -> Global___ApplyProfile:
+        """12..: drain"""
 
     def __init__(
         self,
@@ -1795,14 +1798,15 @@ class Command(_message.Message):
         id: _builtins.str = ...,
         seconds_left: _builtins.float | None = ...,
         run_probes: Global___RunProbes | None = ...,
+        apply_profile: Global___ApplyProfile | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "apply_profile", b"apply_profile", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "id", b"id", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left", "action", b"action", "apply_profile", b"apply_profile", "id", b"id", "run_probes", b"run_probes", "seconds_left", b"seconds_left"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seconds_left: _TypeAlias = _typing.Literal["seconds_left"]  # noqa: Y015
     _WhichOneofArgType__seconds_left: _TypeAlias = _typing.Literal["_seconds_left", b"_seconds_left"]  # noqa: Y015
-    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["run_probes"]  # noqa: Y015
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["run_probes", "apply_profile"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seconds_left) -> _WhichOneofReturnType__seconds_left | None: ...
@@ -1810,6 +1814,224 @@ class Command(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
 Global___Command: _TypeAlias = Command  # noqa: Y015
+
+@_typing.final
+class ApplyProfile(_message.Message):
+    """Apply a tuning profile's settings on the node, all or nothing: plan -> validate -> snapshot ->
+    apply -> read back -> re-probe (the `verify` bars) -> commit, or roll back to the snapshot. The
+    agent refuses it unless its own config says tuning.enabled: true.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROFILE_FIELD_NUMBER: _builtins.int
+    TARGETS_JSON_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    VERIFY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RECOMMENDATION_ID_FIELD_NUMBER: _builtins.int
+    profile: _builtins.str
+    """the profile's name (journal, reports, desired state)"""
+    targets_json: _builtins.str
+    """The profile's settings to reach, as JSON: {"gpu": {...}, "os": {...}, "bmc": {...}}, each
+    level as the profile YAML spells it (bare targets or {target, reason, source}).
+    """
+    dry_run: _builtins.bool
+    """plan only: the changes are answered, nothing is written"""
+    reason: _builtins.str
+    recommendation_id: _builtins.str
+    """empty: an operator's retune"""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GPUs the gpu settings apply to; empty: every GPU"""
+
+    @_builtins.property
+    def verify(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProbeBar]:
+        """re-probe after applying; commit only when every bar is cleared"""
+
+    def __init__(
+        self,
+        *,
+        profile: _builtins.str = ...,
+        targets_json: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        verify: _abc.Iterable[Global___ProbeBar] | None = ...,
+        reason: _builtins.str = ...,
+        recommendation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "gpus", b"gpus", "profile", b"profile", "reason", b"reason", "recommendation_id", b"recommendation_id", "targets_json", b"targets_json", "verify", b"verify"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyProfile: _TypeAlias = ApplyProfile  # noqa: Y015
+
+@_typing.final
+class ProbeBar(_message.Message):
+    """What a re-probe must reach for the apply to stay: back within fleet normal, or measurably
+    better than before.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBE_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    NORMAL_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    HIGHER_IS_BETTER_FIELD_NUMBER: _builtins.int
+    BETTER_BY_FIELD_NUMBER: _builtins.int
+    probe: _builtins.str
+    variant: _builtins.str
+    gpu: _builtins.int
+    """unset: a node-level probe"""
+    normal: _builtins.float
+    """the peers' edge of normal (e.g. median x (1 - tolerance))"""
+    before: _builtins.float
+    """this GPU's last value before the apply (0: unknown)"""
+    higher_is_better: _builtins.bool
+    better_by: _builtins.float
+    """relative gain over `before` that also counts (0: only `normal`)"""
+    def __init__(
+        self,
+        *,
+        probe: _builtins.str = ...,
+        variant: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+        normal: _builtins.float = ...,
+        before: _builtins.float = ...,
+        higher_is_better: _builtins.bool = ...,
+        better_by: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "before", b"before", "better_by", b"better_by", "gpu", b"gpu", "higher_is_better", b"higher_is_better", "normal", b"normal", "probe", b"probe", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+
+Global___ProbeBar: _TypeAlias = ProbeBar  # noqa: Y015
+
+@_typing.final
+class SettingChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SETTING_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    PENDING_REBOOT_FIELD_NUMBER: _builtins.int
+    setting: _builtins.str
+    """"gpu[3].power_limit", "os.cpu_governor", "bmc.bios.SriovEnable" """
+    current: _builtins.str
+    """as read before (the snapshot value)"""
+    target: _builtins.str
+    pending_reboot: _builtins.bool
+    """takes effect at the next reboot (BIOS, ECC)"""
+    def __init__(
+        self,
+        *,
+        setting: _builtins.str = ...,
+        current: _builtins.str = ...,
+        target: _builtins.str = ...,
+        pending_reboot: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "pending_reboot", b"pending_reboot", "setting", b"setting", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettingChange: _TypeAlias = SettingChange  # noqa: Y015
+
+@_typing.final
+class ProbeCheck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBE_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    NORMAL_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    PASSED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    probe: _builtins.str
+    variant: _builtins.str
+    gpu: _builtins.int
+    value: _builtins.float
+    """measured after the apply"""
+    normal: _builtins.float
+    before: _builtins.float
+    passed: _builtins.bool
+    error: _builtins.str
+    """the probe failed: never passed"""
+    def __init__(
+        self,
+        *,
+        probe: _builtins.str = ...,
+        variant: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+        value: _builtins.float = ...,
+        normal: _builtins.float = ...,
+        before: _builtins.float = ...,
+        passed: _builtins.bool = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "before", b"before", "error", b"error", "gpu", b"gpu", "normal", b"normal", "passed", b"passed", "probe", b"probe", "value", b"value", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+
+Global___ProbeCheck: _TypeAlias = ProbeCheck  # noqa: Y015
+
+@_typing.final
+class ApplyProfileResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    CHECKS_FIELD_NUMBER: _builtins.int
+    OP_ID_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """planned (dry run) | nothing_to_do | committed | rolled_back | needs_attention | refused | failed"""
+    op_id: _builtins.str
+    """the agent's journal id"""
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettingChange]: ...
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProbeCheck]: ...
+    @_builtins.property
+    def left(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """settings not back at their snapshot (needs_attention)"""
+
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        changes: _abc.Iterable[Global___SettingChange] | None = ...,
+        problems: _abc.Iterable[_builtins.str] | None = ...,
+        checks: _abc.Iterable[Global___ProbeCheck] | None = ...,
+        op_id: _builtins.str = ...,
+        left: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "checks", b"checks", "left", b"left", "op_id", b"op_id", "problems", b"problems", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyProfileResult: _TypeAlias = ApplyProfileResult  # noqa: Y015
 
 @_typing.final
 class RunProbes(_message.Message):
@@ -1877,6 +2099,7 @@ class CommandResult(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     REPEATED_FIELD_NUMBER: _builtins.int
     RUN_PROBES_FIELD_NUMBER: _builtins.int
+    APPLY_PROFILE_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     ok: _builtins.bool
     error: _builtins.str
@@ -1884,6 +2107,8 @@ class CommandResult(_message.Message):
     """answered from the agent's memory of this id: not run again"""
     @_builtins.property
     def run_probes(self) -> Global___RunProbesResult: ...
+    @_builtins.property
+    def apply_profile(self) -> Global___ApplyProfileResult: ...
     def __init__(
         self,
         *,
@@ -1892,12 +2117,13 @@ class CommandResult(_message.Message):
         error: _builtins.str = ...,
         repeated: _builtins.bool = ...,
         run_probes: Global___RunProbesResult | None = ...,
+        apply_profile: Global___ApplyProfileResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "run_probes", b"run_probes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["apply_profile", b"apply_profile", "payload", b"payload", "run_probes", b"run_probes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "error", b"error", "ok", b"ok", "payload", b"payload", "repeated", b"repeated", "run_probes", b"run_probes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_profile", b"apply_profile", "command_id", b"command_id", "error", b"error", "ok", b"ok", "payload", b"payload", "repeated", b"repeated", "run_probes", b"run_probes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_probes"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_probes", "apply_profile"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

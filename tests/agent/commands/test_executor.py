@@ -85,7 +85,7 @@ def test_an_unknown_kind_is_answered_not_ok_with_what_the_agent_serves() -> None
     ex, _ = executor(CountingProbes())
     result = asyncio.run(ex.execute(pb.Command(id="x1")))  # no action: a member this agent lacks
     assert (result.command_id, result.ok) == ("x1", False)
-    assert result.error == "unsupported command None: this agent serves run_probes"
+    assert result.error == "unsupported command None: this agent serves apply_profile, run_probes"
     ex_without, _ = executor(CountingProbes())
     ex_without.handlers.clear()
     result = asyncio.run(ex_without.execute(probe("x2")))

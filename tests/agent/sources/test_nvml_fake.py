@@ -5,6 +5,12 @@ fabric, and a PCIe L40S without NVLink, GPM or row remapping). Everything else i
 installed pynvml, device handles are real `c_nvmlDevice_t` pointers, and every simulated call is
 bound against the real function's signature, so a renamed symbol or a wrong argument list fails in
 the tests rather than on a GPU node.
+
+Settings can be changed as on a GPU: setters answer NO_PERMISSION unless the fake is `root` (a
+normal user by default), NOT_SUPPORTED for a setting the GPU's `unsupported` names, and
+INVALID_ARGUMENT for a power limit outside the constraints or locked clocks outside the supported
+range. The enforced power limit is the lower of the limit set and `power_cap_mw` (a cap from
+elsewhere: the BMC, a system power budget).
 """
 
 from __future__ import annotations
@@ -69,7 +75,17 @@ class FakeGpu:
     lost: bool = False
     pstate: int = 0
     power_mw: int = 512_345
-    limit_mw: int = 700_000
+    limit_mw: int = 700_000  # the power management limit, as set
+    default_limit_mw: int = 700_000
+    min_limit_mw: int = 200_000
+    max_limit_mw: int = 700_000
+    power_cap_mw: int | None = None  # a lower limit from elsewhere: the enforced one is the lower
+    persistence: bool = True
+    ecc: tuple[bool, bool] = (True, True)  # (current, pending)
+    memory_clocks: list[int] = field(default_factory=lambda: [2619])
+    graphics_clocks: list[int] = field(default_factory=lambda: list(range(1980, 344, -15)))
+    locked: dict[str, tuple[int, int]] = field(default_factory=dict)  # "gpu" / "memory" -> (min, max)
+    unsupported: set[str] = field(default_factory=set)  # settings NOT_SUPPORTED: "power_limit", "ecc", ...
     crc: int = 7
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
     processes: list[tuple[int, int | None]] = field(default_factory=lambda: [(4242, 8 << 30), (4343, None)])
@@ -85,6 +101,10 @@ class FakeGpu:
     def text(self, value: str) -> str | bytes:
         return value.encode() if self.as_bytes else value
 
+    @property
+    def enforced_mw(self) -> int:
+        return self.limit_mw if self.power_cap_mw is None else min(self.limit_mw, self.power_cap_mw)
+
     def link_tx_kib(self, link: int) -> int:
         return 1000 * (link + 1)
 
@@ -97,12 +117,12 @@ class FakeGpu:
             p.NVML_FI_DEV_MEMORY_TEMP: (UINT, 70) if self.memory_temperature else p.NVML_ERROR_NOT_SUPPORTED,
             p.NVML_FI_DEV_POWER_AVERAGE: (UINT, self.power_mw),
             p.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (ULL, 123_456_789),
-            p.NVML_FI_DEV_POWER_CURRENT_LIMIT: (UINT, self.limit_mw),
+            p.NVML_FI_DEV_POWER_CURRENT_LIMIT: (UINT, self.enforced_mw),
             p.NVML_FI_DEV_POWER_REQUESTED_LIMIT: (UINT, self.limit_mw),
-            p.NVML_FI_DEV_POWER_DEFAULT_LIMIT: (UINT, 700_000),
-            p.NVML_FI_DEV_POWER_MIN_LIMIT: (UINT, 200_000),
-            p.NVML_FI_DEV_POWER_MAX_LIMIT: (UINT, 700_000),
-            p.NVML_FI_DEV_ECC_CURRENT: (UINT, 1),
+            p.NVML_FI_DEV_POWER_DEFAULT_LIMIT: (UINT, self.default_limit_mw),
+            p.NVML_FI_DEV_POWER_MIN_LIMIT: (UINT, self.min_limit_mw),
+            p.NVML_FI_DEV_POWER_MAX_LIMIT: (UINT, self.max_limit_mw),
+            p.NVML_FI_DEV_ECC_CURRENT: (UINT, int(self.ecc[0])),
             p.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (ULL, 3),
             p.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (ULL, 0),
             p.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (ULL, 12),
@@ -180,7 +200,7 @@ def _module_attributes() -> list[str]:
 class FakeNvml:
     """Two simulated GPUs behind a module that otherwise is the real pynvml."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, root: bool = False) -> None:
         self.gpus = [
             FakeGpu(
                 0,
@@ -214,10 +234,16 @@ class FakeNvml:
                 pstate=8,
                 power_mw=250_000,
                 limit_mw=350_000,
+                default_limit_mw=350_000,
+                min_limit_mw=100_000,
+                max_limit_mw=350_000,
                 compute_mode=pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
                 processes=[],
+                memory_clocks=[9001, 5001, 810, 405],
+                graphics_clocks=list(range(2520, 209, -15)),
             ),
         ]
+        self.root = root  # setters answer NO_PERMISSION unless root, as for a normal user
         self.calls: Counter[tuple[str, int | None]] = Counter()
         self.errors: dict[tuple[str, int | None], int] = {}  # (function, gpu) -> NVML error code
         self.field_errors: dict[tuple[int, int], int] = {}  # (gpu, field id) -> its status
@@ -355,22 +381,24 @@ class FakeNvml:
         return gpu.power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeGpu) -> int:
-        return gpu.limit_mw
+        return gpu.enforced_mw
 
     def nvmlDeviceGetPowerManagementLimit(self, gpu: FakeGpu) -> int:
         return gpu.limit_mw
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, gpu: FakeGpu) -> int:
-        return 700_000
+        return gpu.default_limit_mw
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, gpu: FakeGpu) -> list[int]:
-        return [200_000, 700_000]
+        return [gpu.min_limit_mw, gpu.max_limit_mw]
 
     def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
         return 123_456_789
 
     def nvmlDeviceGetEccMode(self, gpu: FakeGpu) -> list[int]:
-        return [1, 1]
+        if "ecc" in gpu.unsupported:
+            self.not_supported()
+        return [int(gpu.ecc[0]), int(gpu.ecc[1])]
 
     def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter_type: int) -> int:
         corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
@@ -464,7 +492,7 @@ class FakeNvml:
         return 16
 
     def nvmlDeviceGetPersistenceMode(self, gpu: FakeGpu) -> int:
-        return int(pynvml.NVML_FEATURE_ENABLED)
+        return int(pynvml.NVML_FEATURE_ENABLED if gpu.persistence else pynvml.NVML_FEATURE_DISABLED)
 
     def nvmlDeviceGetComputeMode(self, gpu: FakeGpu) -> int:
         return gpu.compute_mode
@@ -496,6 +524,69 @@ class FakeNvml:
             struct.clusterUuid[:] = list(CLUSTER_UUID)
             struct.cliqueId = 7
         return int(pynvml.NVML_SUCCESS)
+
+    # Settings
+
+    def _may_set(self, gpu: FakeGpu, setting: str) -> None:
+        if setting in gpu.unsupported:
+            self.not_supported()
+        if not self.root:
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def nvmlDeviceSetPersistenceMode(self, gpu: FakeGpu, mode: int) -> None:
+        self._may_set(gpu, "persistence_mode")
+        gpu.persistence = mode == pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceSetPowerManagementLimit(self, gpu: FakeGpu, limit: int) -> None:
+        self._may_set(gpu, "power_limit")
+        if not gpu.min_limit_mw <= limit <= gpu.max_limit_mw:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.limit_mw = limit
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, gpu: FakeGpu) -> list[int]:
+        if "locked_memory_clocks" in gpu.unsupported:
+            self.not_supported()
+        return list(gpu.memory_clocks)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, gpu: FakeGpu, memoryClockMHz: int) -> list[int]:
+        if "locked_gpu_clocks" in gpu.unsupported:
+            self.not_supported()
+        if memoryClockMHz not in gpu.memory_clocks:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return list(gpu.graphics_clocks)
+
+    def _set_lock(self, gpu: FakeGpu, domain: str, low: int, high: int) -> None:
+        self._may_set(gpu, f"locked_{domain}_clocks")
+        supported = gpu.graphics_clocks if domain == "gpu" else gpu.memory_clocks
+        if not min(supported) <= low <= high <= max(supported):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.locked[domain] = (low, high)
+
+    def _reset_lock(self, gpu: FakeGpu, domain: str) -> None:
+        self._may_set(gpu, f"locked_{domain}_clocks")
+        gpu.locked.pop(domain, None)
+
+    def nvmlDeviceSetGpuLockedClocks(self, gpu: FakeGpu, minGpuClockMHz: int, maxGpuClockMHz: int) -> None:
+        self._set_lock(gpu, "gpu", minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, gpu: FakeGpu) -> None:
+        self._reset_lock(gpu, "gpu")
+
+    def nvmlDeviceSetMemoryLockedClocks(self, gpu: FakeGpu, minMemClockMHz: int, maxMemClockMHz: int) -> None:
+        self._set_lock(gpu, "memory", minMemClockMHz, maxMemClockMHz)
+
+    def nvmlDeviceResetMemoryLockedClocks(self, gpu: FakeGpu) -> None:
+        self._reset_lock(gpu, "memory")
+
+    def nvmlDeviceSetComputeMode(self, gpu: FakeGpu, mode: int) -> None:
+        self._may_set(gpu, "compute_mode")
+        if not 0 <= mode < pynvml.NVML_COMPUTEMODE_COUNT:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
+
+    def nvmlDeviceSetEccMode(self, gpu: FakeGpu, mode: int) -> None:
+        self._may_set(gpu, "ecc")
+        gpu.ecc = (gpu.ecc[0], mode == pynvml.NVML_FEATURE_ENABLED)  # the current mode changes at reboot
 
     # NVLink
 

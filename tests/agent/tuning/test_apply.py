@@ -57,6 +57,7 @@ def test_a_clean_apply_reaches_the_target_and_journals_every_step(
         "actuator": "sysctls",
         "current": "60",
         "target": "10",
+        "pending_reboot": False,
     } in (
         record["changes"]  # type: ignore[operator]
     )

@@ -13,7 +13,7 @@ from agent.tuning.apply import REFUSED, apply_settings
 from agent.tuning.base import Change, Tree, TuningError
 from agent.tuning.fake import KernelTree
 from agent.tuning.os_settings import CpuGovernor, Hugepages, Sysctls, TransparentHugepages, os_actuators
-from agent.tuning.targets import SYSCTLS, OsTargets
+from agent.tuning.targets import SYSCTLS, OsTargets, Targets
 from controller.profiles.schema import SYSCTLS as SCHEMA_SYSCTLS
 from tests.agent.tuning.host_tree import CPU, NR_HUGEPAGES, SWAPPINESS, THP, contents, make_host
 
@@ -58,7 +58,7 @@ def test_each_actuator_writes_and_reads_back(
     assert result.state == "applied", result.problems
     assert (tmp_path / rel).read_text().strip() == expected.strip()
     for actuator in os_actuators():  # a second apply finds nothing to do
-        assert actuator.plan(tree, targets) == []
+        assert actuator.plan(tree, Targets(os=targets)) == []
 
 
 def test_the_plain_tree_writes_a_value_file(tmp_path: Path) -> None:
