@@ -191,12 +191,14 @@ class Agent:
             self.close()
 
     async def settle_tuning(self) -> None:
-        """Roll back (or flag) an apply the last run left unfinished, then re-apply the committed
-        profiles' GPU and OS settings a reboot lost; both logged. Before the first sample, so that
+        """Roll back (or flag) an apply the last run left unfinished, see where committed BIOS changes
+        that waited for a reboot stand, then re-apply the committed profiles' GPU and OS settings a
+        reboot lost; all logged. Before the first sample, so that
         what the controller sees is the node as it will stay."""
         if self.tuner is None:
             return
         await asyncio.to_thread(self.tuner.recover)
+        await asyncio.to_thread(self.tuner.check_pending)
         if self.config.tuning.reapply_at_start:
             await asyncio.to_thread(self.tuner.reapply)
 

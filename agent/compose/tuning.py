@@ -8,6 +8,7 @@ first apply (and kept), so a node whose NVML is broken still starts and says why
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 def build_tuner(config: AgentConfig, gpu: GpuSource, host: HostReader | None, bmc: BmcSource | None) -> Tuner:
     """A Tuner whether or not tuning is enabled: a disabled one refuses applies (dry runs still
     plan) but still finishes, at start, an apply a crash left."""
-    from agent.tuning.bios import BiosActuator
+    from agent.tuning.bios import BiosActuator, bios_reboot_state
     from agent.tuning.gpu_settings import gpu_actuators
 
     tree, gpu_control, bios = _parts(config, gpu, host, bmc)
@@ -39,8 +40,13 @@ def build_tuner(config: AgentConfig, gpu: GpuSource, host: HostReader | None, bm
             found.append(BiosActuator(bios))
         return found
 
-    state_dir = config.tuning.journal_dir(config.stream.spool_dir)
-    return Tuner(enabled=config.tuning.enabled, tree=tree, actuators=actuators, state_dir=state_dir)
+    return Tuner(
+        enabled=config.tuning.enabled,
+        tree=tree,
+        actuators=actuators,
+        state_dir=config.tuning.journal_dir(config.stream.spool_dir),
+        after_reboot=None if bios is None else partial(bios_reboot_state, bios),
+    )
 
 
 class _Lazy:

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.tuning.base import Change
 from agent.tuning.journal import JournalError, atomic_write
 
 FILE = "desired.json"
+PENDING_FILE = "pending.json"  # committed changes that take effect at the next reboot (BIOS)
 VOLATILE = ("gpu", "os")  # the levels a reboot loses
 KEEP = 32  # committed profiles remembered, oldest dropped first
 
@@ -58,3 +60,57 @@ class DesiredState:
             atomic_write(self.path, json.dumps(entries, indent=1) + "\n")
         except OSError as exc:
             raise JournalError(f"cannot write the committed profiles {self.path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    profile: str
+    changes: list[Change]
+    at: float
+
+
+class PendingChanges:
+    """Committed changes waiting for a reboot (BIOS attributes): checked at every agent start until
+    the BMC shows them current (verified) or neither current nor pending (lost)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / PENDING_FILE
+
+    def load(self) -> list[Pending]:
+        if not self.path.exists():
+            return []
+        try:
+            data = json.loads(self.path.read_text())
+            return [
+                Pending(
+                    e["profile"],
+                    [Change(c["setting"], c["current"], c["target"], True) for c in e["changes"]],
+                    float(e["at"]),
+                )
+                for e in data
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise JournalError(f"cannot read the changes pending a reboot {self.path}: {exc}") from None
+
+    def save(self, entries: Sequence[Pending]) -> None:
+        data = [
+            {
+                "profile": e.profile,
+                "changes": [
+                    {"setting": c.setting, "current": c.current, "target": c.target} for c in e.changes
+                ],
+                "at": e.at,
+            }
+            for e in entries[-KEEP:]
+        ]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(data, indent=1) + "\n")
+        except OSError as exc:
+            raise JournalError(
+                f"cannot write the changes pending a reboot {self.path}: {exc.strerror}"
+            ) from None
+
+    def add(self, profile: str, changes: Sequence[Change]) -> None:
+        if changes:
+            self.save([*self.load(), Pending(profile, list(changes), round(time.time(), 3))])

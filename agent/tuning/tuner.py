@@ -16,25 +16,36 @@ from typing import Any
 
 from agent.tuning.apply import FAILED, NOTHING_TO_DO, REFUSED, ApplyResult, apply_settings, recover
 from agent.tuning.base import Actuator, Change, Tree, TuningError
-from agent.tuning.desired import DesiredState
+from agent.tuning.bios import PREFIX as BIOS
+from agent.tuning.bios import BiosRebootState
+from agent.tuning.desired import DesiredState, Pending, PendingChanges
 from agent.tuning.journal import APPLIED
 from agent.tuning.targets import Targets
 
 log = logging.getLogger("gpufleet.agent.tuning")
 ActuatorFactory = Callable[[Sequence[int] | None], list[Actuator]]
+RebootCheck = Callable[[Sequence[Change]], BiosRebootState]
 NO_JOURNAL = "no tuning state directory for the apply journal: nothing written"
 DISABLED = "tuning is disabled on this agent (its config says tuning.enabled: false): nothing written"
 
 
 class Tuner:
     def __init__(
-        self, *, enabled: bool, tree: Tree, actuators: ActuatorFactory, state_dir: str | Path | None
+        self,
+        *,
+        enabled: bool,
+        tree: Tree,
+        actuators: ActuatorFactory,
+        state_dir: str | Path | None,
+        after_reboot: RebootCheck | None = None,
     ) -> None:
         self.enabled = enabled
         self.tree = tree
         self.actuators = actuators
+        self.after_reboot = after_reboot  # where committed BIOS changes stand (the BMC's view)
         self.journal_dir = None if state_dir is None else Path(state_dir) / "journal"
         self.desired = None if state_dir is None else DesiredState(state_dir)
+        self.pending = None if state_dir is None else PendingChanges(state_dir)
         self._lock = threading.Lock()
 
     def apply(
@@ -62,9 +73,10 @@ class Tuner:
             actuators = self.actuators(list(gpus) or None)
             journal = self.journal_dir or Path("unused-by-a-dry-run")
             result = apply_settings(actuators, parsed, self.tree, journal, dry_run=dry_run, check=check)
-            if result.state == APPLIED and self.desired is not None:
+            if result.state == APPLIED and self.desired is not None and self.pending is not None:
                 try:
                     self.desired.commit(profile, targets, gpus)
+                    self.pending.add(profile, [c for c in result.changes if c.setting.startswith(BIOS)])
                 except TuningError as exc:  # applied and verified: say that it will not survive a reboot
                     result.problems.append(f"committed, but not kept for after a reboot: {exc}")
             return result
@@ -91,6 +103,53 @@ class Tuner:
                 f"; not back at the snapshot: {'; '.join(r.left)}" if r.left else "",
             )
         return results
+
+    def check_pending(self) -> list[tuple[str, BiosRebootState]]:
+        """At start: where the committed BIOS changes that waited for a reboot stand now. Verified
+        (current at the target) and lost (neither current nor pending: the BIOS dropped them) ones
+        are logged and forgotten; those still pending are kept for the next start."""
+        if self.pending is None or self.after_reboot is None:
+            return []
+        try:
+            entries = self.pending.load()
+        except TuningError as exc:
+            log.error("tuning: %s", exc)
+            return []
+        kept, seen = [], []
+        for entry in entries:
+            try:
+                state = self.after_reboot(entry.changes)
+            except TuningError as exc:  # the BMC unreachable: ask again at the next start
+                log.warning("tuning: cannot check profile %s's BIOS changes now: %s", entry.profile, exc)
+                kept.append(entry)
+                continue
+            seen.append((entry.profile, state))
+            if state.verified:
+                log.info(
+                    "tuning: profile %s: BIOS changes now in effect: %s",
+                    entry.profile,
+                    ", ".join(state.verified),
+                )
+            if state.lost:
+                log.error(
+                    "tuning: profile %s: BIOS changes lost at the reboot (neither current nor pending): %s",
+                    entry.profile,
+                    ", ".join(state.lost),
+                )
+            if state.pending:
+                log.info(
+                    "tuning: profile %s: still pending the next reboot: %s",
+                    entry.profile,
+                    ", ".join(state.pending),
+                )
+                kept.append(
+                    Pending(entry.profile, [c for c in entry.changes if c.setting in state.pending], entry.at)
+                )
+        try:
+            self.pending.save(kept)
+        except TuningError as exc:
+            log.error("tuning: %s", exc)
+        return seen
 
     def reapply(self) -> list[tuple[str, ApplyResult]]:
         """Put the committed profiles' GPU and OS settings back where a reboot lost them, oldest

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agent.compose.bmc import build_bmc
 from agent.compose.sources import build_sources
@@ -17,6 +20,7 @@ from agent.compose.tuning import build_tuner
 from agent.config import load
 from agent.daemon import Agent
 from agent.sources.sim import SimNode
+from agent.sources.sim.bmc import SimBmc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 GPU_DEFAULTS = {"gpu": {"power_limit": "default", "locked_gpu_clocks": "reset"}}
@@ -128,4 +132,46 @@ def test_tuning_off_refuses_and_changes_nothing(tmp_path: Path) -> None:
     assert (result.ok, result.apply_profile.state) == (False, "refused")
     assert "tuning.enabled: false" in result.error
     assert node.gpus[0].power_limit_watts == capped
+    agent.close()
+
+
+def test_bios_changes_stay_pending_until_the_reboot_and_are_verified_after_it(tmp_path: Path) -> None:
+    agent, _ = sim_agent(tmp_path, [])
+    bmc = agent.bmc.source if agent.bmc is not None else None
+    assert isinstance(bmc, SimBmc)
+    targets = {"bmc": {"bios": {"SubNumaClustering": "SNC2", "C1EState": "Enabled"}}}
+    result = asyncio.run(agent.handle_command(command("c1", targets, profile="site-bios")))
+    answer = result.apply_profile
+    assert (result.ok, answer.state) == (True, "committed"), answer
+    assert all(c.pending_reboot for c in answer.changes) and len(answer.changes) == 2
+    assert bmc.bios.read().current["SubNumaClustering"] == "Disabled"  # not before the reboot
+    assert agent.tuner is not None
+    [(_, before)] = agent.tuner.check_pending()  # an agent restart without a reboot
+    assert (before.verified, len(before.pending), before.lost) == ([], 2, [])
+    bmc.reboot()
+    [(profile, after)] = agent.tuner.check_pending()
+    assert (profile, sorted(after.verified), after.lost) == (
+        "site-bios",
+        ["bmc.bios.C1EState", "bmc.bios.SubNumaClustering"],
+        [],
+    )
+    assert bmc.bios.read().current["SubNumaClustering"] == "SNC2"
+    assert agent.tuner.check_pending() == []  # verified: forgotten
+    agent.close()
+
+
+def test_a_bios_change_dropped_at_the_reboot_is_reported_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent, _ = sim_agent(tmp_path, [])
+    bmc = agent.bmc.source if agent.bmc is not None else None
+    assert isinstance(bmc, SimBmc) and agent.tuner is not None
+    targets = {"bmc": {"bios": {"C1EState": "Enabled"}}}
+    assert asyncio.run(agent.handle_command(command("c1", targets, profile="site-bios"))).ok
+    bmc.bios.set_pending({"C1EState": "Disabled"})  # someone (a BIOS reset, a person) took it back
+    bmc.reboot()
+    with caplog.at_level(logging.ERROR, logger="gpufleet.agent.tuning"):
+        [(_, state)] = agent.tuner.check_pending()
+    assert state.lost == ["bmc.bios.C1EState"]
+    assert "BIOS changes lost at the reboot" in caplog.text
     agent.close()
