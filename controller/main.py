@@ -139,7 +139,69 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_safety_commands(sub)
     _add_tuning_commands(sub)
+    _add_kube_commands(sub, ctl)
     return parser
+
+
+def _add_kube_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], ctl: argparse.ArgumentParser
+) -> None:
+    """`gpufleet cordon`, `gpufleet uncordon` and `gpufleet drain`: Kubernetes node actions; the
+    controller's --kubeconfig."""
+    ctl.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="the Kubernetes cluster for node actions (default: kubernetes.kubeconfig, else the "
+        "in-cluster service account, else $KUBECONFIG)",
+    )
+    cordon = sub.add_parser(
+        "cordon",
+        help="mark a Kubernetes node unschedulable (audited, breaker-counted)",
+        description="Cordon a Kubernetes node through the controller: audited, counted by the blast-radius "
+        "breaker, recorded in the annotation gpufleet.io/cordoned-by. Exit status: 0 done (or cordoned "
+        "already), 1 refused by the breaker or no controller, 2 unknown node, no cluster configured, a "
+        "node under someone else's maintenance or busy.",
+    )
+    cordon.add_argument("name", metavar="NODE", help="node name")
+    cordon.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")
+    add_operator_arguments(cordon)
+
+    uncordon = sub.add_parser(
+        "uncordon",
+        help="make a node gpufleet cordoned schedulable again (--force: someone else's cordon)",
+        description="Uncordon a Kubernetes node through the controller (audited; recovery, never counted "
+        "by the breaker). A node cordoned by someone else is refused unless --force. Exit status as "
+        "for cordon.",
+    )
+    uncordon.add_argument("name", metavar="NODE", help="node name")
+    uncordon.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")
+    uncordon.add_argument("--force", action="store_true", help="uncordon it even if someone else cordoned it")
+    add_operator_arguments(uncordon)
+
+    drain = sub.add_parser(
+        "drain",
+        help="cordon a node and evict its pods, as kubectl drain (audited, breaker-counted)",
+        description="Drain a Kubernetes node through the controller, as kubectl drain does: cordon, evict "
+        "every pod through the Eviction API (DaemonSet-managed and mirror pods are skipped; PDBs are "
+        "respected, retried with backoff), wait for them to go. Pods with emptyDir data or no controller "
+        "are refused unless the controller's config allows them. Asks on a terminal unless --yes. "
+        "Exit status: 0 drained (or planned, --dry-run), 1 blocked, timed out, failed or refused by the "
+        "breaker, 2 unknown node, no cluster configured, a node under maintenance or busy, pods it may "
+        "not evict.",
+    )
+    drain.add_argument("name", metavar="NODE", help="node name")
+    drain.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")
+    drain.add_argument("--dry-run", action="store_true", help="show what would be evicted and skipped")
+    drain.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="give up after this many seconds: blocked (a PDB) or timed_out (default: the controller's "
+        "kubernetes.drain.timeout_seconds)",
+    )
+    drain.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_operator_arguments(drain)
 
 
 def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -160,8 +222,8 @@ def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "history",
         help="the audit log: every mutating request, who, what, why, when and its outcome",
         description="The audit log, newest first: each mutating request (probe-node, breaker reset, "
-        "retune and approve, the tuning policy's applies; later drain) with its requester, parameters, "
-        "reason and outcome.",
+        "retune and approve, the tuning policy's applies, cordon, uncordon, drain) with its requester, "
+        "parameters, reason and outcome.",
     )
     hist.add_argument("--node", default="", help="only this node")
     hist.add_argument(
@@ -312,6 +374,24 @@ def _main(argv: list[str] | None) -> int:
             gpus=args.gpu,
             wait=not args.no_wait,
             timeout=args.timeout,
+        )
+    if args.command in ("cordon", "uncordon", "drain"):
+        from controller.cli import kube
+
+        if args.command == "cordon":
+            return kube.cordon(args.controller, args.name, args.output, reason=args.reason)
+        if args.command == "uncordon":
+            return kube.uncordon(
+                args.controller, args.name, args.output, reason=args.reason, force=args.force
+            )
+        return kube.drain(
+            args.controller,
+            args.name,
+            args.output,
+            reason=args.reason,
+            dry_run=args.dry_run,
+            timeout=args.timeout,
+            yes=args.yes,
         )
     if args.command == "commands":
         from controller.cli.commands import commands

@@ -1,7 +1,9 @@
 """Operator service: the fleet as operators see it, probes on request, the commands sent to
-agents, the breaker, the audit log and tuning (recommendations, retune, approve: app.tuning). Thin:
-reads app state, converts to the wire. Every request that acts (ProbeNode, ResetBreaker, Retune,
-Approve) is written to the audit log before it acts."""
+agents, the breaker, the audit log, tuning (recommendations, retune, approve: app.tuning) and the
+Kubernetes node actions (cordon, uncordon, drain: app.kube). Thin: reads app state, converts to the
+wire. Every request that acts
+(ProbeNode, ResetBreaker, Retune, Approve, Cordon, Uncordon, Drain) is written to the audit log
+before it acts."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from controller.fleet.finding import Evidence
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.kube.wire import drain_to_proto, kube_view
 from controller.remediate.applying import BreakerRefused, Started
 from controller.remediate.guard import Status
 from controller.store.audit import AuditEntry
@@ -36,6 +39,7 @@ LIST_AUDIT_MAX = 10_000
 LIST_RECOMMENDATIONS_DEFAULT = 100
 LIST_RECOMMENDATIONS_MAX = 10_000
 RETUNE_WAIT_MAX_SECONDS = 3600.0
+DRAIN_WAIT_MARGIN_SECONDS = 5.0  # a waiting Drain returns this long after the drain's own deadline
 COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.upper()}") for name in STATES}
 
 
@@ -126,6 +130,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             detail.host.CopyFrom(node.host)
         if node.bmc is not None:
             detail.bmc.CopyFrom(node.bmc)
+        kube = await kube_view(self.app.kube, node.name)
+        if kube is not None:
+            detail.kubernetes.CopyFrom(kube)
         return detail
 
     async def ListFindings(
@@ -248,6 +255,47 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         except BreakerRefused as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return await self._answer(started, request.wait, timeout)
+
+    async def Cordon(
+        self, request: operator_pb2.CordonRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.NodeActionResponse:
+        try:
+            done, audit_id = await self.app.kube.cordon(
+                request.node, requester=f"operator:{context.peer()}", reason=request.reason
+            )
+        except BreakerRefused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return operator_pb2.NodeActionResponse(
+            node=request.node, changed=done.changed, detail=done.detail, audit_id=audit_id
+        )
+
+    async def Uncordon(
+        self, request: operator_pb2.UncordonRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.NodeActionResponse:
+        done, audit_id = await self.app.kube.uncordon(
+            request.node, requester=f"operator:{context.peer()}", reason=request.reason, force=request.force
+        )
+        return operator_pb2.NodeActionResponse(
+            node=request.node, changed=done.changed, detail=done.detail, audit_id=audit_id
+        )
+
+    async def Drain(
+        self, request: operator_pb2.DrainRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> operator_pb2.DrainStatus:
+        try:
+            record = await self.app.kube.drain(
+                request.node,
+                requester=f"operator:{context.peer()}",
+                reason=request.reason,
+                dry_run=request.dry_run,
+                timeout=request.timeout_seconds,
+            )
+        except BreakerRefused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        if request.wait and record.open:
+            left = record.deadline - self.app.clock() + DRAIN_WAIT_MARGIN_SECONDS
+            await self.app.kube.wait(record, max(left, DRAIN_WAIT_MARGIN_SECONDS))
+        return drain_to_proto(record)
 
     def _apply_wait(self, requested: float) -> float:
         timeout = requested or self.app.commands.kinds["apply_profile"].timeout_seconds

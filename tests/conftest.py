@@ -3,6 +3,8 @@ pytest sees them; `require` and `free_port` live in tests/support.py and are re-
 
 from __future__ import annotations
 
+import os
+
 from tests.prometheus_server import prometheus_server  # noqa: F401 - imported to register the fixture
 from tests.redfish_servers import (  # noqa: F401 - imported to register the fixtures
     dmtf_mockup,
@@ -17,3 +19,8 @@ from tests.redfish_servers import (  # noqa: F401 - imported to register the fix
 from tests.support import IN_CI, free_port, require
 
 __all__ = ["IN_CI", "free_port", "require"]
+
+# The controller falls back to $KUBECONFIG and the in-cluster service account: a test must never
+# reach (and patch the nodes of) whatever cluster the machine running it is set up for.
+for _name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+    os.environ.pop(_name, None)

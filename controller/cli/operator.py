@@ -126,6 +126,10 @@ def node(target: str, name: str, output: str) -> int:
             units = gpu_tables.units_of(detail.hello)
             parts.append(gpu_tables.probes_table(detail.probes, wide=wide, units=units))
         parts.append(tables.findings_table(detail.findings, title="Active findings", wide=wide))
+        if detail.HasField("kubernetes"):
+            from controller.cli.kube_view import kube_section
+
+            parts += kube_section(detail.kubernetes, wide=wide)
         show(*parts)
 
     return _run(action)

@@ -23,6 +23,8 @@ def run_controller(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"gpufleet controller: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "kubeconfig", None):  # the flag beats kubernetes.kubeconfig in the file
+        config.kubernetes.kubeconfig = args.kubeconfig
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -79,6 +79,7 @@ def _start_controller(tmp: Path, tuning: str) -> tuple[Child, str]:
             **settings,
             "listen": "127.0.0.1:0",
             "metrics_address": None,  # a demo binds nothing beyond loopback gRPC
+            "kubernetes": {"enabled": False},  # never the cluster $KUBECONFIG points at
             "db": str(tmp / "gpufleet.db"),
             "stale_after_seconds": 10,
             "detect": {

@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from controller.commands.channel import CommandChannel
@@ -56,6 +56,9 @@ class Applying(Outcomes):
     channel: CommandChannel
     _fleet: Callable[[], Fleet]  # the app replaces its Fleet when it loads the store: always ask
     _starting: set[str]  # nodes an apply is being started on
+    # Why another actor's hold on the node refuses an apply ("" if none): set by the app to the
+    # Kubernetes side (a drain running, someone else's cordon or maintenance).
+    node_guard: Callable[[str], Awaitable[str]] | None
 
     async def wait(self, started: Started, timeout: float) -> None:
         """Return when the agent has answered and the outcome is stored, or `timeout` passed."""
@@ -88,6 +91,11 @@ class Applying(Outcomes):
             )
         if node in self._starting:
             raise FailedPrecondition(f"node {node}: another apply is being started")
+
+    async def _held(self, node: str) -> str:
+        """Why another actor's hold refuses an apply to `node` ("" if none): a drain running, or
+        someone else's cordon or maintenance on the Kubernetes node."""
+        return "" if self.node_guard is None else await self.node_guard(node)
 
     def _not_now(self, node: str) -> str:
         """Why an approved row of `node` cannot start now ("" if it can): what `_check` refuses, or

@@ -43,6 +43,9 @@ class OperatorRequests(Applying):
             if not plan.targets:
                 raise FailedPrecondition(f"profile {profile} is recommend only (firmware): nothing to apply")
             self._check(node, dry_run=dry_run)
+            held = "" if dry_run else await self._held(node)
+            if held:
+                raise FailedPrecondition(held)
         except ControllerError as exc:
             await self._refused(requester, node, params, reason, exc)
             raise
@@ -92,6 +95,9 @@ class OperatorRequests(Applying):
                     f"recommendation {rec_id} has nothing to apply ({rec.detail or 'no changes'})"
                 )
             self._check(rec.node, dry_run=False)
+            held = await self._held(rec.node)
+            if held:
+                raise FailedPrecondition(held)
         except ControllerError as exc:
             params = {"recommendation_id": rec_id, "approve": True}
             await self._refused(requester, "" if rec is None else rec.node, params, reason, exc)

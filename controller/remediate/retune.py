@@ -73,6 +73,7 @@ class Tuner(OperatorRequests):
         self._by_command: dict[str, str] = {}  # ApplyProfile command id -> row id
         self._dry_runs: dict[str, AuditEntry] = {}  # dry-run command id -> its audit entry
         self._starting: set[str] = set()  # nodes an apply is being started on
+        self.node_guard = None  # the app sets the Kubernetes side's check
         self._recorded: dict[str, asyncio.Event] = {}  # command id -> set once its outcome is stored
         self._tasks: set[asyncio.Task[None]] = set()
         channel.listeners.append(self._finished)
@@ -185,7 +186,7 @@ class Tuner(OperatorRequests):
 
     async def _apply_approved(self) -> None:
         for rec in sorted((r for r in self.recs.values() if r.state == "approved"), key=lambda r: r.created):
-            why = self._not_now(rec.node)
+            why = self._not_now(rec.node) or await self._held(rec.node)
             if not why:
                 try:
                     await self._start(rec, rec.requester or "policy", rec.reason)

@@ -111,4 +111,13 @@ CREATE TABLE IF NOT EXISTS recommendations (  -- added within version 1: IF NOT 
     body        TEXT NOT NULL,          -- JSON: action, policy, risk, findings, gpus, changes, targets, ...
     result      BLOB                    -- gpufleet.v1.ApplyProfileResult, once the agent answered
 );
-CREATE INDEX IF NOT EXISTS recommendations_by_node ON recommendations (node, created)
+CREATE INDEX IF NOT EXISTS recommendations_by_node ON recommendations (node, created);
+CREATE TABLE IF NOT EXISTS drains (       -- added within version 1: IF NOT EXISTS creates it in older files
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    state       TEXT NOT NULL,          -- running, then drained blocked timed_out failed
+    started     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    body        BLOB NOT NULL           -- JSON: pods pending (PDB backoff), evicted, skipped, the deadline, breaker action
+);
+CREATE INDEX IF NOT EXISTS drains_by_node ON drains (node, started)

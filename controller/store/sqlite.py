@@ -1,6 +1,6 @@
 """The SQLite store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings,
 commands (controller/store/commands.py), the audit log and the breaker's state (controller/store/audit.py),
-tuning recommendations (controller/store/recommendations.py).
+tuning recommendations (controller/store/recommendations.py), drains (controller/store/drains.py).
 
 All functions here run in the store thread (see writer.py); `Store` is the async face the rest of
 the controller uses.
@@ -26,9 +26,11 @@ from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, Probe
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.store import audit as audit_rows
 from controller.store import commands as command_rows
+from controller.store import drains as drain_rows
 from controller.store import recommendations as recommendation_rows
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
+from controller.store.drains import DrainRecord
 from controller.store.recommendations import Recommendation
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import bmc_pb2
@@ -51,6 +53,7 @@ OPERATIONS = (
     "list_audit",
     "breaker",
     "recommendations",
+    "drains",
 )
 
 
@@ -158,6 +161,16 @@ class Store:
 
     async def load_recommendations(self) -> list[Recommendation]:
         return await self._call("recommendations", recommendation_rows.load_all)
+
+    async def save_drain(self, record: DrainRecord) -> None:
+        row = drain_rows.to_row(record)  # as it is now, whatever changes before the thread runs
+        await self._call("drains", lambda c: drain_rows.save(c, row))
+
+    async def list_drains(self, node: str = "", limit: int = 10) -> list[DrainRecord]:
+        return await self._call("drains", lambda c: drain_rows.list_rows(c, node, limit))
+
+    async def load_running_drains(self) -> list[DrainRecord]:
+        return await self._call("drains", drain_rows.load_running)
 
     async def save_breaker(self, state: str, when: float) -> None:
         await self._call("breaker", lambda c: audit_rows.save_breaker(c, state, when))

@@ -168,6 +168,7 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "list_audit": 0,
                 "breaker": 1,  # the breaker's state, loaded at start
                 "recommendations": 1,  # the tuning recommendations, loaded at start
+                "drains": 0,  # no cluster configured: no drains to resume
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7

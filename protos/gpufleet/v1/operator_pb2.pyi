@@ -90,6 +90,321 @@ COMMAND_STATE_CANCELLED: CommandState.ValueType  # 7
 Global___CommandState: _TypeAlias = CommandState  # noqa: Y015
 
 @_typing.final
+class CordonRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CordonRequest: _TypeAlias = CordonRequest  # noqa: Y015
+
+@_typing.final
+class UncordonRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    reason: _builtins.str
+    force: _builtins.bool
+    """uncordon a node someone else cordoned"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "node", b"node", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UncordonRequest: _TypeAlias = UncordonRequest  # noqa: Y015
+
+@_typing.final
+class NodeActionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    changed: _builtins.bool
+    """false: it was so already"""
+    detail: _builtins.str
+    """one line: what happened"""
+    audit_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        changed: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+        audit_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "changed", b"changed", "detail", b"detail", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeActionResponse: _TypeAlias = NodeActionResponse  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    reason: _builtins.str
+    dry_run: _builtins.bool
+    """what would be evicted and skipped; nothing changes"""
+    timeout_seconds: _builtins.float
+    """0: kubernetes.drain.timeout_seconds"""
+    wait: _builtins.bool
+    """return when the drain ended"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        timeout_seconds: _builtins.float = ...,
+        wait: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "node", b"node", "reason", b"reason", "timeout_seconds", b"timeout_seconds", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainPod(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    PDB_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
+    GONE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    why: _builtins.str
+    """skipped: why it stays"""
+    pdb: _builtins.str
+    """blocking: the PodDisruptionBudget refusing its eviction"""
+    gone: _builtins.bool
+    """evicted: the pod has left the node"""
+    @_builtins.property
+    def evicted(self) -> _timestamp_pb2.Timestamp:
+        """evicted: when the eviction was accepted"""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        why: _builtins.str = ...,
+        pdb: _builtins.str = ...,
+        evicted: _timestamp_pb2.Timestamp | None = ...,
+        gone: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["evicted", b"evicted"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evicted", b"evicted", "gone", b"gone", "name", b"name", "namespace", b"namespace", "pdb", b"pdb", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainPod: _TypeAlias = DrainPod  # noqa: Y015
+
+@_typing.final
+class DrainStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    BLOCKING_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    REQUESTER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    CORDONED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    node: _builtins.str
+    outcome: _builtins.str
+    """running, then drained | blocked | timed_out | failed; planned (dry run)"""
+    progress: _builtins.str
+    """one line: "blocked by PDB web (default/web-1)" """
+    error: _builtins.str
+    """failed: the API error, or the pods it may not evict"""
+    requester: _builtins.str
+    reason: _builtins.str
+    audit_id: _builtins.str
+    cordoned: _builtins.bool
+    """gpufleet cordoned the node for it"""
+    @_builtins.property
+    def evicted(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPod]: ...
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPod]:
+        """DaemonSet-managed and mirror pods, with why"""
+
+    @_builtins.property
+    def blocking(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPod]:
+        """refused by a PDB (with its name), retried with backoff"""
+
+    @_builtins.property
+    def pending(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPod]:
+        """still to evict (dry run: would be evicted)"""
+
+    @_builtins.property
+    def waiting(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPod]:
+        """evicted (or being deleted already), not gone yet"""
+
+    @_builtins.property
+    def started(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        progress: _builtins.str = ...,
+        error: _builtins.str = ...,
+        evicted: _abc.Iterable[Global___DrainPod] | None = ...,
+        skipped: _abc.Iterable[Global___DrainPod] | None = ...,
+        blocking: _abc.Iterable[Global___DrainPod] | None = ...,
+        pending: _abc.Iterable[Global___DrainPod] | None = ...,
+        waiting: _abc.Iterable[Global___DrainPod] | None = ...,
+        started: _timestamp_pb2.Timestamp | None = ...,
+        updated: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        requester: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        audit_id: _builtins.str = ...,
+        cordoned: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "started", b"started", "updated", b"updated"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "blocking", b"blocking", "cordoned", b"cordoned", "deadline", b"deadline", "error", b"error", "evicted", b"evicted", "id", b"id", "node", b"node", "outcome", b"outcome", "pending", b"pending", "progress", b"progress", "reason", b"reason", "requester", b"requester", "skipped", b"skipped", "started", b"started", "updated", b"updated", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainStatus: _TypeAlias = DrainStatus  # noqa: Y015
+
+@_typing.final
+class Taint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    EFFECT_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    value: _builtins.str
+    effect: _builtins.str
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        value: _builtins.str = ...,
+        effect: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effect", b"effect", "key", b"key", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Taint: _TypeAlias = Taint  # noqa: Y015
+
+@_typing.final
+class KubernetesNode(_message.Message):
+    """The Kubernetes side of a node, read from the API server when GetNode asks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    SCHEDULABLE_FIELD_NUMBER: _builtins.int
+    TAINTS_FIELD_NUMBER: _builtins.int
+    CORDONED_BY_FIELD_NUMBER: _builtins.int
+    HEALTH_LABEL_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """the cluster has a Node of this name"""
+    error: _builtins.str
+    """why it could not be read"""
+    schedulable: _builtins.bool
+    cordoned_by: _builtins.str
+    """"" (schedulable), "gpufleet" or "other" (someone else's cordon)"""
+    health_label: _builtins.str
+    """gpufleet.io/health: healthy, degraded, unhealthy ("" unset)"""
+    maintenance: _builtins.str
+    """the maintenance mark it carries ("annotation KEY=VALUE"): left alone"""
+    @_builtins.property
+    def taints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Taint]: ...
+    @_builtins.property
+    def drain(self) -> Global___DrainStatus:
+        """the newest drain of the node, running or ended"""
+
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        schedulable: _builtins.bool = ...,
+        taints: _abc.Iterable[Global___Taint] | None = ...,
+        cordoned_by: _builtins.str = ...,
+        health_label: _builtins.str = ...,
+        maintenance: _builtins.str = ...,
+        drain: Global___DrainStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordoned_by", b"cordoned_by", "drain", b"drain", "error", b"error", "found", b"found", "health_label", b"health_label", "maintenance", b"maintenance", "schedulable", b"schedulable", "taints", b"taints"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KubernetesNode: _TypeAlias = KubernetesNode  # noqa: Y015
+
+@_typing.final
 class ListRecommendationsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -529,6 +844,7 @@ class NodeDetail(_message.Message):
     PROBES_FIELD_NUMBER: _builtins.int
     FINDINGS_FIELD_NUMBER: _builtins.int
     BMC_FIELD_NUMBER: _builtins.int
+    KUBERNETES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def summary(self) -> Global___NodeSummary: ...
     @_builtins.property
@@ -553,6 +869,10 @@ class NodeDetail(_message.Message):
     def bmc(self) -> _bmc_pb2.BmcSample:
         """the latest BMC poll, when the agent reads a BMC"""
 
+    @_builtins.property
+    def kubernetes(self) -> Global___KubernetesNode:
+        """set when the controller has a Kubernetes cluster"""
+
     def __init__(
         self,
         *,
@@ -563,10 +883,11 @@ class NodeDetail(_message.Message):
         probes: _abc.Iterable[_telemetry_pb2.ProbeResult] | None = ...,
         findings: _abc.Iterable[_findings_pb2.Finding] | None = ...,
         bmc: _bmc_pb2.BmcSample | None = ...,
+        kubernetes: Global___KubernetesNode | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "hello", b"hello", "host", b"host", "summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "hello", b"hello", "host", b"host", "kubernetes", b"kubernetes", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "findings", b"findings", "gpus", b"gpus", "hello", b"hello", "host", b"host", "probes", b"probes", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bmc", b"bmc", "findings", b"findings", "gpus", b"gpus", "hello", b"hello", "host", b"host", "kubernetes", b"kubernetes", "probes", b"probes", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

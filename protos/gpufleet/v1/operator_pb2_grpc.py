@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class OperatorStub:
-    """Mostly read-only for now; drain and retune arrive in later versions of this service.
+    """Reads, probes on request, tuning and the Kubernetes node actions.
     """
 
     def __init__(self, channel):
@@ -90,10 +90,25 @@ class OperatorStub:
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
                 _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/gpufleet.v1.Operator/Cordon',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.CordonRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/gpufleet.v1.Operator/Uncordon',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.UncordonRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/gpufleet.v1.Operator/Drain',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
-    """Mostly read-only for now; drain and retune arrive in later versions of this service.
+    """Reads, probes on request, tuning and the Kubernetes node actions.
     """
 
     def ListNodes(self, request, context):
@@ -176,7 +191,37 @@ class OperatorServicer:
     def Approve(self, request, context):
         """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
         when it is not `proposed`).
-        later: DrainNode
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cordon(self, request, context):
+        """Kubernetes node actions (controller/kube/). FAILED_PRECONDITION, in one line, when the controller
+        has no cluster configured, the node is under someone else's maintenance (an annotation or label
+        of kubernetes.maintenance) or another action holds it (one mutating action per node at a time);
+        NOT_FOUND when the cluster has no such node. Every request is audited before it acts.
+        Cordon: mark it unschedulable, recording gpufleet in the annotation gpufleet.io/cordoned-by;
+        breaker-counted (RESOURCE_EXHAUSTED when the breaker refuses).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Uncordon: only a node gpufleet cordoned, unless force (someone else's cordon). Recovery: never
+        counted by the breaker, always allowed by it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Drain as `kubectl drain`: cordon, evict every pod through the Eviction API (policy/v1) except
+        DaemonSet-managed and mirror pods, wait for them to go. Pods with emptyDir data or no controller
+        are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
+        With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
+        a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -240,6 +285,21 @@ def add_OperatorServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.SerializeToString,
             ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.CordonRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.UncordonRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'gpufleet.v1.Operator', rpc_method_handlers)
@@ -249,7 +309,7 @@ def add_OperatorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Operator:
-    """Mostly read-only for now; drain and retune arrive in later versions of this service.
+    """Reads, probes on request, tuning and the Kubernetes node actions.
     """
 
     @staticmethod
@@ -539,6 +599,87 @@ class Operator:
             '/gpufleet.v1.Operator/Approve',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.ApproveRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.RetuneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Cordon',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.CordonRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Uncordon',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.UncordonRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Drain',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,7 +27,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class OperatorStub:
-    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
+    """Reads, probes on request, tuning and the Kubernetes node actions."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -67,12 +67,30 @@ class OperatorStub:
     Approve: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ApproveRequest, _operator_pb2.RetuneResponse]
     """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
     when it is not `proposed`).
-    later: DrainNode
+    """
+    Cordon: _grpc.UnaryUnaryMultiCallable[_operator_pb2.CordonRequest, _operator_pb2.NodeActionResponse]
+    """Kubernetes node actions (controller/kube/). FAILED_PRECONDITION, in one line, when the controller
+    has no cluster configured, the node is under someone else's maintenance (an annotation or label
+    of kubernetes.maintenance) or another action holds it (one mutating action per node at a time);
+    NOT_FOUND when the cluster has no such node. Every request is audited before it acts.
+    Cordon: mark it unschedulable, recording gpufleet in the annotation gpufleet.io/cordoned-by;
+    breaker-counted (RESOURCE_EXHAUSTED when the breaker refuses).
+    """
+    Uncordon: _grpc.UnaryUnaryMultiCallable[_operator_pb2.UncordonRequest, _operator_pb2.NodeActionResponse]
+    """Uncordon: only a node gpufleet cordoned, unless force (someone else's cordon). Recovery: never
+    counted by the breaker, always allowed by it.
+    """
+    Drain: _grpc.UnaryUnaryMultiCallable[_operator_pb2.DrainRequest, _operator_pb2.DrainStatus]
+    """Drain as `kubectl drain`: cordon, evict every pod through the Eviction API (policy/v1) except
+    DaemonSet-managed and mirror pods, wait for them to go. Pods with emptyDir data or no controller
+    are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
+    With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
+    a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
     """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
-    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
+    """Reads, probes on request, tuning and the Kubernetes node actions."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListNodes: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]  # type: ignore[assignment]
@@ -109,11 +127,29 @@ class OperatorAsyncStub(OperatorStub):
     Approve: _aio.UnaryUnaryMultiCallable[_operator_pb2.ApproveRequest, _operator_pb2.RetuneResponse]  # type: ignore[assignment]
     """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
     when it is not `proposed`).
-    later: DrainNode
+    """
+    Cordon: _aio.UnaryUnaryMultiCallable[_operator_pb2.CordonRequest, _operator_pb2.NodeActionResponse]  # type: ignore[assignment]
+    """Kubernetes node actions (controller/kube/). FAILED_PRECONDITION, in one line, when the controller
+    has no cluster configured, the node is under someone else's maintenance (an annotation or label
+    of kubernetes.maintenance) or another action holds it (one mutating action per node at a time);
+    NOT_FOUND when the cluster has no such node. Every request is audited before it acts.
+    Cordon: mark it unschedulable, recording gpufleet in the annotation gpufleet.io/cordoned-by;
+    breaker-counted (RESOURCE_EXHAUSTED when the breaker refuses).
+    """
+    Uncordon: _aio.UnaryUnaryMultiCallable[_operator_pb2.UncordonRequest, _operator_pb2.NodeActionResponse]  # type: ignore[assignment]
+    """Uncordon: only a node gpufleet cordoned, unless force (someone else's cordon). Recovery: never
+    counted by the breaker, always allowed by it.
+    """
+    Drain: _aio.UnaryUnaryMultiCallable[_operator_pb2.DrainRequest, _operator_pb2.DrainStatus]  # type: ignore[assignment]
+    """Drain as `kubectl drain`: cordon, evict every pod through the Eviction API (policy/v1) except
+    DaemonSet-managed and mirror pods, wait for them to go. Pods with emptyDir data or no controller
+    are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
+    With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
+    a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
-    """Mostly read-only for now; drain and retune arrive in later versions of this service."""
+    """Reads, probes on request, tuning and the Kubernetes node actions."""
 
     @_abc_1.abstractmethod
     def ListNodes(
@@ -214,7 +250,43 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_operator_pb2.RetuneResponse, _abc.Awaitable[_operator_pb2.RetuneResponse]]:
         """Approve a proposed recommendation: it is applied as Retune would (NOT_FOUND, FAILED_PRECONDITION
         when it is not `proposed`).
-        later: DrainNode
+        """
+
+    @_abc_1.abstractmethod
+    def Cordon(
+        self,
+        request: _operator_pb2.CordonRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.NodeActionResponse, _abc.Awaitable[_operator_pb2.NodeActionResponse]]:
+        """Kubernetes node actions (controller/kube/). FAILED_PRECONDITION, in one line, when the controller
+        has no cluster configured, the node is under someone else's maintenance (an annotation or label
+        of kubernetes.maintenance) or another action holds it (one mutating action per node at a time);
+        NOT_FOUND when the cluster has no such node. Every request is audited before it acts.
+        Cordon: mark it unschedulable, recording gpufleet in the annotation gpufleet.io/cordoned-by;
+        breaker-counted (RESOURCE_EXHAUSTED when the breaker refuses).
+        """
+
+    @_abc_1.abstractmethod
+    def Uncordon(
+        self,
+        request: _operator_pb2.UncordonRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.NodeActionResponse, _abc.Awaitable[_operator_pb2.NodeActionResponse]]:
+        """Uncordon: only a node gpufleet cordoned, unless force (someone else's cordon). Recovery: never
+        counted by the breaker, always allowed by it.
+        """
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _operator_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.DrainStatus, _abc.Awaitable[_operator_pb2.DrainStatus]]:
+        """Drain as `kubectl drain`: cordon, evict every pod through the Eviction API (policy/v1) except
+        DaemonSet-managed and mirror pods, wait for them to go. Pods with emptyDir data or no controller
+        are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
+        With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
+        a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

