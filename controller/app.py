@@ -26,7 +26,9 @@ from controller.fleet.model import Fleet
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
 from controller.kube.cluster import find_cluster
+from controller.kube.policy import DrainPolicy
 from controller.kube.publish import HealthPublisher
+from controller.kube.recovery import Recovery
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.remediate.audit import Auditor
@@ -93,6 +95,16 @@ class ControllerApp:
         )
         self.kube_health = HealthPublisher(config.kubernetes, self.cluster, clock=clock)
         self.tuning.node_guard = self.kube.tuning_blocked  # no retune under a drain or another's cordon
+        # Drain recommendations' drains (kubernetes.policy: auto starts them), and the uncordon of
+        # a node they drained once it is back within fleet normal after a re-probe.
+        self.tuning.drains = DrainPolicy(self.kube, self.tuning, clock)
+        self.recovery = Recovery(
+            self.kube,
+            recs=self.tuning.recs.values,
+            fleet=lambda: self.fleet,
+            active=lambda: self.active.values(),  # noqa: PLW0108 - start() replaces self.active
+            clock=clock,
+        )
 
     async def start(self) -> None:
         await self.store.open()
@@ -162,6 +174,10 @@ class ControllerApp:
             await self.tuning.after_pass()
         except Exception:  # tuning's trouble (a store error) is logged; detection goes on
             log.exception("tuning after the detection pass failed")
+        try:
+            await self.recovery.after_pass()
+        except Exception:  # the uncordon of recovered nodes is tried again next pass
+            log.exception("uncordoning recovered nodes after the detection pass failed")
         self.kube_health.after_pass(self.fleet, list(self.active.values()), self.config.stale_after_seconds)
         return report
 

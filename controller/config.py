@@ -163,8 +163,10 @@ class KubernetesConfig(_Config):
     drain: DrainConfig = msgspec.field(default_factory=DrainConfig)
     maintenance: MaintenanceConfig = msgspec.field(default_factory=MaintenanceConfig)
     taint_unhealthy: bool = False  # taint gpufleet.io/unhealthy:NoSchedule on unhealthy nodes
-    # The drain policy per cause (validated; not acted on yet: drain recommendations follow
-    # tuning.policy, and no policy starts a drain by itself).
+    # The drain policy per cause the cause map drains (controller/kube/policy.py): `off` recommends
+    # no drain, `recommend` proposes one (`gpufleet approve` starts it), `auto` drains by itself
+    # within the breaker's budget (without a cluster: as `recommend`). A node so drained is
+    # uncordoned once back within fleet normal after a re-probe (controller/kube/recovery.py).
     default_policy: str = "recommend"  # for every cause `policy` does not name
     policy: dict[str, str] = msgspec.field(default_factory=dict)  # cause -> off | recommend | auto
 

@@ -20,14 +20,7 @@ __all__ = ["DEFAULT_CONTROLLER", "build_parser", "main"]
 AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli", "probe": "agent.probe_cli"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpufleet",
-        description="GPU fleet telemetry: find the slow node, say why.",
-    )
-    parser.add_argument("--version", action="version", version=f"gpufleet {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="run a simulated fleet and a controller on this machine")
     demo.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
     demo.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -45,6 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
         "fixable faults are injected first and the run ends once every fault has its outcome "
         "(default off)",
     )
+    demo.add_argument(
+        "--kubernetes",
+        choices=("off", "fake"),
+        default="off",
+        help="fake: the nodes are a Kubernetes cluster (gpufleet's fake API server): a node with a "
+        "hardware fault is cordoned, drained, repaired, re-probed and uncordoned (implies --tuning "
+        "auto unless given)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="GPU fleet telemetry: find the slow node, say why.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    _demo_parser(sub)
 
     ctl = sub.add_parser("controller", help="run the controller")
     ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
@@ -280,9 +292,10 @@ def _add_tuning_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
     approve = sub.add_parser(
         "approve",
-        help="approve a proposed recommendation: it is applied as retune would",
+        help="approve a proposed recommendation: it is applied as retune would (a drain: started)",
         description="Approve a proposed recommendation (see gpufleet recommendations): it is applied "
-        "now, as gpufleet retune would apply its changes. Exit status as for retune.",
+        "now, as gpufleet retune would apply its changes; a drain recommendation starts the drain "
+        "(waiting for its outcome: exit 0 drained). Exit status as for retune.",
     )
     approve.add_argument("id", metavar="REC_ID", help="the recommendation's id")
     approve.add_argument("--reason", default="", metavar="TEXT", help="why (audited)")

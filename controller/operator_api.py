@@ -311,7 +311,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             command_id=record.id,
             audit_id=started.audit_id,
             recommendation_id="" if started.recommendation is None else started.recommendation.id,
-            done=record.result is not None,
+            # A drain recommendation's answer is its drain (no agent result): done when it ended.
+            done=record.result is not None or (record.kind == "drain" and not record.open),
             error=record.error,
         )
         if record.result is not None and record.result.HasField("apply_profile"):

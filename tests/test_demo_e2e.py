@@ -169,3 +169,31 @@ def test_demo_tuning_auto_fixes_the_fixable_faults_and_recommends_drain_for_the_
     assert summary["precision"] == 1.0 and summary["recall"] == 1.0
     assert summary["elapsed_s"] < 200  # it ended when every fault had its outcome
     assert leftovers(tmp_path) == []
+
+
+def test_demo_kubernetes_fake_drains_repairs_and_returns_a_broken_node(tmp_path: Path) -> None:
+    """A hardware fault on a Kubernetes node: cordoned and drained by the policy, repaired by the
+    demo, re-probed and uncordoned; the fixable faults are retuned online, without a drain."""
+    args = ("--nodes", "6", "--gpus-per-node", "4", "--faults", "3", "--kubernetes", "fake", "--seed", "5")
+    result = subprocess.run(
+        demo_command(*args, "--json"),
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=demo_env(tmp_path),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(result.stdout)
+    outcomes = {i["fault"]: i["outcome"] for i in summary["injected"]}
+    assert {f: o for f, o in outcomes.items() if f in ("power_cap", "clocks_locked_low")} == {
+        "power_cap": "fixed",
+        "clocks_locked_low": "fixed",
+    }
+    [life] = summary["kubernetes"]  # the one hardware fault
+    assert life["fault"] not in ("power_cap", "clocks_locked_low")
+    steps = life["steps"]
+    assert list(steps) == ["cordoned", "drained", "repaired", "uncordoned"], (steps, result.stderr[-3000:])
+    assert steps["cordoned"] <= steps["drained"] <= steps["repaired"] <= steps["uncordoned"]
+    assert summary["elapsed_s"] < 250
+    assert leftovers(tmp_path) == []

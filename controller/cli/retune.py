@@ -84,6 +84,10 @@ def _show(what: str, resp: operator_pb2.RetuneResponse, output: str, wait: bool)
         if not wait:
             print(f"{what}: command {resp.command_id} sent (audit {resp.audit_id})")
         return
+    if not resp.HasField("result"):  # a drain recommendation: the drain's outcome
+        outcome = resp.error or "drained"
+        show(Text(f"{what}: {outcome} (drain {resp.command_id})", "red" if resp.error else "green"))
+        return
     result = resp.result
     headline = Text(
         f"{what}: {result.state} (command {resp.command_id})", STATE_STYLE.get(result.state, "red")
@@ -118,6 +122,10 @@ def _call(target: str, message: Any, *, rpc: str, what: str, output: str, wait: 
         why = resp.error or f"no answer within {timeout:.0f}s"
         print(f"gpufleet {command}: {what}: {why} (command {resp.command_id})", file=sys.stderr)
         return 1
+    if not resp.HasField("result"):  # a drain: its error says how it ended other than drained
+        if resp.error:
+            print(f"gpufleet {command}: {what}: {resp.error}", file=sys.stderr)
+        return 1 if resp.error else 0
     if resp.result.state not in OK_STATES:
         print(f"gpufleet {command}: {what}: {resp.error or resp.result.state}", file=sys.stderr)
         return 1

@@ -26,7 +26,9 @@ import yaml
 from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import show
 from controller.cli.tables import findings_table
+from controller.demo.agents import Agents
 from controller.demo.catalogue import agent_faults, detectable
+from controller.demo.kube import DemoCluster, NodeLife
 from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
@@ -40,15 +42,12 @@ log = logging.getLogger("gpufleet.demo")
 
 # Faster than production so a short demo sees everything: 1 s samples, 1 s detection passes, and
 # 5 s to call throttling "held" (production: 10 s, 10 s, 60 s).
-AGENT_INTERVAL_SECONDS = 1.0
 DETECT_INTERVAL_SECONDS = 1.0
 THROTTLE_WINDOW_SECONDS = 5.0
 START_TIMEOUT_SECONDS = 60.0
-# Jobs stop for 4 s every 12 s on each node (its own phase), and the scheduler probes idle GPUs
-# every 8 s, looking every second, up to 30% of the nodes at once (production: 30 min, 10 s, 10%),
-# so scheduled rounds show within a minute. A round reaches the demo through GetNode's results.
-IDLE_EVERY_SECONDS = 12.0
-IDLE_SECONDS = 4.0
+# The scheduler probes idle GPUs (controller/demo/agents.py: jobs pause 4 s in 12) every 8 s,
+# looking every second, up to 30% of the nodes at once (production: 30 min, 10 s, 10%), so
+# scheduled rounds show within a minute. A round reaches the demo through GetNode's results.
 PROBE_INTERVAL_SECONDS = 8.0
 PROBE_CHECK_SECONDS = 1.0
 PROBE_FLEET_SHARE = 0.3
@@ -67,7 +66,7 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def _start_controller(tmp: Path, tuning: str) -> tuple[Child, str]:
+def _start_controller(tmp: Path, tuning: str, cluster: DemoCluster | None) -> tuple[Child, str]:
     settings: dict[str, Any] = {}
     if tuning != "off":
         settings["tuning"] = {"default_policy": tuning}
@@ -79,7 +78,8 @@ def _start_controller(tmp: Path, tuning: str) -> tuple[Child, str]:
             **settings,
             "listen": "127.0.0.1:0",
             "metrics_address": None,  # a demo binds nothing beyond loopback gRPC
-            "kubernetes": {"enabled": False},  # never the cluster $KUBECONFIG points at
+            # The demo's own fake cluster, or none (never the one $KUBECONFIG points at).
+            "kubernetes": cluster.controller_config() if cluster else {"enabled": False},
             "db": str(tmp / "gpufleet.db"),
             "stale_after_seconds": 10,
             "detect": {
@@ -103,55 +103,6 @@ def _start_controller(tmp: Path, tuning: str) -> tuple[Child, str]:
             raise DemoError(f"the controller did not start:\n{child.log_tail()}")
         time.sleep(0.05)
     return child, str(json.loads(ready.read_text())["address"])
-
-
-def _start_agents(
-    tmp: Path,
-    address: str,
-    names: list[str],
-    *,
-    gpus: int,
-    injected: list[Injected],
-    seed: int,
-    tuning: bool,
-) -> list[Child]:
-    children = []
-    for name in names:
-        # A GPU fault on its GPU; a host, network or BMC one where the agent's simulator picks.
-        faults = [
-            {"fault": i.fault} if i.gpu is None else {"fault": i.fault, "gpu": i.gpu}
-            for i in injected
-            if i.node == name
-        ]
-        stream: dict[str, Any] = {
-            "controller": address,
-            "backoff_initial_seconds": 0.2,
-            "backoff_max_seconds": 2.0,
-        }
-        extra: dict[str, Any] = {}
-        if tuning:  # tuning keeps its journal and the command memory on disk
-            stream["spool_dir"] = str(tmp / f"{name}.spool")
-            extra["tuning"] = {"enabled": True}
-        config = _write_yaml(
-            tmp / f"{name}.yaml",
-            {
-                **extra,
-                "node": name,
-                "source": "sim",
-                "interval_seconds": AGENT_INTERVAL_SECONDS,
-                "sim": {
-                    "gpus": gpus,
-                    "seed": seed,
-                    "faults": faults,
-                    "idle_every_seconds": IDLE_EVERY_SECONDS,
-                    "idle_seconds": IDLE_SECONDS,
-                },
-                "stream": stream,
-                "metrics": {"address": None},  # many agents on one machine: no /metrics ports
-            },
-        )
-        children.append(spawn(name, ["agent", "--config", str(config)], tmp))
-    return children
 
 
 def _poll(
@@ -183,14 +134,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise DemoError("--seconds must be > 0")
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    started = time.monotonic()
-    if args.seed is None:  # a new fleet each run; the seed is printed, so any run can be repeated
-        args.seed = random.SystemRandom().randrange(1_000_000)
-    log.info("seed %d (repeat this run with --seed %d)", args.seed, args.seed)
+def _plan(args: argparse.Namespace) -> int | tuple[list[str], list[str], list[Injected]]:
+    """(node names, the fixable fault kinds, the faults to inject), or the exit status after
+    saying in one line why not."""
     try:
         _validate(args)
         names = node_names(args.nodes)
@@ -207,10 +153,29 @@ def run_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 2
+    return names, fixable_faults, injected
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    started = time.monotonic()
+    if args.seed is None:  # a new fleet each run; the seed is printed, so any run can be repeated
+        args.seed = random.SystemRandom().randrange(1_000_000)
+    log.info("seed %d (repeat this run with --seed %d)", args.seed, args.seed)
+    if args.kubernetes == "fake" and args.tuning == "off":
+        args.tuning = "auto"  # drains and retunes both follow the controller's policy
+    planned = _plan(args)
+    if isinstance(planned, int):
+        return planned
+    names, fixable_faults, injected = planned
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
     rounds = ProbeRounds()
+    cluster: DemoCluster | None = None
+    agents: Agents | None = None
     try:
         with tempfile.TemporaryDirectory(prefix="gpufleet-demo-") as tmpdir:
             tmp = Path(tmpdir)
@@ -221,19 +186,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 for inj in injected:
                     where = "" if inj.gpu is None else f" gpu {inj.gpu}"
                     log.info("injecting %s on %s%s", inj.fault, inj.node, where)
-                controller, address = _start_controller(tmp, args.tuning)
+                if args.kubernetes == "fake":
+                    cluster = DemoCluster(tmp, names, args.gpus_per_node)
+                    log.info("a fake Kubernetes cluster of %d nodes at %s", len(names), cluster.server.url)
+                controller, address = _start_controller(tmp, args.tuning, cluster)
                 children.append(controller)
                 log.info("controller listening on %s (try: gpufleet nodes --controller %s)", address, address)
-                agents = _start_agents(
-                    tmp,
-                    address,
-                    names,
-                    gpus=args.gpus_per_node,
-                    injected=injected,
-                    seed=args.seed,
-                    tuning=args.tuning != "off",
-                )
-                children.extend(agents)
+                agents = Agents(tmp, address, args.gpus_per_node, args.seed, tuning=args.tuning != "off")
+                agents.start(names, injected)
                 watched = _watch(
                     args,
                     address,
@@ -248,8 +208,12 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"gpufleet demo: {exc}", file=sys.stderr)
                 return 1
             finally:
+                if agents is not None:
+                    children.extend(agents.retired + list(agents.children.values()))
                 stop_all([c for c in children if c.name != "controller"])
                 stop_all([c for c in children if c.name == "controller"])
+                if cluster is not None:
+                    cluster.stop()
             failed = [c for c in children if c.process.returncode not in (0, -signal.SIGTERM)]
             for child in failed:
                 log.error("%s exited with %s:\n%s", child.name, child.process.returncode, child.log_tail())
@@ -266,7 +230,7 @@ def _watch(
     *,
     started: float,
     stop: threading.Event,
-    agents: list[Child],
+    agents: Agents,
     rounds: ProbeRounds,
     fixable_faults: list[str],
 ) -> Watched:
@@ -274,6 +238,8 @@ def _watch(
     nodes: list[operator_pb2.NodeSummary] = []
     findings: list[findings_pb2.Finding] = []
     watched = Watched()
+    if args.kubernetes == "fake":  # the nodes a drain takes out: followed until back in service
+        watched.lives = [NodeLife(i.node, i.fault) for i in injected if i.fault not in fixable_faults]
     tuning = args.tuning != "off"
     limit = args.seconds if args.seconds is not None or not tuning else TUNING_MAX_SECONDS
     with grpc.insecure_channel(address) as channel:
@@ -295,13 +261,15 @@ def _watch(
                     watched.see(findings)
                     if tuning:
                         watched.recommendations = _recommendations(stub)
+                    _follow(stub, watched.lives, agents, elapsed)
                 except grpc.RpcError as exc:
                     raise DemoError(f"the controller stopped answering: {exc.code().name}") from exc
-                if tuning and settled(injected, watched.recommendations, findings, fixable_faults):
+                if tuning and watched.settled(injected, findings, fixable_faults):
                     log.info("%.0fs: every injected fault has its outcome", elapsed)
                     break
-                if all(a.process.poll() is not None for a in agents):
-                    raise DemoError("every agent process has exited:\n" + agents[0].log_tail())
+                running = list(agents.children.values())
+                if all(a.process.poll() is not None for a in running):
+                    raise DemoError("every agent process has exited:\n" + running[0].log_tail())
                 if elapsed - last_rounds >= ROUNDS_POLL_SECONDS:
                     last_rounds = elapsed
                     _observe_rounds(stub, nodes, rounds)
@@ -320,22 +288,9 @@ def _watch(
                     )
                 elif elapsed - last_line >= 5.0:
                     last_line = elapsed
-                    connected = sum(1 for n in nodes if n.connected)
-                    log.info(
-                        "%.0fs: %d/%d agents connected, %d findings, %d probe rounds (%d scheduled)",
-                        elapsed,
-                        connected,
-                        args.nodes,
-                        len(findings),
-                        rounds.total,
-                        rounds.later,
-                    )
+                    _progress(elapsed, nodes, findings, rounds, args.nodes)
                 stop.wait(1.0)
-            watched.findings = _poll(stub)[1]
-            watched.see(watched.findings)
-            if tuning:
-                watched.recommendations = _recommendations(stub)
-            return watched
+            return _last_look(stub, watched, tuning=tuning)
         finally:
             if live is not None:
                 live.stop()
@@ -349,10 +304,70 @@ class Watched:
     findings: list[findings_pb2.Finding] = field(default_factory=list)
     seen: dict[tuple[str, int | None, int], findings_pb2.Finding] = field(default_factory=dict)
     recommendations: list[operator_pb2.Recommendation] = field(default_factory=list)
+    lives: list[NodeLife] = field(default_factory=list)  # --kubernetes fake: drained nodes' steps
+
+    def settled(
+        self, injected: list[Injected], findings: list[findings_pb2.Finding], fixable_faults: list[str]
+    ) -> bool:
+        """Every injected fault has its outcome, and every drained node is back in service."""
+        done = settled(injected, self.recommendations, findings, fixable_faults)
+        return done and all(life.done for life in self.lives)
 
     def see(self, findings: list[findings_pb2.Finding]) -> None:
         for f in findings:
             self.seen[(f.node, f.gpu if f.HasField("gpu") else None, f.cause)] = f
+
+
+def _last_look(stub: operator_pb2_grpc.OperatorStub, watched: Watched, *, tuning: bool) -> Watched:
+    """The findings (and recommendations) as the run ends."""
+    watched.findings = _poll(stub)[1]
+    watched.see(watched.findings)
+    if tuning:
+        watched.recommendations = _recommendations(stub)
+    return watched
+
+
+def _progress(
+    elapsed: float,
+    nodes: list[operator_pb2.NodeSummary],
+    findings: list[findings_pb2.Finding],
+    rounds: ProbeRounds,
+    expected: int,
+) -> None:
+    log.info(
+        "%.0fs: %d/%d agents connected, %d findings, %d probe rounds (%d scheduled)",
+        elapsed,
+        sum(1 for n in nodes if n.connected),
+        expected,
+        len(findings),
+        rounds.total,
+        rounds.later,
+    )
+
+
+def _follow(
+    stub: operator_pb2_grpc.OperatorStub, lives: list[NodeLife], agents: Agents, elapsed: float
+) -> None:
+    """Note each drained node's Kubernetes steps; repair (restart without its fault) one drained."""
+    for life in lives:
+        if life.done:
+            continue
+        try:
+            detail = stub.GetNode(operator_pb2.GetNodeRequest(name=life.node), timeout=5)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # its agent has not said hello yet
+                continue
+            raise
+        life.observe(detail.kubernetes, elapsed)
+        if life.needs_repair:
+            log.info(
+                "%.0fs: %s drained: repairing it (its agent restarts without %s)",
+                elapsed,
+                life.node,
+                life.fault,
+            )
+            agents.repair(life.node)
+            life.saw("repaired", elapsed)
 
 
 def _recommendations(stub: operator_pb2_grpc.OperatorStub) -> list[operator_pb2.Recommendation]:
@@ -401,6 +416,8 @@ def _report(
         }
         if tuning:
             body["tuning"] = summary(injected, recs, final)
+        if args.kubernetes == "fake":
+            body["kubernetes"] = [life.as_dict() for life in watched.lives]
         print(json.dumps(body, sort_keys=False))
         return 0
     from rich.console import Console
@@ -413,6 +430,11 @@ def _report(
         f"precision {precision:.2f}, recall {recall:.2f}, {elapsed:.1f}s; "
         f"{rounds.total} probe rounds, {rounds.later} of them scheduled"
     )
+    for life in watched.lives:
+        console.print(
+            f"{life.node} ({life.fault}): "
+            + ", ".join(f"{step} at {at:.0f}s" for step, at in life.as_dict()["steps"].items())
+        )
     if tuning:
         t = summary(injected, recs, final)
         console.print(

@@ -8,6 +8,8 @@ For each node and cause the policy does not turn off:
   node's peer group is set to that majority's value (pending until the next reboot).
 - `recommend_firmware`: the fleet majority's (or a pinned) version per component; never applied.
 - `drain` / `investigate`: no setting fixes the cause; the recommendation says so, changes nothing.
+  A drain's policy is the Kubernetes one (`kubernetes.policy`, Knowledge.drain_policy): an `auto`
+  drain is started by the controller (controller/kube/policy.py), a `recommend` one by `approve`.
 
 Each change is exact, with the setting's current value from the node's latest readings
 (changes.py); the verification bars the agent's re-probe must clear come from the node's peers
@@ -83,8 +85,17 @@ class Knowledge:
 
     causes: dict[str, CauseEntry]
     catalogue: dict[str, Entry]
-    policy: Callable[[str], str]  # cause -> off | recommend | auto
+    policy: Callable[[str], str]  # cause -> off | recommend | auto (tuning.policy)
     detect: DetectConfig  # margin and min_peers: the verification bars' normal
+    drain_policy: Callable[[str], str] | None = None  # the same for drain causes (kubernetes.policy)
+
+    def mode(self, cause: str) -> str:
+        """off, recommend or auto for `cause`: the drain policy for a cause the map drains (when
+        there is one), the tuning policy for every other."""
+        entry = self.causes.get(cause)
+        if entry is not None and entry.action == "drain" and self.drain_policy is not None:
+            return self.drain_policy(cause)
+        return self.policy(cause)
 
 
 def propose(findings: Iterable[StoredFinding], fleet: Fleet, know: Knowledge) -> list[Proposal]:
@@ -100,7 +111,7 @@ def propose_for(
 ) -> list[Proposal]:
     """The proposals for one node's findings of one cause (one per fix profile); none when the
     policy is off for the cause, the cause map has no entry or the node is unknown."""
-    mode, entry, node = know.policy(cause), know.causes.get(cause), fleet.nodes.get(node_name)
+    mode, entry, node = know.mode(cause), know.causes.get(cause), fleet.nodes.get(node_name)
     if mode == "off" or entry is None or node is None or not found:
         return []
     ids = [s.id for s in found]

@@ -10,6 +10,9 @@ safely when the policy or an operator says so, and their outcome recorded.
 - An approved row, or an operator's `approve` or `retune` (operator_requests.py), is applied
   through the breaker on the command channel (applying.py); the agent's answer settles the row
   (outcomes.py).
+- A drain row (a cause no setting fixes) follows the Kubernetes policy: `auto` approves it and
+  `drains.after_pass` (controller/kube/policy.py) starts the drain when the node is free and the
+  breaker has budget, the row following the drain; without a cluster it stays proposed, saying so.
 - Every state is in the store: a restarted controller takes up the rows still applying (their
   commands are re-sent by the channel, or their stored outcome is recorded now).
 """
@@ -29,7 +32,7 @@ from controller.fleet.model import Fleet
 from controller.profiles import ProfileError, load_catalogue, load_cause_map
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
-from controller.remediate.operator_requests import OperatorRequests
+from controller.remediate.operator_requests import NO_CLUSTER, OperatorRequests
 from controller.remediate.recommend import Knowledge, Proposal, group_findings, profiles_for, propose_for
 from controller.store.audit import AuditEntry
 from controller.store.recommendations import Recommendation
@@ -61,7 +64,7 @@ class Tuner(OperatorRequests):
             causes = load_cause_map()
         except ProfileError as exc:
             raise ConfigError(f"tuning: {exc}") from exc
-        self.know = Knowledge(causes, catalogue, config.tuning.mode, config.detect)
+        self.know = Knowledge(causes, catalogue, config.tuning.mode, config.detect, config.kubernetes.mode)
         self.store = store
         self._fleet = fleet  # the app replaces its Fleet when it loads the store: always ask
         self._active = active
@@ -74,6 +77,7 @@ class Tuner(OperatorRequests):
         self._dry_runs: dict[str, AuditEntry] = {}  # dry-run command id -> its audit entry
         self._starting: set[str] = set()  # nodes an apply is being started on
         self.node_guard = None  # the app sets the Kubernetes side's check
+        self.drains = None  # the app sets the Kubernetes side's drains (none: no drain is started)
         self._recorded: dict[str, asyncio.Event] = {}  # command id -> set once its outcome is stored
         self._tasks: set[asyncio.Task[None]] = set()
         channel.listeners.append(self._finished)
@@ -84,7 +88,7 @@ class Tuner(OperatorRequests):
             self.recs[rec.id] = rec
             if rec.command_id:
                 self._by_command[rec.command_id] = rec.id
-        for rec in [r for r in self.recs.values() if r.state == "applying"]:
+        for rec in [r for r in self.recs.values() if r.state == "applying" and r.action in APPLIED_ACTIONS]:
             record = self.channel.get(rec.command_id)
             if record is not None and record.open:
                 continue  # sent again on the node's next stream; its answer settles the row
@@ -101,6 +105,8 @@ class Tuner(OperatorRequests):
         await self._reconcile()
         await self._apply_approved()
         await self._late_answers()
+        if self.drains is not None:  # drain rows: started (auto) and kept in step with their drains
+            await self.drains.after_pass()
 
     async def _reconcile(self) -> None:
         now = self.clock()
@@ -109,7 +115,7 @@ class Tuner(OperatorRequests):
         for rec in list(self.recs.values()):
             if rec.cause and rec.state in ("proposed", "approved"):
                 cleared = not set(rec.finding_ids) & active_ids
-                if cleared or self.know.policy(rec.cause) == "off":
+                if cleared or self.know.mode(rec.cause) == "off":
                     del self.recs[rec.id]
                     await self.store.delete_recommendation(rec.id)
                     why = "its findings cleared" if cleared else "the policy is off for its cause"
@@ -117,7 +123,7 @@ class Tuner(OperatorRequests):
         fleet = self._fleet()
         for (node, cause), found in group_findings(active).items():
             entry = self.know.causes.get(cause)
-            if entry is None or self.know.policy(cause) == "off":
+            if entry is None or self.know.mode(cause) == "off":
                 continue
             for profile in profiles_for(entry):
                 rows = [
@@ -139,6 +145,11 @@ class Tuner(OperatorRequests):
         detail = p.detail
         if p.policy == "auto" and applied and not auto:
             detail = _join(detail, "needs an approval: it takes effect at the next reboot, never automatic")
+        if p.policy == "auto" and p.action == "drain":
+            no_cluster = NO_CLUSTER if self.drains is None else self.drains.unavailable()
+            auto = not no_cluster
+            if no_cluster:
+                detail = _join(detail, f"not drained automatically: {no_cluster}")
         state, requester = ("approved", "policy") if auto else ("proposed", "")
         fields = {
             "action": p.action,
@@ -185,7 +196,8 @@ class Tuner(OperatorRequests):
         await self.store.save_recommendation(rec)
 
     async def _apply_approved(self) -> None:
-        for rec in sorted((r for r in self.recs.values() if r.state == "approved"), key=lambda r: r.created):
+        approved = (r for r in self.recs.values() if r.state == "approved" and r.action in APPLIED_ACTIONS)
+        for rec in sorted(approved, key=lambda r: r.created):
             why = self._not_now(rec.node) or await self._held(rec.node)
             if not why:
                 try:

@@ -50,13 +50,13 @@ def test_parse_reads_the_json_shape() -> None:
 
 
 def test_the_text_summary_starts_with_the_seed(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(json=False, nodes=2, gpus_per_node=1, seed=4242, tuning="off")
+    args = argparse.Namespace(json=False, nodes=2, gpus_per_node=1, seed=4242, tuning="off", kubernetes="off")
     assert _report(args, [], Watched(), ProbeRounds(), 1.0) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first == "gpufleet demo: seed 4242 (repeat this run with --seed 4242)"
 
 
 def test_the_json_summary_carries_the_seed(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(json=True, nodes=2, gpus_per_node=1, seed=77, tuning="off")
+    args = argparse.Namespace(json=True, nodes=2, gpus_per_node=1, seed=77, tuning="off", kubernetes="off")
     assert _report(args, [], Watched(), ProbeRounds(), 1.0) == 0
     assert json.loads(capsys.readouterr().out)["seed"] == 77
