@@ -25,8 +25,6 @@ from controller.kube.actions import KubeActions
 from controller.kube.api import ApiError
 from controller.kube.cluster import NO_CLUSTER
 from controller.remediate.applying import BreakerRefused, Started
-from controller.remediate.breaker import FLEET
-from controller.remediate.guard import Breaker
 from controller.remediate.retune import Tuner
 from controller.store.commands import CommandRecord
 from controller.store.drains import RUNNING, DrainRecord
@@ -117,7 +115,7 @@ class DrainPolicy:
             return f"node {node} is under someone else's maintenance ({mark})"
         if nodes.cordoned_by(obj) == "other":
             return f"node {node} is cordoned by someone else"
-        return breaker_wait(self.kube.breaker, node)
+        return self.kube.breaker.wait_reason(node)
 
     async def _follow(self, rec: Recommendation) -> None:
         record = await self._drain_of(rec)
@@ -150,20 +148,6 @@ class DrainPolicy:
         rec.state, rec.detail, rec.updated = state, detail, self.clock()
         self.tuner.recs[rec.id] = rec
         await self.tuner.store.save_recommendation(rec)
-
-
-def breaker_wait(breaker: Breaker, node: str) -> str:
-    """Why an automatic action on `node` would trip the breaker now ("" if it fits): the breaker
-    is tripped, or the node does not fit in its window (as an automatic apply waits)."""
-    status = breaker.status()
-    if status.state.tripped:
-        return f"the breaker is tripped ({status.state.why})"
-    group = breaker.group_of(node)
-    for usage in status.usage:
-        if usage.scope in (FLEET, group) and node not in usage.nodes and usage.used >= usage.limit:
-            where = "fleet-wide" if usage.scope == FLEET else f"in peer group {usage.scope}"
-            return f"the breaker's budget: {usage.used} of {usage.limit} nodes in action {where}"
-    return ""
 
 
 def as_command(record: DrainRecord) -> CommandRecord:

@@ -25,7 +25,6 @@ from controller.commands.channel import CommandChannel
 from controller.errors import ControllerError, FailedPrecondition, NotFound
 from controller.fleet.model import Fleet, NodeState
 from controller.remediate.bars import verify_bars
-from controller.remediate.breaker import FLEET
 from controller.remediate.outcomes import KIND, Outcomes
 from controller.remediate.recommend import Knowledge
 from controller.store.commands import CommandRecord
@@ -104,15 +103,7 @@ class Applying(Outcomes):
             self._check(node, dry_run=False)
         except ControllerError as exc:
             return str(exc)
-        status = self.breaker.status()
-        if status.state.tripped:
-            return f"the breaker is tripped ({status.state.why})"
-        group = self.breaker.group_of(node)
-        for usage in status.usage:
-            if usage.scope in (FLEET, group) and node not in usage.nodes and usage.used >= usage.limit:
-                where = "fleet-wide" if usage.scope == FLEET else f"in peer group {usage.scope}"
-                return f"the breaker's budget: {usage.used} of {usage.limit} nodes in action {where}"
-        return ""
+        return self.breaker.wait_reason(node)
 
     async def _start(
         self, rec: Recommendation, requester: str, reason: str, *, stored: bool = True

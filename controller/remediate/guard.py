@@ -139,3 +139,20 @@ class Breaker:
         now = self.clock()
         state = breaker.slide(self.state, now, self.limits)
         return Status(state, self.limits, breaker.usage(state, now, self.limits, group_sizes(self.fleet())))
+
+    def wait_reason(self, node: str) -> str:
+        """Why an automatic action on `node` would be refused now ("" if it fits): the breaker is
+        tripped, or the node does not fit in its window. Automatic actions wait rather than trip it."""
+        status = self.status()
+        if status.state.tripped:
+            return f"the breaker is tripped ({status.state.why})"
+        group = self.group_of(node)
+        for usage in status.usage:
+            if (
+                usage.scope in (breaker.FLEET, group)
+                and node not in usage.nodes
+                and usage.used >= usage.limit
+            ):
+                where = "fleet-wide" if usage.scope == breaker.FLEET else f"in peer group {usage.scope}"
+                return f"the breaker's budget: {usage.used} of {usage.limit} nodes in action {where}"
+        return ""
