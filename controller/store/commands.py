@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from controller.store.rows import newest_rows
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 OPEN_STATES = ("pending", "sent", "running")
@@ -87,14 +88,7 @@ def _record(row: tuple[object, ...]) -> CommandRecord:
 
 def list_commands(conn: sqlite3.Connection, node: str, limit: int) -> list[CommandRecord]:
     """Newest first, optionally one node's."""
-    sql = f"SELECT {COLUMNS} FROM commands"
-    args: list[object] = []
-    if node:
-        sql += " WHERE node = ?"
-        args.append(node)
-    sql += " ORDER BY created DESC, id LIMIT ?"
-    args.append(limit)
-    return [_record(row) for row in conn.execute(sql, args)]
+    return [_record(row) for row in newest_rows(conn, "commands", COLUMNS, "created", node=node, limit=limit)]
 
 
 def open_commands(conn: sqlite3.Connection) -> list[CommandRecord]:

@@ -13,6 +13,8 @@ import sqlite3
 
 import msgspec
 
+from controller.store.rows import newest_rows
+
 RUNNING = "running"
 OUTCOMES = ("drained", "blocked", "timed_out", "failed")
 STATES = (RUNNING, *OUTCOMES)
@@ -88,14 +90,7 @@ def save(conn: sqlite3.Connection, row: Row) -> None:
 
 def list_rows(conn: sqlite3.Connection, node: str, limit: int) -> list[DrainRecord]:
     """Newest first, optionally one node's."""
-    sql = f"SELECT {COLUMNS} FROM drains"
-    args: list[object] = []
-    if node:
-        sql += " WHERE node = ?"
-        args.append(node)
-    sql += " ORDER BY started DESC, id LIMIT ?"
-    args.append(limit)
-    return [_record(row) for row in conn.execute(sql, args)]
+    return [_record(row) for row in newest_rows(conn, "drains", COLUMNS, "started", node=node, limit=limit)]
 
 
 def load_running(conn: sqlite3.Connection) -> list[DrainRecord]:

@@ -14,6 +14,7 @@ import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controller.store.rows import newest_rows
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 OPEN_STATES = ("proposed", "approved", "applying")
@@ -127,14 +128,10 @@ def delete(conn: sqlite3.Connection, rec_id: str) -> None:
 
 def list_rows(conn: sqlite3.Connection, node: str, limit: int) -> list[Recommendation]:
     """Newest first, optionally one node's."""
-    sql = f"SELECT {COLUMNS} FROM recommendations"
-    args: list[object] = []
-    if node:
-        sql += " WHERE node = ?"
-        args.append(node)
-    sql += " ORDER BY created DESC, id LIMIT ?"
-    args.append(limit)
-    return [from_row(row) for row in conn.execute(sql, args)]
+    return [
+        from_row(row)
+        for row in newest_rows(conn, "recommendations", COLUMNS, "created", node=node, limit=limit)
+    ]
 
 
 def load_all(conn: sqlite3.Connection) -> list[Recommendation]:
