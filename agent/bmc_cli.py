@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         def progress(step: str) -> None:
             print(f"\r\033[Kreading {step} ...", end="", file=sys.stderr, flush=True)
 
-    bmc = RedfishBmc(ep, log_entries=cfg.log_entries, progress=progress)
+    bmc = RedfishBmc(
+        ep, log_entries=cfg.log_entries, progress=progress, poll_timeout_seconds=cfg.poll_timeout_seconds
+    )
     try:
         sample = bmc.poll()
     finally:

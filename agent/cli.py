@@ -24,6 +24,7 @@ from agent.sources.gpu import Inventory
 from agent.sources.sim.faults import FaultSpec
 from agent.sources.sim.faults.listing import fault_list
 from protos.gpufleet.v1 import telemetry_pb2
+from protos.logsafe import configure_logging
 from protos.names import clock_event_reason_names, enum_name
 
 log = logging.getLogger("gpufleet.agent")
@@ -39,6 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--node", help="node name (default: config, else the host name)")
     parser.add_argument("--controller", metavar="HOST:PORT", help="controller to stream to (default: none)")
+    parser.add_argument(
+        "--tls-ca", metavar="FILE", help="PEM CA that signed the controller's certificate (mutual TLS)"
+    )
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="PEM certificate of this node (its name as a DNS subjectAltName)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext stream to a non-loopback controller: not encrypted, any node can pose as this one",
+    )
     parser.add_argument("--config", metavar="FILE", help="YAML config file")
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 10)")
     parser.add_argument("--spool-dir", metavar="DIR", help="keep unacked frames here across restarts")
@@ -76,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics here (default 0.0.0.0:9400; none: no server)",
     )
     parser.add_argument(
+        "--metrics-web-config",
+        metavar="FILE",
+        help="Prometheus web-config file (exporter-toolkit format: TLS, basic auth) for /metrics",
+    )
+    parser.add_argument(
         "--dcgm-compat",
         action="store_true",
         help="also serve dcgm-exporter's DCGM_FI_* metrics (names, types, labels) on /metrics",
@@ -100,6 +118,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         stream["controller"] = args.controller
     if args.spool_dir:
         stream["spool_dir"] = args.spool_dir
+    for flag in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, flag):
+            stream[flag] = getattr(args, flag)
+    if args.insecure:
+        stream["insecure"] = True
     if stream:
         out["stream"] = stream
     metrics: dict[str, Any] = {}
@@ -107,6 +130,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         metrics["address"] = None if args.metrics_address.strip().lower() == "none" else args.metrics_address
     if args.dcgm_compat:
         metrics["dcgm_compat"] = True
+    if args.metrics_web_config:
+        metrics["web_config"] = args.metrics_web_config
     if metrics:
         out["metrics"] = metrics
     if args.bmc_url:
@@ -171,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(config.log_level)  # node text escaped, repeated lines rate-limited (protos/logsafe.py)
     try:
         gpu, host, probes = build_sources(config)
     except (SourceError, ValueError) as exc:

@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from agent.sources.sim.faults import FaultSpec
+from protos.transport import is_loopback
 
 
 class ConfigError(Exception):
@@ -75,10 +76,35 @@ class StreamConfig(_Config):
     spool_max_frames: int = 8640  # a day of frames at the default 10 s interval
     backoff_initial_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
+    # Mutual TLS to the controller (--tls-ca, --tls-cert, --tls-key): the controller's CA, and this
+    # node's certificate (its node name in a DNS SAN) and key. Re-read at each connection; a change
+    # of the files makes the agent reconnect with them.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Plaintext to a non-loopback controller, explicitly chosen (--insecure). Plaintext to a loopback
+    # address is allowed without it, with a warning.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.controller is not None:
             check_address(self.controller, "stream.controller")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("stream.tls_cert and stream.tls_key go together")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("stream.tls_cert needs stream.tls_ca (the controller's CA)")
+        if self.tls_ca is not None and self.insecure:
+            raise ValueError("stream.insecure (plaintext) and stream.tls_ca exclude each other")
+        if (
+            self.controller is not None
+            and self.tls_ca is None
+            and not self.insecure
+            and not is_loopback(self.controller)
+        ):
+            raise ValueError(
+                f"stream.controller {self.controller} is not a loopback address: give --tls-ca, "
+                "--tls-cert and --tls-key (mutual TLS), or choose plaintext explicitly with --insecure"
+            )
         if self.spool_max_frames < 1:
             raise ValueError("stream.spool_max_frames must be >= 1")
         if not 0 < self.backoff_initial_seconds <= self.backoff_max_seconds:
@@ -97,6 +123,7 @@ class BmcConfig(_Config):
     interval_seconds: float = 60.0
     connect_timeout_seconds: float = 5.0
     read_timeout_seconds: float = 20.0
+    poll_timeout_seconds: float = 120.0  # a whole poll (every request of it) ends by then
     backoff_max_seconds: float = 600.0  # a failing BMC is retried at most this far apart
     log_entries: int = 20  # most recent log entries per poll
     # BIOS attributes and firmware inventory change rarely and cost many requests on a big BMC:
@@ -165,6 +192,8 @@ class MetricsConfig(_Config):
 
     address: str | None = "0.0.0.0:9400"  # HOST:PORT (dcgm-exporter's port); None or "none": no server
     dcgm_compat: bool = False  # also serve dcgm-exporter's DCGM_FI_* names, types and labels
+    # Prometheus exporter-toolkit web-config file (TLS, basic auth) for /metrics; None: plain HTTP.
+    web_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.address is not None and self.address.strip().lower() == "none":

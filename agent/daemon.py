@@ -20,6 +20,7 @@ from agent import version
 from agent.collectors.base import Collector, CollectorContext, discover
 from agent.commands.executor import CommandExecutor
 from agent.commands.registry import CommandContext
+from agent.compose.stream import client_tls
 from agent.config import AgentConfig
 from agent.exporter import Exporter
 from agent.probes.base import ProbeOutcome, ProbeRunner
@@ -70,6 +71,7 @@ class Agent:
                 interval_seconds=config.bmc.interval_seconds,
                 backoff_max_seconds=config.bmc.backoff_max_seconds,
                 gpus=self.inventory.gpus,
+                poll_timeout_seconds=config.bmc.poll_timeout_seconds,
             )
         registry = discover()
         ctx = CollectorContext(gpu=gpu, host=host, bmc=self.bmc)
@@ -164,6 +166,7 @@ class Agent:
                 self.hello,
                 self.handle_command,
                 backoff=Backoff(stream_cfg.backoff_initial_seconds, stream_cfg.backoff_max_seconds),
+                tls=client_tls(stream_cfg),
             )
             self.commands.on_started = self.client.command_started
             tasks.append(asyncio.create_task(self.client.run(stop), name="stream"))

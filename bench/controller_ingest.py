@@ -31,13 +31,14 @@ SAMPLE_INTERVAL_S = 10.0
 
 
 def build(nodes: int, count: int) -> tuple[list[pb.Hello], dict[str, list[pb.TelemetryFrame]]]:
-    now = [1_800_000_000.0]
+    # Frames end now: the controller refuses times before 2000 or ahead of its clock.
+    now = [time.time() - (count + 1) * SAMPLE_INTERVAL_S]
     hellos, streams = [], {}
     for i in range(nodes):
         name = f"bench-{i:04d}"
         sim = SimNode(name, seed=i, clock=lambda: now[0])
         hellos.append(
-            frames.hello(name, f"boot-{i}", "bench", sim.inventory(), host=None, probes=[], started_at=0)
+            frames.hello(name, f"boot-{i}", "bench", sim.inventory(), host=None, probes=[], started_at=now[0])
         )
         out = []
         for seq in range(1, count + 1):

@@ -20,8 +20,10 @@ from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors
+from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import StoredFinding, reconcile
+from controller.fleet.health import silent_for
 from controller.fleet.model import Fleet
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
@@ -34,6 +36,7 @@ from controller.probing import Probing
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
 from controller.remediate.retune import Tuner
+from controller.security.identity import NodeIdentities
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -47,9 +50,16 @@ class ControllerApp:
         self.clock = clock
         self.store = Store(config.db, synchronous=config.db_synchronous)
         self.fleet = Fleet()
-        self.ingest = Ingest(self.fleet, self.store, clock)
+        self.ingest = Ingest(
+            self.fleet,
+            self.store,
+            clock,
+            max_nodes=config.limits.max_nodes,
+            max_clock_skew_seconds=config.limits.max_clock_skew_seconds,
+        )
         self.active: dict[FindingKey, StoredFinding] = {}
         self.connections: dict[str, int] = {}
+        self.identity = NodeIdentities()  # streams' certificates: refusals, each node's transport
         self.detectors = config.detect.enabled(sorted(discover()))
         self.last_pass: PassReport | None = None
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
@@ -181,11 +191,38 @@ class ControllerApp:
         self.kube_health.after_pass(self.fleet, list(self.active.values()), self.config.stale_after_seconds)
         return report
 
+    async def forget_gone(self) -> list[str]:
+        """Forget the nodes gone longer than limits.forget_after_seconds (0: never): their state in
+        memory, then their rows in the store (the audit log stays); each logged once. A node that
+        comes back later is a new node (subject to limits.max_nodes)."""
+        now = self.clock()
+        after = self.config.limits.forget_after_seconds
+        names = [n for n in gone_nodes(self.fleet, now, after) if self.connections.get(n, 0) == 0]
+        if not names:
+            return []
+        for name in names:
+            log.info(
+                "forgetting node %r: not heard from for %.0f s (limits.forget_after_seconds %.0f)",
+                name,
+                silent_for(self.fleet.nodes[name], now),
+                after,
+            )
+            self.connections.pop(name, None)
+            self.ingest.last_frame.pop(name, None)
+        forget(self.fleet, names)
+        gone = set(names)
+        for key in [k for k in self.active if k[0] in gone]:
+            del self.active[key]
+        # Queued at once, before any Hello that could bring one back: its row is written after.
+        await self.store.forget_nodes(names)
+        return names
+
     async def detect_forever(self, stop: asyncio.Event) -> None:
         last_prune = 0.0
         while not stop.is_set():
             try:
                 await self.detection_pass()
+                await self.forget_gone()
                 if self.clock() - last_prune > 3600:
                     last_prune = self.clock()
                     await self.store.prune_history(last_prune - PROBE_HISTORY_DAYS * 86400)

@@ -10,6 +10,7 @@ import yaml
 
 from controller.profiles import ProfileError, load_catalogue
 from protos.names import CAUSES
+from protos.transport import is_loopback
 
 
 class ConfigError(Exception):
@@ -190,8 +191,57 @@ class KubernetesConfig(_Config):
         return self.policy.get(cause, self.default_policy)
 
 
+class TlsConfig(_Config):
+    """TLS of the gRPC ports (controller/security/). With cert and key the ports speak TLS; then
+    client_ca is required: every client of `listen` presents a certificate it signed (an agent: its
+    node's, the node name in a DNS SAN; an operator there: any, plus a token). The files are re-read
+    when they change (rotation without restart)."""
+
+    cert: str | None = None  # PEM certificate chain of the controller
+    key: str | None = None  # its PEM private key
+    client_ca: str | None = None  # PEM CA bundle that signed the agents' (and operators') certificates
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls.cert and tls.key go together")
+        if self.cert is not None and self.client_ca is None:
+            raise ValueError("tls.client_ca is required with tls.cert: agents authenticate with certificates")
+        if self.cert is None and self.client_ca is not None:
+            raise ValueError("tls.client_ca needs tls.cert and tls.key")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+class LimitsConfig(_Config):
+    """Bounds on what nodes can make the controller hold or answer."""
+
+    max_nodes: int = 20_000  # a Hello from one more node is refused (RESOURCE_EXHAUSTED)
+    forget_after_seconds: float = 7 * 86400.0  # a node gone this long is forgotten (0: never)
+    page_size: int = 500  # the most nodes or findings in one operator answer
+    max_clock_skew_seconds: float = 300.0  # a frame this far in the future is refused
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 1 or self.page_size < 1:
+            raise ValueError("limits.max_nodes and limits.page_size must be >= 1")
+        if self.forget_after_seconds < 0 or self.max_clock_skew_seconds <= 0:
+            raise ValueError("limits.forget_after_seconds must be >= 0 and max_clock_skew_seconds > 0")
+
+
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
+    # A second port for operators only (the CLI): server TLS and tokens, no client certificates.
+    # None: operators use `listen` (with a client certificate when TLS is on).
+    operator_listen: str | None = None
+    tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    # Plaintext gRPC on a non-loopback address, explicitly chosen (--insecure, or `tls: off`).
+    # Plaintext on a loopback address is allowed without it, with a warning.
+    insecure: bool = False
+    operator_tokens: str | None = None  # YAML file of operator tokens (name, role, sha256); None: open API
+    # Prometheus exporter-toolkit web-config file for /metrics (TLS, basic auth); None: plain HTTP.
+    metrics_web_config: str | None = None
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
     metrics_address: str | None = "0.0.0.0:9401"
     db: str = "gpufleet.db"  # SQLite file; ":memory:" for tests
@@ -213,6 +263,25 @@ class ControllerConfig(_Config):
             check_address(self.metrics_address, "metrics_address")
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
+        if self.operator_listen is not None:
+            check_address(self.operator_listen, "operator_listen")
+            if not self.tls.enabled and not self.insecure and not is_loopback(self.operator_listen):
+                raise ValueError(
+                    f"operator_listen {self.operator_listen} is not a loopback address: give tls.cert and "
+                    "tls.key (operators then use tokens over TLS), or insecure: true for plaintext"
+                )
+        if self.tls.enabled and self.insecure:
+            raise ValueError("insecure (plaintext) and tls.cert exclude each other")
+        if not self.tls.enabled and not self.insecure and not is_loopback(self.listen):
+            raise ValueError(
+                f"listen {self.listen} is not a loopback address: give tls.cert, tls.key and "
+                "tls.client_ca (--tls-cert, --tls-key, --tls-client-ca), or choose plaintext "
+                "explicitly with --insecure (tls: off)"
+            )
+
+    @property
+    def plaintext(self) -> bool:
+        return not self.tls.enabled
 
 
 def check_address(text: str, what: str) -> str:
@@ -236,6 +305,9 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping at the top level")
         data = loaded or {}
+    if data.get("tls") in (False, "off"):  # `tls: off` (YAML reads off as false): plaintext, chosen
+        data["tls"] = {}
+        data["insecure"] = True
     data.update(overrides or {})
     try:
         return msgspec.convert(data, ControllerConfig)

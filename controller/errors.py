@@ -11,6 +11,16 @@ class InvalidMessage(ControllerError):
     """A message is malformed or contradicts its stream (e.g. a frame for another node)."""
 
 
+class RefusedFrame(InvalidMessage):
+    """One frame is refused for good (INVALID_ARGUMENT): resending it can never succeed. The status
+    names it (trailing metadata, protos/refusal.py) so that the agent sets it aside and goes on."""
+
+    def __init__(self, message: str, boot_id: str, seq: int) -> None:
+        super().__init__(message)
+        self.boot_id = boot_id
+        self.seq = seq
+
+
 class SequenceGap(ControllerError):
     """A frame arrived ahead of the next expected sequence number; the agent must resend from its spool."""
 
@@ -21,6 +31,10 @@ class NotFound(ControllerError):
 
 class FailedPrecondition(ControllerError):
     """The request is well formed but the target is not in a state to serve it (e.g. not connected)."""
+
+
+class ResourceExhausted(ControllerError):
+    """A configured limit is reached (e.g. limits.max_nodes): refused until something is freed."""
 
 
 class StoreUnavailable(ControllerError):

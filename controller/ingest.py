@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.errors import InvalidMessage, SequenceGap
+from controller import ingest_checks as checks
+from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
+from controller.node_limit import NodeLimit
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -24,17 +26,28 @@ class IngestCounters:
     frames: int = 0
     duplicates: int = 0
     non_finite: int = 0
+    refused: int = 0  # frames refused for good (RefusedFrame): the agent sets them aside
 
 
 class Ingest:
-    def __init__(self, fleet: Fleet, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        max_nodes: int | None = None,
+        *,
+        max_clock_skew_seconds: float = 300.0,  # limits.max_clock_skew_seconds
+    ) -> None:
         self.fleet = fleet
+        self.max_clock_skew_seconds = max_clock_skew_seconds
         self.store = store
         self.clock = clock
         self.counters = IngestCounters()
         self.lag = SecondsHistogram(LAG_BUCKETS)  # ingest time minus the frame's time, accepted frames
         self.last_frame: dict[str, float] = {}  # node -> newest accepted frame's time (clamped to now)
         self._locks: dict[str, asyncio.Lock] = {}
+        self.node_limit = NodeLimit(max_nodes, clock)  # limits.max_nodes
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
@@ -45,31 +58,45 @@ class Ingest:
             raise InvalidMessage("hello: node name must be 1..253 characters")
         if not hello.boot_id:
             raise InvalidMessage("hello: boot_id is required")
-        async with self._lock(hello.node):
+        if len(hello.boot_id) > checks.MAX_BOOT_ID:
+            raise InvalidMessage(f"hello: boot_id is longer than {checks.MAX_BOOT_ID} characters")
+        checks.hello_times(hello, self.clock(), self.max_clock_skew_seconds)
+        # The limit first: a refused name leaves nothing behind (not even its lock).
+        async with self.node_limit.joining(self.fleet.nodes, hello.node), self._lock(hello.node):
             now = self.clock()
             acked = await self.store.save_hello(hello, now)
             apply_hello(self.fleet, hello, acked, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
 
     async def frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
-        """Store one frame; return the seq to ack (the frame's, or the current position for a duplicate)."""
+        """Store one frame; return the seq to ack (the frame's, or the current position for a duplicate).
+        A frame that can never be stored raises RefusedFrame (see ingest_checks.py)."""
+        try:
+            return await self._frame(stream_node, frame)
+        except RefusedFrame:
+            self.counters.refused += 1
+            raise
+
+    async def _frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
+        checks.frame_id(frame)
         if frame.node != stream_node:
-            raise InvalidMessage(f"frame for node {frame.node!r} on the stream of node {stream_node!r}")
-        if not frame.boot_id or frame.seq == 0:
-            raise InvalidMessage("frame: boot_id and a seq >= 1 are required")
+            raise RefusedFrame(
+                f"frame for node {frame.node!r} on the stream of node {stream_node!r}",
+                frame.boot_id,
+                frame.seq,
+            )
         if len({g.index for g in frame.gpus}) != len(frame.gpus):
-            raise InvalidMessage(f"frame {frame.seq}: a GPU index appears twice")
+            raise RefusedFrame(f"frame {frame.seq}: a GPU index appears twice", frame.boot_id, frame.seq)
+        checks.frame_times(frame, self.clock(), self.max_clock_skew_seconds)
+        # Only this (node, boot)'s position moves: the node is the stream's, the boot the frame's.
         async with self._lock(stream_node):
             key = (stream_node, frame.boot_id)
             acked = self.fleet.acked.get(key, 0)
             if frame.seq <= acked:
                 self.counters.duplicates += 1
                 return acked
+            checks.floor_jump(frame, acked)
             expected = max(acked + 1, frame.spool_floor_seq)
-            if frame.seq < expected:
-                raise InvalidMessage(
-                    f"frame {frame.seq} is below the agent's own spool floor {frame.spool_floor_seq}"
-                )
             if frame.seq > expected:
                 raise SequenceGap(f"boot {frame.boot_id}: expected frame {expected}, got {frame.seq}")
             now = self.clock()

@@ -14,9 +14,12 @@ from controller.errors import (
     FailedPrecondition,
     InvalidMessage,
     NotFound,
+    RefusedFrame,
+    ResourceExhausted,
     SequenceGap,
     StoreUnavailable,
 )
+from protos.refusal import REFUSED_FRAME, refused_frame_value
 
 log = logging.getLogger("gpufleet.controller.rpc")
 
@@ -25,6 +28,7 @@ STATUS: dict[type[ControllerError], grpc.StatusCode] = {
     SequenceGap: grpc.StatusCode.OUT_OF_RANGE,
     NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -42,7 +46,16 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str, exc: 
         log.exception("%s failed", method)
     else:
         log.warning("%s: %s: %s", method, code.name, details)
-    await context.abort(code, details)
+    await context.abort(code, details, trailing_metadata=_refused_metadata(exc))
+
+
+def _refused_metadata(exc: Exception) -> tuple[tuple[str, str], ...]:
+    """`gpufleet-refused-frame: BOOT SEQ` for a frame refused for good: the agent sets it aside."""
+    if isinstance(exc, RefusedFrame):
+        value = refused_frame_value(exc.boot_id, exc.seq)
+        if value is not None:
+            return ((REFUSED_FRAME, value),)
+    return ()
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # generic only in the stubs

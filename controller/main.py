@@ -58,17 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _demo_parser(sub)
 
-    ctl = sub.add_parser("controller", help="run the controller")
-    ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
-    ctl.add_argument("--db", metavar="PATH", help="SQLite file (default gpufleet.db)")
-    ctl.add_argument(
-        "--metrics-address",
-        metavar="HOST:PORT|none",
-        help="Prometheus /metrics address (default 0.0.0.0:9401); none: no metrics server",
-    )
-    ctl.add_argument("--config", metavar="FILE", help="YAML config file")
-    ctl.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    ctl.add_argument("--ready-file", help=argparse.SUPPRESS)
+    ctl = _controller_parser(sub)
 
     sub.add_parser("agent", help="run the per-node agent (see gpufleet agent --help)", add_help=False)
     sub.add_parser("bmc", help="read a BMC through Redfish (see gpufleet bmc --help)", add_help=False)
@@ -152,7 +142,54 @@ def build_parser() -> argparse.ArgumentParser:
     _add_safety_commands(sub)
     _add_tuning_commands(sub)
     _add_kube_commands(sub, ctl)
+    from controller.cli.certs import add_certs_parser
+
+    add_certs_parser(sub)
+    from controller.cli.tokens import add_token_parser
+
+    add_token_parser(sub)
     return parser
+
+
+def _controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """`gpufleet controller`'s flags; each beats the same key of --config."""
+    ctl = sub.add_parser("controller", help="run the controller")
+    ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
+    ctl.add_argument("--db", metavar="PATH", help="SQLite file (default gpufleet.db)")
+    ctl.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT|none",
+        help="Prometheus /metrics address (default 0.0.0.0:9401); none: no metrics server",
+    )
+    ctl.add_argument("--config", metavar="FILE", help="YAML config file")
+    ctl.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    ctl.add_argument("--ready-file", help=argparse.SUPPRESS)
+    ctl.add_argument("--tls-cert", metavar="FILE", help="PEM certificate of the controller (mutual TLS)")
+    ctl.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    ctl.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="PEM CA that signed the agents' (and operators') client certificates",
+    )
+    ctl.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC on a non-loopback address: anyone who can reach it can speak as any node",
+    )
+    ctl.add_argument(
+        "--operator-listen",
+        metavar="HOST:PORT",
+        help="a second gRPC port for operators only: server TLS and tokens, no client certificates",
+    )
+    ctl.add_argument(
+        "--operator-tokens", metavar="FILE", help="YAML file of operator tokens (name, role, sha256)"
+    )
+    ctl.add_argument(
+        "--metrics-web-config",
+        metavar="FILE",
+        help="Prometheus web-config file (TLS, basic auth) for /metrics",
+    )
+    return ctl
 
 
 def _add_kube_commands(
@@ -335,13 +372,29 @@ def _main(argv: list[str] | None) -> int:
         from controller.demo.runner import run_demo
 
         return run_demo(args)
+    if args.command == "certs":
+        from controller.cli import certs
+
+        return certs.run(args)
     if args.command in ("profiles", "profile"):
         from controller.cli import profiles
 
         if args.command == "profiles":
             return profiles.profiles(args.profiles_dir, args.output)
         return profiles.profile_show(args.name, args.profiles_dir, args.output)
+    if args.command == "token":
+        from controller.cli import tokens
+
+        return tokens.create(args.name, args.role, args.tokens_file)
     from controller.cli import operator
+    from controller.cli.credentials import CredentialError, operator_target
+
+    try:  # an operator command (add_operator_arguments): its credentials, read once
+        if hasattr(args, "token_file"):
+            args.controller = operator_target(args)
+    except CredentialError as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return 2
 
     if args.command == "nodes":
         return operator.nodes(args.controller, args.output)

@@ -23,6 +23,7 @@ from controller.fleet.finding import SEVERITIES
 from controller.fleet.health import node_health
 from controller.metrics_record import SecondsHistogram
 from protos.gpufleet.v1 import operator_pb2
+from protos.logsafe import SUPPRESSED
 from protos.names import CAUSES, enum_names, health_name
 
 PREFIX = "gpufleet_controller_"
@@ -57,6 +58,19 @@ class ControllerCollector(Collector):
         yield from self._nodes()
         yield from self._detection()
         yield from self._probes()
+        yield _log_lines_suppressed()
+        yield from self._identity()
+
+    def _identity(self) -> Iterator[Metric]:
+        refusals = CounterMetricFamily(
+            PREFIX + "identity_refusals",
+            "Telemetry streams refused because the client certificate does not prove the Hello's node "
+            "(other_node: another node's certificate; no_certificate; no_node_name: no DNS SAN).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.app.identity.refusals.items()):
+            refusals.add_metric([reason], count)
+        yield refusals
 
     def _fleet(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -83,6 +97,15 @@ class ControllerCollector(Collector):
             "NaN or infinite readings received and stored as missing.",
             value=counters.non_finite,
         )
+        implausible = CounterMetricFamily(
+            PREFIX + "readings_implausible_total",
+            "Physically impossible readings received and stored as missing (controller/fleet/plausible.py), "
+            "by field; a probe result with an impossible value is dropped (field ProbeResult.value).",
+            labels=["field"],
+        )
+        for name, count in sorted(self.app.fleet.implausible.items()):
+            implausible.add_metric([name], count)
+        yield implausible
         yield _histogram(
             "ingest_lag_seconds",
             "Seconds from a frame's time on the agent to its ingest here (clock skew included).",
@@ -195,6 +218,18 @@ class ControllerCollector(Collector):
         for (reason, failure), n in sorted(commands.failed.items()):
             failed.add_metric([reason, failure], n)
         yield failed
+
+
+def _log_lines_suppressed() -> CounterMetricFamily:
+    """The process's log lines held back by the rate limit (protos/logsafe.py), per logger."""
+    family = CounterMetricFamily(
+        PREFIX + "log_lines_suppressed",
+        "Log lines not written: more than the limit per (logger, message, first argument) a minute.",
+        labels=["logger"],
+    )
+    for logger, n in sorted(SUPPRESSED.snapshot().items()):
+        family.add_metric([logger], n)
+    return family
 
 
 def _histogram(

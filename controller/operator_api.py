@@ -7,6 +7,7 @@ before it acts."""
 
 from __future__ import annotations
 
+import heapq
 import json
 from typing import Any
 
@@ -21,8 +22,20 @@ from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
 from controller.kube.wire import drain_to_proto, kube_view
+from controller.paging import (
+    FINDINGS,
+    NODES,
+    SEVERITY_RANK,
+    finding_after,
+    finding_key,
+    node_after,
+    page_size,
+    take,
+)
 from controller.remediate.applying import BreakerRefused, Started
 from controller.remediate.guard import Status
+from controller.security.auth import caller
+from controller.security.warning import security_warning
 from controller.store.audit import AuditEntry
 from controller.store.commands import STATES, CommandRecord
 from controller.store.recommendations import Recommendation
@@ -101,13 +114,23 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             health=node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds),
             active_findings=len(findings),
             source=node.hello.inventory.source,
+            transport=self.app.identity.transports.get(node.name, ""),
         )
 
     async def ListNodes(
         self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.ListNodesResponse:
-        nodes = sorted(self.app.fleet.nodes.values(), key=lambda n: n.name)
-        return operator_pb2.ListNodesResponse(nodes=[self._summary(n) for n in nodes])
+        size = page_size(request.page_size, self.app.config.limits.page_size)
+        after = node_after(request.page_token)
+        known = self.app.fleet.nodes
+        names = heapq.nsmallest(size + 1, (n for n in known if after is None or n > after))
+        page, token = take(names, size, lambda n: (n,), NODES)
+        return operator_pb2.ListNodesResponse(
+            nodes=[self._summary(known[n]) for n in page],
+            next_page_token=token,
+            total=len(known),
+            warning=security_warning(self.app.config),
+        )
 
     async def GetNode(
         self, request: operator_pb2.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -138,14 +161,29 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
     async def ListFindings(
         self, request: operator_pb2.ListFindingsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.ListFindingsResponse:
-        if request.include_resolved:
-            found = await self.app.store.list_findings(request.node, include_resolved=True)
-        else:
-            found = [s for key, s in self.app.active.items() if not request.node or key[0] == request.node]
+        size = page_size(request.page_size, self.app.config.limits.page_size)
+        after = finding_after(request.page_token)
         floor = request.min_severity
-        if floor:
-            found = [s for s in found if severity_value(s.finding.severity) >= floor]
-        return operator_pb2.ListFindingsResponse(findings=[finding_to_proto(s) for s in _ordered(found)])
+        found: list[StoredFinding]
+        if request.include_resolved:
+            severities = [n for n in SEVERITY_RANK if severity_value(n) >= floor] if floor else None
+            found = await self.app.store.list_findings_page(request.node, True, severities, after, size + 1)
+        else:
+            found = heapq.nsmallest(
+                size + 1,
+                (
+                    s
+                    for key, s in self.app.active.items()
+                    if (not request.node or key[0] == request.node)
+                    and (not floor or severity_value(s.finding.severity) >= floor)
+                    and (after is None or finding_key(s) > after)
+                ),
+                key=finding_key,
+            )
+        page, token = take(found, size, finding_key, FINDINGS)
+        return operator_pb2.ListFindingsResponse(
+            findings=[finding_to_proto(s) for s in page], next_page_token=token
+        )
 
     async def ProbeNode(
         self, request: operator_pb2.ProbeNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -158,7 +196,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         # Without force the agent's own safety check refuses busy GPUs; the controller does not
         # second-guess an operator with its idle rule.
         run = pb.RunProbes(probes=request.probes, gpus=request.gpus, force=request.force)
-        requester = f"operator:{context.peer()}"
+        requester = caller(context)
         params = {"probes": list(request.probes), "gpus": list(request.gpus), "force": request.force}
         entry = await self.app.audit.begin(requester, "probe_node", request.node, parameters=params)
         try:
@@ -201,7 +239,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
     ) -> operator_pb2.BreakerStatus:
         if not request.reason.strip():
             raise InvalidMessage("a reason is required to reset the breaker")
-        await self.app.breaker.reset(f"operator:{context.peer()}", request.reason)
+        await self.app.breaker.reset(caller(context), request.reason)
         return breaker_to_proto(self.app.breaker.status())
 
     async def ListAudit(
@@ -235,7 +273,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             started = await self.app.tuning.retune(
                 request.node,
                 request.profile,
-                requester=f"operator:{context.peer()}",
+                requester=caller(context),
                 reason=request.reason,
                 gpus=list(request.gpus),
                 dry_run=request.dry_run,
@@ -250,7 +288,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         timeout = self._apply_wait(request.timeout_seconds)
         try:
             started = await self.app.tuning.approve(
-                request.id, requester=f"operator:{context.peer()}", reason=request.reason
+                request.id, requester=caller(context), reason=request.reason
             )
         except BreakerRefused as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -261,7 +299,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
     ) -> operator_pb2.NodeActionResponse:
         try:
             done, audit_id = await self.app.kube.cordon(
-                request.node, requester=f"operator:{context.peer()}", reason=request.reason
+                request.node, requester=caller(context), reason=request.reason
             )
         except BreakerRefused as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -273,7 +311,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         self, request: operator_pb2.UncordonRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> operator_pb2.NodeActionResponse:
         done, audit_id = await self.app.kube.uncordon(
-            request.node, requester=f"operator:{context.peer()}", reason=request.reason, force=request.force
+            request.node, requester=caller(context), reason=request.reason, force=request.force
         )
         return operator_pb2.NodeActionResponse(
             node=request.node, changed=done.changed, detail=done.detail, audit_id=audit_id
@@ -285,7 +323,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         try:
             record = await self.app.kube.drain(
                 request.node,
-                requester=f"operator:{context.peer()}",
+                requester=caller(context),
                 reason=request.reason,
                 dry_run=request.dry_run,
                 timeout=request.timeout_seconds,

@@ -19,10 +19,14 @@ from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
+from controller.security.auth import operator_auth
+from controller.security.tls import ServerTls
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller")
+SERVER_KEEPALIVE_MS = 30_000  # as the agent's own (agent/stream/client.py CHANNEL_OPTIONS)
+SERVER_KEEPALIVE_TIMEOUT_MS = 10_000
 
 
 def server_options(config: ControllerConfig) -> list[tuple[str, int]]:
@@ -34,54 +38,125 @@ def server_options(config: ControllerConfig) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_ping_strikes", 0),
+        # The controller pings each connection too, every SERVER_KEEPALIVE_MS, and closes it when no
+        # answer comes within SERVER_KEEPALIVE_TIMEOUT_MS (a stopped agent, a dropped link): its
+        # streams end and the node shows disconnected. Agents accept pings at any rate.
+        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        # gRPC core (1.5x+) closes on an unanswered ping only after this one (default 60 s).
+        ("grpc.http2.ping_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.max_pings_without_data", 0),  # an idle stream is pinged on, not left unwatched
     ]
 
 
-async def build_server(app: ControllerApp) -> tuple[grpc.aio.Server, str]:
-    """A started server bound to app.config.listen; returns it and the address actually bound."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=server_options(app.config))
-    telemetry_pb2_grpc.add_TelemetryServicer_to_server(TelemetryServicer(app), server)
+async def build_server(
+    app: ControllerApp, tls: ServerTls | None = None, *, operator: bool = False
+) -> tuple[grpc.aio.Server, str]:
+    """A started server bound to app.config.listen (agents and operators), or with operator=True to
+    app.config.operator_listen (operators only: Telemetry refuses streams there); returns it and the
+    address actually bound.
+
+    With tls.cert in the config the port speaks TLS from `tls` (made from the config when not given:
+    TransportError when a file is unusable): `listen` requires client certificates signed by
+    tls.client_ca, the operator port none. Without, plaintext (the config allowed it)."""
+    interceptors = [ErrorInterceptor(), operator_auth(app.config)]  # auth: TokenFileError when unusable
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(app.config))
+    telemetry_pb2_grpc.add_TelemetryServicer_to_server(TelemetryServicer(app, agents=not operator), server)
     operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
-    host = app.config.listen.rpartition(":")[0]
+    address = app.config.operator_listen if operator else app.config.listen
+    assert address is not None, "operator=True needs operator_listen"
+    if tls is None and app.config.tls.enabled:
+        tls = ServerTls(app.config.tls)
+    host = address.rpartition(":")[0]
     try:
-        port = server.add_insecure_port(app.config.listen)
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials(client_certificates=not operator))
     except RuntimeError as exc:
-        raise OSError(f"cannot listen on {app.config.listen}: {exc}") from exc
+        raise OSError(f"cannot listen on {address}: {exc}") from exc
     if port == 0:
-        raise OSError(f"cannot listen on {app.config.listen}")
+        raise OSError(f"cannot listen on {address}")
     await server.start()
     return server, f"{host}:{port}"
 
 
-def write_ready_file(path: str, address: str) -> None:
-    """Atomically write {"address": ...} so a parent process can find a port chosen by the OS."""
+def write_ready_file(path: str, address: str, operator_address: str | None = None) -> None:
+    """Atomically write {"address": ..., "operator_address": ...} (the latter with an operator port)
+    so a parent process can find a port chosen by the OS."""
+    ready: dict[str, object] = {"address": address, "pid": os.getpid()}
+    if operator_address is not None:
+        ready["operator_address"] = operator_address
     tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.write_text(json.dumps(ready))
     tmp.replace(path)
 
 
-async def serve(config: ControllerConfig, *, on_ready: Callable[[str], None] | None = None) -> None:
+async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[grpc.aio.Server, str]]:
+    """The agents' port, then the operators' when configured: (server, bound address) each."""
+    started = [await build_server(app, tls)]
+    if app.config.operator_listen is not None:
+        try:
+            started.append(await build_server(app, tls, operator=True))
+        except OSError:
+            await started[0][0].stop(None)
+            raise
+    return started
+
+
+async def _stop_grpc(servers: list[tuple[grpc.aio.Server, str]], grace: float | None) -> None:
+    await asyncio.gather(*(server.stop(grace) for server, _ in servers))
+
+
+def _log_transport(tls: ServerTls | None, address: str, operator_address: str | None) -> None:
+    if operator_address is not None:
+        log.info(
+            "operators on %s (%s)", operator_address, "plaintext" if tls is None else "server TLS, tokens"
+        )
+    if tls is None:
+        log.warning(
+            "plaintext gRPC: anyone who can reach %s can speak as any node (give --tls-cert, --tls-key and "
+            "--tls-client-ca for mutual TLS)",
+            address if operator_address is None else f"{address} or {operator_address}",
+        )
+
+
+async def serve(
+    config: ControllerConfig, *, on_ready: Callable[[str, str | None], None] | None = None
+) -> None:
+    """Serve until SIGINT/SIGTERM; on_ready(address, operator_address or None) once listening.
+    TransportError (before anything starts) when a TLS file is unusable."""
+    tls = ServerTls(config.tls) if config.tls.enabled else None
     app = ControllerApp(config)
     await app.start()
     metrics: MetricsServer | None = None
     try:
-        server, address = await build_server(app)
+        servers = await _start_grpc(app, tls)
     except OSError:
         app.close()
         raise
+    address = servers[0][1]
+    operator_address = servers[1][1] if len(servers) > 1 else None
     if config.metrics_address is not None:
-        metrics = MetricsServer(controller_registry(app))
+        metrics = MetricsServer(controller_registry(app), web_config=config.metrics_web_config)
         try:
-            log.info("metrics on http://%s/metrics", await metrics.start(config.metrics_address))
+            bound = await metrics.start(config.metrics_address)
+            log.info("metrics on %s://%s/metrics", metrics.scheme, bound)
         except OSError:
-            await server.stop(None)
+            await _stop_grpc(servers, None)
             app.close()
             raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("controller listening on %s (store %s)", address, config.db)
+    log.info(
+        "controller listening on %s (%s; store %s)",
+        address,
+        "plaintext" if tls is None else "mutual TLS: agents and operators present client certificates",
+        config.db,
+    )
+    _log_transport(tls, address, operator_address)
     probes = config.probes
     periodic = (
         f"every {probes.interval_seconds:.0f}s on idle GPUs, {probes.max_fleet_share:.0%} of nodes at once"
@@ -92,14 +167,14 @@ async def serve(config: ControllerConfig, *, on_ready: Callable[[str], None] | N
         periodic if probes.periodic else "off",
     )
     if on_ready is not None:
-        on_ready(address)
+        on_ready(address, operator_address)
     detection = asyncio.create_task(app.detect_forever(stop))
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     await stop.wait()
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()
-    await server.stop(grace=2.0)
+    await _stop_grpc(servers, 2.0)
     await detection
     await scheduling
     app.close()

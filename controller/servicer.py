@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from controller.app import ControllerApp
 from controller.errors import InvalidMessage
+from controller.security.identity import IdentityRefused, check_node
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
@@ -29,12 +30,20 @@ log = logging.getLogger("gpufleet.controller.stream")
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
-    def __init__(self, app: ControllerApp) -> None:
+    """agents=False on the operators' port (server TLS, no client certificates): no streams there."""
+
+    def __init__(self, app: ControllerApp, *, agents: bool = True) -> None:
         self.app = app
+        self.agents = agents
 
     async def Stream(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ControllerMessage]:
+        if not self.agents:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "agents must connect to the agent port with a client certificate",
+            )
         request_iterator = _decoded(request_iterator)
         first = await anext(aiter(request_iterator), None)
         if first is None:
@@ -42,7 +51,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         if first.WhichOneof("msg") != "hello":
             raise InvalidMessage("the first message on a stream must be a Hello")
         hello = first.hello
+        # On TLS the node is the certificate's (a DNS SAN), never only what the Hello says.
+        try:
+            transport = check_node(context.auth_context(), hello.node)
+        except IdentityRefused as exc:
+            self.app.identity.refused(exc.reason)
+            log.warning("refused a stream from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         acked = await self.app.ingest.hello(hello)
+        self.app.identity.accepted(hello.node, transport)
         log.info(
             "agent connected: node %s boot %s (%s), acked %d",
             hello.node,

@@ -48,7 +48,10 @@ def build_bmc(config: AgentConfig, gpu: GpuSource) -> BmcSource | None:
         from agent.sources.redfish.bmc import RedfishBmc
 
         return RedfishBmc(
-            endpoint(cfg, cfg.url), log_entries=cfg.log_entries, inventory_every=cfg.inventory_every_polls
+            endpoint(cfg, cfg.url),
+            log_entries=cfg.log_entries,
+            inventory_every=cfg.inventory_every_polls,
+            poll_timeout_seconds=cfg.poll_timeout_seconds,
         )
     if config.source == "sim" and cfg.simulated:
         from agent.sources.sim import SimNode

@@ -15,6 +15,11 @@ def metrics_server(agent: Any, config: AgentConfig) -> MetricsServer | None:
     exporter = Exporter(
         config.node, agent.inventory, agent.host_facts, dcgm_compat=config.metrics.dcgm_compat
     )
-    server = MetricsServer(config.metrics.address, exporter.render, title=f"gpufleet agent on {config.node}")
+    server = MetricsServer(
+        config.metrics.address,
+        exporter.render,
+        title=f"gpufleet agent on {config.node}",
+        web_config=config.metrics.web_config,
+    )
     agent.exporter = exporter
     return server

@@ -21,12 +21,13 @@ from prometheus_client.metrics_core import Metric
 
 from agent.exporter import families
 from agent.exporter.catalogue import Catalogue, load
-from agent.exporter.text import render_page
+from agent.exporter.text import log_lines_suppressed_text, render_page
 from agent.exporter.view import ExportView, ProbeKey
 from agent.probes.base import ProbeOutcome
 from agent.snapshot import Snapshot
 from agent.sources.gpu import Inventory
 from agent.sources.host import HostFacts
+from protos.logsafe import SUPPRESSED
 
 
 class Exporter:
@@ -89,9 +90,16 @@ class Exporter:
         yield from families.native(self.catalogue.metrics, view)
         if self.dcgm_compat:
             yield from families.dcgm(self.catalogue.dcgm, view)
+        logs = families.log_lines_suppressed(SUPPRESSED.snapshot())
+        if logs is not None:
+            yield logs
 
     def render(self) -> bytes:
-        """The page in the Prometheus text format 0.0.4 (kept until the next snapshot is observed)."""
+        """The page in the Prometheus text format 0.0.4 (kept until the next snapshot is observed),
+        then the process's suppressed log lines (counted as they happen, so never kept)."""
+        return self._snapshot_page() + log_lines_suppressed_text(SUPPRESSED.snapshot())
+
+    def _snapshot_page(self) -> bytes:
         with self._lock:
             generation, kept = self._generation, self._page
         if kept is not None and kept[0] == generation:

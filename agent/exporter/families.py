@@ -7,7 +7,7 @@ A None reading gives no sample, and neither does NaN or an infinity: a series th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -78,6 +78,23 @@ def native(specs: Iterable[MetricSpec], view: ExportView) -> Iterator[Metric]:
         fam = family(spec, view, view.rows(spec.scope))
         if fam is not None:
             yield fam
+
+
+LOG_LINES_SUPPRESSED = "gpufleet_agent_log_lines_suppressed"  # _total: a counter
+LOG_LINES_SUPPRESSED_HELP = (
+    "Log lines not written: more than the limit per (logger, message, first argument) a minute."
+)
+
+
+def log_lines_suppressed(counts: Mapping[str, int]) -> Metric | None:
+    """The process's log lines held back by the rate limit (protos/logsafe.py) per logger; None
+    while there are none (no sample, no family, as for the catalogue's)."""
+    if not counts:
+        return None
+    fam = CounterMetricFamily(LOG_LINES_SUPPRESSED, LOG_LINES_SUPPRESSED_HELP, labels=["logger"])
+    for logger, n in sorted(counts.items()):
+        fam.add_metric([logger], n)
+    return fam
 
 
 def dcgm(specs: Iterable[MetricSpec], view: ExportView) -> Iterator[Metric]:

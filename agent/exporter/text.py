@@ -9,12 +9,12 @@ two to that), so the Collector (Exporter.collect) and this writer are two views 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.utils import floatToGoString
 
 from agent.exporter.catalogue import MetricSpec
-from agent.exporter.families import finite_samples
+from agent.exporter.families import LOG_LINES_SUPPRESSED, LOG_LINES_SUPPRESSED_HELP, finite_samples
 from agent.exporter.view import ExportView, Labels, Row
 
 _go_float: Callable[[float], str] = floatToGoString  # Go's float formatting, as prometheus_client writes it
@@ -68,6 +68,17 @@ class PageWriter:
 
     def page(self) -> bytes:
         return "".join(self._parts).encode("utf-8")
+
+
+def log_lines_suppressed_text(counts: Mapping[str, int]) -> bytes:
+    """families.log_lines_suppressed as generate_latest writes it; nothing while there are none."""
+    if not counts:
+        return b""
+    name = LOG_LINES_SUPPRESSED + "_total"
+    lines = [f"# HELP {name} {LOG_LINES_SUPPRESSED_HELP}\n# TYPE {name} counter\n"]
+    for logger, n in sorted(counts.items()):
+        lines.append(f'{name}{{logger="{logger.translate(_LABEL_VALUE)}"}} {_go_float(float(n))}\n')
+    return "".join(lines).encode("utf-8")
 
 
 def render_page(native: Iterable[MetricSpec], dcgm: Iterable[MetricSpec] | None, view: ExportView) -> bytes:

@@ -3,6 +3,12 @@ a slow or dead BMC never delays a GPU reading. The sampling loop only takes the 
 
 A BMC that cannot be reached is retried with capped exponential backoff (interval, 2x, 4x, ... up
 to `backoff_max`, jittered), and logged once per backoff step rather than once per cycle.
+
+Every poll has a deadline (`poll_timeout_seconds`, bmc.poll_timeout_seconds): the poll runs in a
+worker thread, and one still running at the deadline is abandoned: the source is told to stop
+(`interrupt()`, where it has one: the Redfish source cuts its request in flight), the poll counts as
+a failed one (one log line, the backoff), and the next poll runs on time. A source that ignores the
+interrupt is not polled again until its stuck poll ends; each skipped poll counts as failed too.
 """
 
 from __future__ import annotations
@@ -10,9 +16,10 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 
-from agent.sources.bmc import BmcSample, BmcSource
+from agent.sources.bmc import SECTIONS, BmcSample, BmcSectionStatus, BmcSource
 from agent.sources.gpu import GpuInfo
 
 log = logging.getLogger("gpufleet.agent.bmc")
@@ -27,13 +34,17 @@ class BmcPoller:
         backoff_max_seconds: float = 600.0,
         gpus: Sequence[GpuInfo] = (),
         jitter: Callable[[], float] = random.random,
+        poll_timeout_seconds: float | None = None,
     ) -> None:
         self.source = source
         self.interval = interval_seconds
         self.backoff_max = max(backoff_max_seconds, interval_seconds)
         self.gpus = list(gpus)
         self.jitter = jitter
+        self.poll_timeout = poll_timeout_seconds  # None: wait for the source however long it takes
         self.failures = 0  # whole polls failed in a row
+        self.abandoned = 0  # polls given up at their deadline, over the poller's life
+        self._stuck: threading.Thread | None = None  # an abandoned poll's worker, until it ends
         self._lock = threading.Lock()
         self._latest: BmcSample | None = None
         self._taken: BmcSample | None = None
@@ -41,11 +52,58 @@ class BmcPoller:
         self._thread: threading.Thread | None = None
 
     def poll_once(self) -> BmcSample:
-        """One poll now, in the caller's thread (`gpufleet agent --once`, tests); kept as the latest."""
-        sample = self.source.poll(self.gpus)
+        """One poll now (`gpufleet agent --once`, tests), within the deadline; kept as the latest."""
+        sample = self.source.poll(self.gpus) if self.poll_timeout is None else self._bounded_poll()
         with self._lock:
             self._latest = sample
         return sample
+
+    def _bounded_poll(self) -> BmcSample:
+        """The source's poll, in a worker thread; an error sample when it passes the deadline."""
+        assert self.poll_timeout is not None
+        started = time.time()
+        if self._stuck is not None and self._stuck.is_alive():
+            return BmcSample(
+                time=started,
+                endpoint=self.source.endpoint,
+                error="not polled: the previous poll, abandoned at its deadline, is still running",
+            )
+        self._stuck = None
+        done: list[BmcSample] = []
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                done.append(self.source.poll(self.gpus))
+            except Exception as exc:  # noqa: BLE001 - handed to the poller's thread, which logs it
+                failed.append(exc)
+
+        worker = threading.Thread(target=work, name="bmc-poll", daemon=True)
+        worker.start()
+        # A little grace past the deadline: the Redfish source ends its own poll at the deadline
+        # with a better message (which request was cut) than this one can give.
+        worker.join(self.poll_timeout + min(1.0, 0.1 * self.poll_timeout))
+        if failed:
+            raise failed[0]
+        if done:
+            return done[0]
+        self.abandoned += 1
+        interrupt = getattr(self.source, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
+        worker.join(0.5)
+        if done:
+            return done[0]  # it stopped when told: its own sample says which request was cut
+        if worker.is_alive():
+            self._stuck = worker
+        error = f"poll abandoned: no answer within bmc.poll_timeout_seconds ({self.poll_timeout:g} s)"
+        return BmcSample(
+            time=started,
+            endpoint=self.source.endpoint,
+            poll_duration_seconds=time.time() - started,
+            error=error,
+            sections=[BmcSectionStatus(name, False, 0.0, f"not read: {error}") for name in SECTIONS],
+        )
 
     def take(self) -> tuple[BmcSample | None, bool]:
         """The latest sample, and whether it is new since the previous take (a frame carries it then)."""

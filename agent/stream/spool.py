@@ -4,7 +4,8 @@ Every frame the agent makes goes here first and leaves only when the controller 
 "everything of this boot up to seq N is durably stored"). With a directory, each frame is also one
 file, `<dir>/<boot_id>/<seq:020d>.frame`, written atomically, so frames survive an agent restart and
 are resent, older boots first. When the disk is full or unwritable the spool keeps going in memory
-and says so once; when it holds `max_frames` it drops the oldest and counts them.
+and says so once; when it holds `max_frames` it drops the oldest and counts them. A frame that can
+never be delivered is set aside (`set_aside`, see rejected.py) into `<dir>/rejected/`.
 
 Used from the agent's event loop only (not thread-safe).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
+from agent.stream.rejected import REJECTED_DIR, Rejected
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 SUFFIX = ".frame"
@@ -62,6 +64,7 @@ class Spool:
         self._last_drop_log = -DROP_LOG_EVERY_S
         self._disk_ok = self.directory is not None
         self._boot_dirs: set[str] = set()
+        self._rejected = Rejected(None if self.directory is None else self.directory / REJECTED_DIR, self.log)
         if self.directory is not None:
             self._open_directory(self.directory)
 
@@ -74,6 +77,11 @@ class Spool:
     def dropped(self) -> int:
         """Frames dropped because the spool was full."""
         return self._dropped
+
+    @property
+    def rejected(self) -> int:
+        """Frames set aside since start (refused by the controller for good, or unsendable)."""
+        return self._rejected.count
 
     @property
     def persistent(self) -> bool:
@@ -95,7 +103,7 @@ class Spool:
     # -- changes ------------------------------------------------------------------------------
 
     def append(self, frame: pb.TelemetryFrame) -> SpoolEntry:
-        if not _BOOT_ID.match(frame.boot_id) or frame.seq < 1:
+        if not _BOOT_ID.match(frame.boot_id) or frame.boot_id == REJECTED_DIR or frame.seq < 1:
             raise ValueError(f"frame needs a plain boot id and seq >= 1, got {frame.boot_id!r}/{frame.seq}")
         entry = SpoolEntry(self._next_ordinal, frame.boot_id, frame.seq, frame)
         self._next_ordinal += 1
@@ -122,6 +130,19 @@ class Spool:
             if not any(e.boot_id == boot_id for e in keep):
                 self._remove_boot_dir(boot_id)
         return released
+
+    def set_aside(self, boot_id: str, seq: int, why: str) -> bool:
+        """Take frame (boot_id, seq) out of the spool for good, keeping it in rejected/ and logging it
+        once; False when the spool does not hold it."""
+        found = next((i for i, e in enumerate(self._entries) if (e.boot_id, e.seq) == (boot_id, seq)), None)
+        if found is None:
+            return False
+        entry = self._entries.pop(found)
+        del self._ordinals[found]
+        self._rejected.keep(boot_id, seq, entry.frame, entry.path, why)
+        if not any(e.boot_id == boot_id for e in self._entries):
+            self._remove_boot_dir(boot_id)
+        return True
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -206,8 +227,10 @@ class Spool:
             return
         loaded: list[tuple[float, str, int, pb.TelemetryFrame, Path]] = []
         first_seen: dict[str, float] = {}
-        # Dot-directories are not boots: .corrupt, and .commands (the agent's command memory).
-        for boot_dir in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        # Dot-directories are not boots: .corrupt, and .commands (the agent's command memory); nor is
+        # rejected/, the frames set aside.
+        boot_dirs = (p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for boot_dir in sorted(p for p in boot_dirs if p.name != REJECTED_DIR):
             for path in sorted(boot_dir.iterdir()):
                 if path.name.endswith(".tmp"):  # a write cut short by a crash: never acknowledged
                     with contextlib.suppress(OSError):

@@ -1,6 +1,7 @@
 """The BMC (Redfish) section of `gpufleet node NAME`: a few summary lines, and BMC beside NVML per GPU.
 
-Everything is built as rich Text, never markup: endpoints and BMC error messages may hold brackets.
+Everything is built as rich Text, never markup: endpoints and BMC error messages may hold brackets
+(and control characters: what the BMC said goes through `plain`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from controller.cli.layout import plain
 from controller.cli.tables import age
 from protos.gpufleet.v1 import bmc_pb2, telemetry_pb2
 
@@ -20,7 +22,7 @@ HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red"}
 
 def _health(value: str) -> Text:
     shown = value or "unknown"
-    return Text(shown, style=HEALTH_STYLE.get(shown, "dim"))
+    return plain(shown, style=HEALTH_STYLE.get(shown, "dim"))
 
 
 def _number(value: float | None, unit: str) -> str:
@@ -49,12 +51,12 @@ def _parts(items: Iterable[bmc_pb2.BmcPowerSupply | bmc_pb2.BmcFan], label: str)
         return line.append(" ok" if present else "")
     line.append(", not ok: ")
     for i, part in enumerate(bad):
-        line.append(", " if i else "").append(f"{part.name} ").append_text(_health(part.health))
+        line.append(", " if i else "").append_text(plain(f"{part.name} ")).append_text(_health(part.health))
     return line
 
 
 def _header(bmc: bmc_pb2.BmcSample, now: float | None) -> Text:
-    line = Text(f"BMC {bmc.endpoint or '-'}", style="bold")
+    line = plain(f"BMC {bmc.endpoint or '-'}", style="bold")
     if bmc.HasField("time"):
         polled = datetime.fromtimestamp(bmc.time.seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
         line.append(f" polled {polled} ({age(bmc.time.seconds, now)}, took {bmc.poll_duration_seconds:.1f}s)")
@@ -62,7 +64,7 @@ def _header(bmc: bmc_pb2.BmcSample, now: float | None) -> Text:
     if bmc.success:
         return line.append("ok", style="green")
     if bmc.error:
-        return line.append(f"failed: {bmc.error}", style="red")
+        return line.append_text(plain(f"failed: {bmc.error}", style="red"))
     return line.append("partial", style="yellow")  # some sections failed: named below
 
 
@@ -75,10 +77,10 @@ def _summary(bmc: bmc_pb2.BmcSample) -> list[Text]:
     parts = Text("  ").append_text(_parts(bmc.power_supplies, "PSUs"))
     parts.append("; ").append_text(_parts(bmc.fans, "fans"))
     pending = len(bmc.bios_pending)
-    firmware = Text(f"  BIOS {bmc.bios_version or '-'}, ")
+    firmware = plain(f"  BIOS {bmc.bios_version or '-'}, ")
     plural = "" if pending == 1 else "s"
     firmware.append(f"{pending} pending BIOS setting{plural}", style="yellow" if pending else "")
-    firmware.append(f"; BMC firmware {bmc.bmc_firmware_version or '-'}")
+    firmware.append_text(plain(f"; BMC firmware {bmc.bmc_firmware_version or '-'}"))
     return [health, parts, firmware]
 
 
@@ -119,7 +121,7 @@ def bmc_section(
     lines.extend(_summary(bmc))
     failed = [s.name for s in bmc.sections if not s.success]
     if failed:
-        lines.append(Text("  failed sections: ").append(", ".join(failed), style="red"))
+        lines.append(Text("  failed sections: ").append_text(plain(", ".join(failed), style="red")))
     if bmc.gpus:
         lines.append(_gpus_table(bmc, gpus))
     return Group(*lines)

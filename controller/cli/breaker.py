@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Col, make_table, show
+from controller.cli.layout import Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.tables import age
@@ -54,7 +54,7 @@ def headline(status: operator_pb2.BreakerStatus) -> Text:
     if not status.tripped:
         return Text("breaker: armed", style="green")
     since = age(status.tripped_at.seconds) if status.HasField("tripped_at") else "?"
-    return Text(f"breaker: TRIPPED ({since}): {status.why}", style="bold red")
+    return plain(f"breaker: TRIPPED ({since}): {status.why}", style="bold red")
 
 
 def breaker(target: str, output: str) -> int:
@@ -63,7 +63,7 @@ def breaker(target: str, output: str) -> int:
             target, lambda s: s.GetBreaker(operator_pb2.GetBreakerRequest(), timeout=TIMEOUT_S)
         )
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1
     _print(status, output)
     return 0
@@ -93,7 +93,7 @@ def reset(target: str, output: str, reason: str, yes: bool) -> int:
     try:
         status = call_operator(target, lambda s: s.ResetBreaker(request, timeout=TIMEOUT_S))
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1
     _print(status, output)
     return 0

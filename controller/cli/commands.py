@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Cell, Col, make_table, show
+from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.tables import age
@@ -80,7 +79,7 @@ def commands_table(commands: Sequence[operator_pb2.CommandInfo], *, wide: bool =
                 c.id,
                 c.node,
                 c.kind,
-                Text(state, style=STATE_STYLE.get(state, "")),
+                plain(state, style=STATE_STYLE.get(state, "")),
                 c.requester,
                 age(c.created.seconds),
                 age(c.sent.seconds) if c.HasField("sent") else "-",
@@ -96,7 +95,7 @@ def commands(target: str, output: str, node: str = "", limit: int = 0) -> int:
     try:
         resp = call_operator(target, lambda s: s.ListCommands(request, timeout=TIMEOUT_S))
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1
     if output in DOCUMENT_FORMATS:
         print_document({"commands": [command_to_dict(c) for c in resp.commands]}, output)

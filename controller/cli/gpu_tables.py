@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.table import Table
-from rich.text import Text
 
-from controller.cli.layout import Cell, Col, make_table
+from controller.cli.layout import Cell, Col, make_table, plain
 from controller.cli.tables import age
 from protos.gpufleet.v1 import telemetry_pb2
 from protos.names import clock_event_reason_names
@@ -133,7 +132,7 @@ def probes_table(
     rows: list[Sequence[Cell]] = []
     for p in probes:
         unit = p.unit or (units or {}).get(p.probe, "")
-        value = Text(f"failed: {p.error}", style="red") if p.error else f"{p.value:.1f} {unit}".rstrip()
+        value = plain(f"failed: {p.error}", style="red") if p.error else f"{p.value:.1f} {unit}".rstrip()
         peak = f"{p.peak_ratio:.0%}" if p.HasField("peak_ratio") else "-"
         mode = (p.mode or "-") + (" (simulated)" if p.simulated else "")
         when = age(p.time.seconds)
@@ -161,7 +160,9 @@ def probe_run_table(results: Sequence[telemetry_pb2.ProbeResult], title: str, *,
     )
     rows: list[Sequence[Cell]] = []
     for r in results:
-        value: Cell = Text(f"failed: {r.error}", style="red", justify="left") if r.error else f"{r.value:.1f}"
+        value: Cell = (
+            plain(f"failed: {r.error}", style="red", justify="left") if r.error else f"{r.value:.1f}"
+        )
         rows.append(
             (
                 r.probe,

@@ -16,10 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Cell, Col, make_table, show
+from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.tables import age
@@ -71,7 +70,7 @@ def history_table(entries: Sequence[operator_pb2.AuditEntry], *, wide: bool = Fa
             age(e.time.seconds),
             e.node or "-",
             e.action,
-            Text(e.outcome, style=OUTCOME_STYLE.get(e.outcome, "")),
+            plain(e.outcome, style=OUTCOME_STYLE.get(e.outcome, "")),
             e.requester,
             e.reason or "-",
             e.detail or "-",
@@ -88,12 +87,12 @@ def history(target: str, output: str, node: str = "", since: str = "", limit: in
         try:
             request.since.FromNanoseconds(int(parse_since(since) * 1e9))
         except ValueError as exc:
-            print(f"gpufleet: {exc}", file=sys.stderr)
+            print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
             return 2
     try:
         resp = call_operator(target, lambda s: s.ListAudit(request, timeout=TIMEOUT_S))
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1
     if output in DOCUMENT_FORMATS:
         print_document({"entries": [entry_to_dict(e) for e in resp.entries]}, output)

@@ -18,10 +18,9 @@ from typing import Any
 
 import grpc
 from rich.table import Table
-from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Col, make_table, show
+from controller.cli.layout import Col, clean, make_table, plain, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
@@ -81,12 +80,12 @@ def show_drain(s: operator_pb2.DrainStatus, output: str) -> None:
     if output in DOCUMENT_FORMATS:
         print_document(drain_to_dict(s), output)
         return
-    head = Text(f"{s.node}: {s.outcome}: {s.progress}", OUTCOME_STYLE.get(s.outcome, "red"))
+    head = plain(f"{s.node}: {s.outcome}: {s.progress}", OUTCOME_STYLE.get(s.outcome, "red"))
     show(head, pods_table(s, wide=output == "wide"))
 
 
 def _fail(command: str, exc: OperatorError) -> int:
-    print(f"gpufleet {command}: {exc}", file=sys.stderr)
+    print(f"gpufleet {command}: {clean(str(exc))}", file=sys.stderr)
     return 2 if exc.code in USAGE_ERRORS else 1
 
 
@@ -103,7 +102,7 @@ def _node_action(
     if output in DOCUMENT_FORMATS:
         print_document(message_to_dict(resp), output)
     else:
-        print(resp.detail)
+        print(clean(resp.detail))
     return 0
 
 
@@ -153,5 +152,7 @@ def drain(
     show_drain(status, output)
     if status.outcome in ("drained", "planned"):
         return 0
-    print(f"gpufleet drain: {node}: {status.outcome}: {status.error or status.progress}", file=sys.stderr)
+    print(
+        clean(f"gpufleet drain: {node}: {status.outcome}: {status.error or status.progress}"), file=sys.stderr
+    )
     return 1

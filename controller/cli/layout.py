@@ -5,6 +5,12 @@ dropped. When a table is wider than the terminal, `wrap` columns (free text: evi
 wrap, down to WRAP_MIN characters or their longest word, and the others go, highest `drop` first.
 Piped output (no terminal, no $COLUMNS) is never narrowed: every row stays on one line, whole,
 for grep and awk.
+
+Text that came from a node (names, versions, BMC messages, pod names: anything) is data, never rich
+markup, and its control characters (ESC and the ANSI/OSC sequences it starts, C1, DEL, bidi
+overrides, newlines) are shown as escapes (`\\x1b`): `plain` makes such a cell, `clean` such a
+line for print(). `make_table` and `show` apply the same to every cell, title and line they are
+given (a newline our own code put in a Text is kept), so text a renderer forgot is still safe.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.measure import Measurement
 from rich.table import Column, Table
-from rich.text import Text
+from rich.text import Span, Text
+
+from protos.logsafe import CONTROL, escape_control
 
 Cell = str | Text
 PIPE_WIDTH = 1000  # text beside the tables when piped: never folded
@@ -31,16 +39,69 @@ class Col(Column):
     wide: bool = False  # shown only with -o wide
 
 
+def clean(value: str) -> str:
+    """A line of node-supplied text for print(): control characters shown as escapes."""
+    return escape_control(value)
+
+
+def plain(value: str, style: str = "", justify: JustifyMethod | None = None) -> Text:
+    """A cell (or line) of node-supplied text: never markup, control characters shown as escapes."""
+    return Text(escape_control(value), style=style, justify=justify)
+
+
+def safe_text(text: Text) -> Text:
+    """`text` with its control characters escaped, styles kept; newlines (our own line breaks) stay."""
+    source = text.plain
+    if not any(ch != "\n" for ch in CONTROL.findall(source)):
+        return text
+    pieces: list[str] = []
+    offsets = [0] * (len(source) + 1)
+    at = 0
+    for i, ch in enumerate(source):
+        offsets[i] = at
+        piece = ch if ch == "\n" or not CONTROL.match(ch) else escape_control(ch)
+        pieces.append(piece)
+        at += len(piece)
+    offsets[len(source)] = at
+    out = Text(
+        "".join(pieces),
+        style=text.style,
+        justify=text.justify,
+        overflow=text.overflow,
+        no_wrap=text.no_wrap,
+        end=text.end,
+        tab_size=text.tab_size,
+    )
+    out.spans = [Span(offsets[s.start], offsets[min(s.end, len(source))], s.style) for s in text.spans]
+    return out
+
+
+def _safe(item: RenderableType) -> RenderableType:
+    """`item` with every Text and string in it made safe (tables and groups are walked)."""
+    if isinstance(item, str):
+        return plain(item)
+    if isinstance(item, Text):
+        return safe_text(item)
+    if isinstance(item, Group):
+        item._renderables = tuple(_safe(r) for r in item._renderables)
+    elif isinstance(item, Table):
+        if item.title is not None:
+            item.title = plain(item.title) if isinstance(item.title, str) else safe_text(item.title)
+        for column in item.columns:
+            column._cells = [_safe(c) for c in column._cells]
+    return item
+
+
 def make_table(
     title: str, columns: Sequence[Col], rows: Iterable[Sequence[Cell]], *, wide: bool = False
 ) -> Table:
     """A table of the columns `wide` selects; each row gives a cell for every column in `columns`."""
     shown = [i for i, c in enumerate(columns) if wide or not c.wide]
-    table = Table(*(columns[i] for i in shown), title=Text(title), title_justify="left")
+    table = Table(*(columns[i] for i in shown), title=plain(title), title_justify="left")
     for row in rows:
         # Cells are data (node names, BMC messages, sources like "tuned.conf ([cpu] governor)"):
-        # plain text, never rich markup.
-        table.add_row(*(Text(c) if isinstance(c, str) else c for c in (row[i] for i in shown)))
+        # plain text, never rich markup, control characters escaped.
+        table.add_row(*(plain(c) if isinstance(c, str) else safe_text(c) for c in (row[i] for i in shown)))
     for column in table.columns:
         if isinstance(column, Col) and column.key:
             column.no_wrap = True
@@ -108,6 +169,6 @@ def terminal_width() -> int | None:
 def show(*items: RenderableType, width: int | None = None) -> None:
     """Print tables (fitted to the terminal) and text on stdout; `width` overrides the terminal's."""
     width = width or terminal_width()
-    for item in items:
+    for item in map(_safe, items):
         needed = fit(item, width) if isinstance(item, Table) else 0
         Console(width=max(width or PIPE_WIDTH, needed)).print(item, markup=False)  # data, not markup

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
+from rich.console import Console
 from rich.text import Text
 
 from controller.cli import gpu_tables, tables
 from controller.cli.bmc_view import bmc_section
+from controller.cli.credentials import BearerToken
 from controller.cli.jsonify import finding_to_dict, message_to_dict
 from controller.cli.layout import show
 from controller.cli.output import DOCUMENT_FORMATS, print_document
-from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
+from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import clock_event_reason_names
 
 TIMEOUT_S = 10.0
@@ -35,12 +37,23 @@ class OperatorError(Exception):
 
 
 def call_operator(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]) -> T:
+    """fn(stub) over a channel to `target`: TLS and a bearer token when `target` is an OperatorTarget
+    carrying them. A refused call is an OperatorError: one line, its status in `code`."""
+    credentials = getattr(target, "credentials", None)
+    token = getattr(target, "token", None)
     try:
-        with grpc.insecure_channel(target) as channel:
-            return fn(operator_pb2_grpc.OperatorStub(channel))
+        with (
+            grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+        ) as channel:
+            stub_channel = grpc.intercept_channel(channel, BearerToken(token)) if token else channel
+            return fn(operator_pb2_grpc.OperatorStub(stub_channel))
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise OperatorError(f"not authenticated: {details}", code) from None
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            raise OperatorError(f"permission denied: {details}", code) from None
         if code in UNREACHABLE:
             raise OperatorError(
                 f"cannot reach controller at {target}: {details or code.name}", code
@@ -73,12 +86,42 @@ def worst_first(nodes: Sequence[operator_pb2.NodeSummary]) -> list[operator_pb2.
     return sorted(nodes, key=lambda n: (HEALTH_RANK.get(n.health, len(HEALTH_RANK)), n.name))
 
 
+class _Page(Protocol):
+    @property
+    def next_page_token(self) -> str: ...
+
+
+P = TypeVar("P", bound=_Page)
+
+
+def all_pages(fetch: Callable[[str], P]) -> list[P]:
+    """Every page of a list: fetch("") first, then fetch(next_page_token) until it is empty."""
+    pages = [fetch("")]
+    seen: set[str] = set()
+    while token := pages[-1].next_page_token:
+        if token in seen:  # a controller that loops would keep us here forever
+            raise OperatorError("the controller answered the same page twice: the list is incomplete")
+        seen.add(token)
+        pages.append(fetch(token))
+    return pages
+
+
+def warn(text: str) -> None:
+    """The controller's own security warning, loud on stderr (stdout stays a clean document)."""
+    if text:
+        Console(stderr=True, highlight=False).print(Text(f"WARNING: {text}", style="bold"), soft_wrap=True)
+
+
 def nodes(target: str, output: str) -> int:
     def action() -> None:
-        resp = call_operator(
-            target, lambda s: s.ListNodes(operator_pb2.ListNodesRequest(), timeout=TIMEOUT_S)
+        pages = call_operator(
+            target,
+            lambda s: all_pages(
+                lambda token: s.ListNodes(operator_pb2.ListNodesRequest(page_token=token), timeout=TIMEOUT_S)
+            ),
         )
-        ordered = worst_first(resp.nodes)
+        warn(pages[-1].warning)
+        ordered = worst_first([n for page in pages for n in page.nodes])
         if output in DOCUMENT_FORMATS:
             print_document({"nodes": [message_to_dict(n) for n in ordered]}, output)
         else:
@@ -137,11 +180,22 @@ def node(target: str, name: str, output: str) -> int:
 
 def findings(target: str, output: str, node: str = "", include_resolved: bool = False) -> int:
     def action() -> None:
-        request = operator_pb2.ListFindingsRequest(node=node, include_resolved=include_resolved)
-        resp = call_operator(target, lambda s: s.ListFindings(request, timeout=TIMEOUT_S))
+        def page(stub: operator_pb2_grpc.OperatorStub, token: str) -> operator_pb2.ListFindingsResponse:
+            request = operator_pb2.ListFindingsRequest(
+                node=node, include_resolved=include_resolved, page_token=token
+            )
+            return stub.ListFindings(request, timeout=TIMEOUT_S)
+
+        def fetch(stub: operator_pb2_grpc.OperatorStub) -> tuple[str, list[findings_pb2.Finding]]:
+            # ListFindings carries no warning: the smallest ListNodes answer brings it.
+            warning = stub.ListNodes(operator_pb2.ListNodesRequest(page_size=1), timeout=TIMEOUT_S).warning
+            return warning, [f for p in all_pages(lambda token: page(stub, token)) for f in p.findings]
+
+        warning, found = call_operator(target, fetch)
+        warn(warning)
         if output in DOCUMENT_FORMATS:
-            print_document({"findings": [finding_to_dict(f) for f in resp.findings]}, output)
+            print_document({"findings": [finding_to_dict(f) for f in found]}, output)
         else:
-            show(tables.findings_table(resp.findings, wide=output == "wide"))
+            show(tables.findings_table(found, wide=output == "wide"))
 
     return _run(action)

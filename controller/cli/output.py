@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from controller.cli.credentials import TLS_ENV, TOKEN_FILE_ENV
+
 OUTPUT_FORMATS = ("table", "wide", "json", "yaml")
 DOCUMENT_FORMATS = ("json", "yaml")  # a document for scripts, not a table
 CONTROLLER_ENV = "GPUFLEET_CONTROLLER"
@@ -26,14 +28,40 @@ def default_controller() -> str:
     return os.environ.get(CONTROLLER_ENV, "").strip() or DEFAULT_CONTROLLER
 
 
+def _env(name: str) -> str | None:
+    return os.environ.get(name, "").strip() or None
+
+
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
-    """--controller HOST:PORT and -o/--output, the same for every operator command."""
+    """--controller HOST:PORT, its credentials (--token-file, --tls-ca, --tls-cert, --tls-key) and
+    -o/--output, the same for every operator command."""
     parser.add_argument(
         "--controller",
         default=default_controller(),
         metavar="HOST:PORT",
         help=f"the controller's address (default: ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
     )
+    parser.add_argument(
+        "--token-file",
+        default=_env(TOKEN_FILE_ENV),
+        metavar="FILE",
+        help=f"file holding this operator's bearer token (default: ${TOKEN_FILE_ENV}; none: no token)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=_env(TLS_ENV["tls_ca"]),
+        metavar="FILE",
+        help=f"PEM CA of the controller's certificate: speak TLS (default: ${TLS_ENV['tls_ca']}; "
+        "none: plaintext)",
+    )
+    for flag, what in (("cert", "client certificate"), ("key", "key of --tls-cert")):
+        env = TLS_ENV[f"tls_{flag}"]
+        parser.add_argument(
+            f"--tls-{flag}",
+            default=_env(env),
+            metavar="FILE",
+            help=f"PEM {what}, where the controller asks operators for one (default: ${env})",
+        )
     parser.add_argument(
         "-o",
         "--output",

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from controller.cli.gpu_tables import probe_run_table
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import show
+from controller.cli.layout import clean, plain, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
@@ -49,11 +49,13 @@ def _wait(stub: operator_pb2_grpc.OperatorStub, request: operator_pb2.ProbeNodeR
         return call.result()
     started = time.monotonic()
     try:
-        with Console(stderr=True).status(f"probing {request.node}...") as status:
+        with Console(stderr=True).status(plain(f"probing {request.node}...")) as status:
             while not call.done():
                 status.update(
-                    f"probing {request.node}: {time.monotonic() - started:.0f}s "
-                    f"(at most {request.timeout_seconds:.0f}s)"
+                    plain(
+                        f"probing {request.node}: {time.monotonic() - started:.0f}s "
+                        f"(at most {request.timeout_seconds:.0f}s)"
+                    )
                 )
                 time.sleep(0.2)
     except KeyboardInterrupt:
@@ -86,9 +88,9 @@ def probe_node(
         resp: operator_pb2.ProbeNodeResponse = call_operator(target, lambda stub: _wait(stub, request))
     except OperatorError as exc:
         if exc.code == grpc.StatusCode.NOT_FOUND:
-            print(f"gpufleet probe-node: node {node} not found", file=sys.stderr)
+            print(clean(f"gpufleet probe-node: node {node} not found"), file=sys.stderr)
             return 2
-        print(f"gpufleet probe-node: {exc}", file=sys.stderr)
+        print(f"gpufleet probe-node: {clean(str(exc))}", file=sys.stderr)
         return 2 if exc.code in USAGE_ERRORS else 1
     except KeyboardInterrupt:
         print("gpufleet probe-node: interrupted (the node may still be probing)", file=sys.stderr)
@@ -96,7 +98,7 @@ def probe_node(
     if output in DOCUMENT_FORMATS:
         print_document(response_to_dict(node, resp), output)
     elif not wait:
-        print(f"probe command {resp.command_id} sent to {node}")
+        print(clean(f"probe command {resp.command_id} sent to {node}"))
     elif resp.results:
         title = f"Probe results of {node} (command {resp.command_id})"
         show(probe_run_table(resp.results, title, wide=output == "wide"))
@@ -104,14 +106,15 @@ def probe_node(
         return 0
     if not resp.done:
         why = resp.error or f"no answer within {timeout:.0f}s"
-        print(f"gpufleet probe-node: {node}: {why} (command {resp.command_id})", file=sys.stderr)
+        print(clean(f"gpufleet probe-node: {node}: {why} (command {resp.command_id})"), file=sys.stderr)
         return 1
     failed = [r for r in resp.results if r.error]
     if not resp.ok or failed:
         print(
-            f"gpufleet probe-node: {node}: {resp.error or f'{len(failed)} probe(s) failed'}", file=sys.stderr
+            clean(f"gpufleet probe-node: {node}: {resp.error or f'{len(failed)} probe(s) failed'}"),
+            file=sys.stderr,
         )
         return 1
     if not resp.results and output not in DOCUMENT_FORMATS:
-        print(f"{node} answered without results (command {resp.command_id})", file=sys.stderr)
+        print(clean(f"{node} answered without results (command {resp.command_id})"), file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Cell, Col, make_table, show
+from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.tables import age
@@ -48,11 +48,12 @@ def fix_text(r: operator_pb2.Recommendation) -> str:
     return f"{r.action} {r.profile}".strip() if r.action else r.profile
 
 
-def changes_text(r: operator_pb2.Recommendation) -> str:
+def changes_text(r: operator_pb2.Recommendation) -> Text:
+    """One line per change (each escaped: a newline in a setting cannot make another)."""
     if not r.changes:
-        return "-"
-    return "\n".join(
-        f"{c.setting}: {c.current} -> {c.target}" + (" (at reboot)" if c.pending_reboot else "")
+        return Text("-")
+    return Text("\n").join(
+        plain(f"{c.setting}: {c.current} -> {c.target}" + (" (at reboot)" if c.pending_reboot else ""))
         for c in r.changes
     )
 
@@ -79,8 +80,8 @@ def recommendations_table(recs: Sequence[operator_pb2.Recommendation], *, wide: 
             r.node,
             r.cause or "(retune)",
             fix_text(r),
-            Text(r.state, style=STATE_STYLE.get(r.state, "")),
-            Text(r.risk or "-", style=RISK_STYLE.get(r.risk, "")),
+            plain(r.state, style=STATE_STYLE.get(r.state, "")),
+            plain(r.risk or "-", style=RISK_STYLE.get(r.risk, "")),
             r.policy or "-",
             changes_text(r),
             r.expected_effect or "-",
@@ -99,7 +100,7 @@ def recommendations(target: str, output: str, node: str = "", limit: int = 0) ->
     try:
         resp = call_operator(target, lambda s: s.ListRecommendations(request, timeout=TIMEOUT_S))
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1
     if output in DOCUMENT_FORMATS:
         print_document({"recommendations": [recommendation_to_dict(r) for r in resp.recommendations]}, output)

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import Col, make_table, show
+from controller.cli.layout import Col, clean, make_table, plain, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import operator_pb2
@@ -82,14 +82,14 @@ def _show(what: str, resp: operator_pb2.RetuneResponse, output: str, wait: bool)
         return
     if not resp.done:
         if not wait:
-            print(f"{what}: command {resp.command_id} sent (audit {resp.audit_id})")
+            print(clean(f"{what}: command {resp.command_id} sent (audit {resp.audit_id})"))
         return
     if not resp.HasField("result"):  # a drain recommendation: the drain's outcome
         outcome = resp.error or "drained"
-        show(Text(f"{what}: {outcome} (drain {resp.command_id})", "red" if resp.error else "green"))
+        show(plain(f"{what}: {outcome} (drain {resp.command_id})", "red" if resp.error else "green"))
         return
     result = resp.result
-    headline = Text(
+    headline = plain(
         f"{what}: {result.state} (command {resp.command_id})", STATE_STYLE.get(result.state, "red")
     )
     parts: list[Any] = [headline]
@@ -98,9 +98,9 @@ def _show(what: str, resp: operator_pb2.RetuneResponse, output: str, wait: bool)
         parts.append(changes_table(result, wide=wide))
     if result.checks:
         parts.append(checks_table(result, wide=wide))
-    parts += [Text(f"problem: {p}") for p in result.problems]
+    parts += [plain(f"problem: {p}") for p in result.problems]
     if result.left:
-        parts.append(Text(f"not back at the snapshot: {', '.join(result.left)}", style="bold red"))
+        parts.append(plain(f"not back at the snapshot: {', '.join(result.left)}", style="bold red"))
     show(*parts)
 
 
@@ -113,21 +113,21 @@ def _call(target: str, message: Any, *, rpc: str, what: str, output: str, wait: 
             target, lambda s: getattr(s, rpc)(message, timeout=deadline)
         )
     except OperatorError as exc:
-        print(f"gpufleet {command}: {exc}", file=sys.stderr)
+        print(f"gpufleet {command}: {clean(str(exc))}", file=sys.stderr)
         return 2 if exc.code in USAGE_ERRORS else 1
     _show(what, resp, output, wait)
     if not wait:
         return 0
     if not resp.done:
         why = resp.error or f"no answer within {timeout:.0f}s"
-        print(f"gpufleet {command}: {what}: {why} (command {resp.command_id})", file=sys.stderr)
+        print(clean(f"gpufleet {command}: {what}: {why} (command {resp.command_id})"), file=sys.stderr)
         return 1
     if not resp.HasField("result"):  # a drain: its error says how it ended other than drained
         if resp.error:
-            print(f"gpufleet {command}: {what}: {resp.error}", file=sys.stderr)
+            print(clean(f"gpufleet {command}: {what}: {resp.error}"), file=sys.stderr)
         return 1 if resp.error else 0
     if resp.result.state not in OK_STATES:
-        print(f"gpufleet {command}: {what}: {resp.error or resp.result.state}", file=sys.stderr)
+        print(clean(f"gpufleet {command}: {what}: {resp.error or resp.result.state}"), file=sys.stderr)
         return 1
     return 0
 

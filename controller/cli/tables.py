@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from controller.cli.layout import Cell, Col, make_table
+from controller.cli.layout import Cell, Col, make_table, plain
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
 from protos.names import cause_name as _cause_name
 from protos.names import health_name as _health_name
@@ -19,6 +19,7 @@ from protos.names import severity_name as _severity_name
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 HEALTH_STYLE = {"healthy": "green", "degraded": "yellow", "critical": "bold red", "stale": "dim"}
+PLAINTEXT = "plaintext"  # NodeSummary.transport of a node whose stream had no TLS
 
 
 def _named(fn: Callable[[int], str], value: int) -> str:
@@ -91,6 +92,15 @@ def findings_table(
     return make_table(title, columns, rows, wide=wide)
 
 
+def node_name(n: operator_pb2.NodeSummary) -> Text:
+    """The node's name; " (plaintext)" after it, in yellow, when its stream had no TLS (the name is
+    only what the agent said)."""
+    name = plain(n.name)
+    if n.transport == PLAINTEXT:
+        name.append(f" ({PLAINTEXT})", style="yellow")
+    return name
+
+
 def nodes_table(nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False) -> Table:
     columns = (
         Col("NODE", key=True),
@@ -104,13 +114,14 @@ def nodes_table(nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False
         Col("AGENT", drop=8),
         Col("BOOT ID", drop=10, wide=True),
         Col("ACKED SEQ", drop=9, wide=True),
+        Col("TRANSPORT", drop=11, wide=True),
     )
     rows: list[Sequence[Cell]] = []
     for n in nodes:
         health = health_name(n.health) or "unknown"
         rows.append(
             (
-                n.name,
+                node_name(n),
                 Text(health, style=HEALTH_STYLE.get(health, "")),
                 str(n.gpu_count),
                 n.gpu_model,
@@ -121,6 +132,7 @@ def nodes_table(nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False
                 n.agent_version,
                 n.boot_id or "-",
                 str(n.acked_seq),
+                Text(n.transport or "-", style="yellow" if n.transport == PLAINTEXT else ""),
             )
         )
     return make_table(f"Nodes ({len(nodes)})", columns, rows, wide=wide)

@@ -55,6 +55,10 @@ class NodeState:
     bmc: bmc_pb2.BmcSample | None = None  # the latest BMC poll; frames carry one only after a poll
     bmc_time: float = 0.0  # that poll's start (unix seconds), to refuse older samples
     connected: bool = False
+    implausible_logged: set[str] = field(default_factory=set)  # fields whose impossible readings were logged
+    # The controller's clock at the node's last Hello or accepted frame (last_seen is the frame's
+    # own time, from the agent's clock); not stored: after a restart last_seen stands for it.
+    last_heard: float = 0.0
 
     @property
     def boot_id(self) -> str:
@@ -77,6 +81,7 @@ class Fleet:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     probes: dict[ProbeKey, ProbeRecord] = field(default_factory=dict)
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, boot) -> highest contiguous seq
+    implausible: dict[str, int] = field(default_factory=dict)  # "Message.field" -> impossible readings
 
 
 @dataclass(slots=True)
@@ -92,3 +97,5 @@ class FrameWrite:
     probes: list[ProbeRecord] = field(default_factory=list)
     bmc: bmc_pb2.BmcSample | None = None
     bmc_time: float = 0.0  # the BMC poll's start, which is not the frame's time
+    implausible: dict[str, int] = field(default_factory=dict)  # "Message.field" -> readings cleared
+    received: float = 0.0  # the controller's clock when the frame arrived

@@ -6,12 +6,17 @@ shows what the store does not hold.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import Counter
 
 from controller.fleet.conditions import update_held
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
+from controller.fleet.plausible import PROBE_VALUE, clear_implausible, probe_value_plausible
 from controller.fleet.sanitize import clear_non_finite
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller.ingest")
 
 
 def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[FrameWrite, int]:
@@ -19,17 +24,24 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
 
     Latest-state rows change only when the frame is newer than what is held (a replay of an older
     boot's spool must not overwrite fresher readings); the BMC sample likewise, by its poll time;
-    probe results always count, by their time.
+    probe results always count, by their time. Physically impossible readings (fleet/plausible.py)
+    are stored as missing, and a probe result with an impossible value is dropped; the write's
+    `implausible` counts them per field.
     """
     at = min(frame.time.ToNanoseconds() / 1e9 if frame.HasField("time") else now, now)
     probes: list[ProbeRecord] = []
     dropped = 0
+    implausible: Counter[str] = Counter()
     for result in frame.probes:
         if result.error or not math.isfinite(result.value) or result.value <= 0:
             dropped += 0 if result.error else 1
             continue
         when = min(result.time.ToNanoseconds() / 1e9 if result.HasField("time") else at, now)
         clear_non_finite(result)
+        if not probe_value_plausible(result):
+            implausible[PROBE_VALUE] += 1
+            continue
+        implausible.update(clear_implausible(result))
         gpu = result.gpu if result.HasField("gpu") else None
         probes.append(
             ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result)
@@ -39,7 +51,13 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
         dropped += clear_non_finite(frame.host)
     if frame.HasField("bmc"):
         dropped += clear_non_finite(frame.bmc)
-    write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes)
+    for sample in frame.gpus:
+        implausible.update(clear_implausible(sample))
+    for part in ("host", "bmc"):
+        if frame.HasField(part):
+            implausible.update(clear_implausible(getattr(frame, part)))
+    write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes, received=now)
+    write.implausible = dict(implausible)
     for sample in frame.gpus:
         previous = node.gpus.get(sample.index)
         if previous is not None and previous.time > at:
@@ -60,6 +78,8 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
 def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
     node = fleet.nodes[write.node]
     node.last_seen = max(node.last_seen, write.time)
+    node.last_heard = max(node.last_heard, write.received)
+    _count_implausible(fleet, node, write.implausible)
     for gpu in write.gpus:
         node.gpus[gpu.index] = gpu
     if write.host is not None:
@@ -73,6 +93,14 @@ def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
     fleet.acked[(write.node, write.boot_id)] = write.seq
 
 
+def _count_implausible(fleet: Fleet, node: NodeState, counts: dict[str, int]) -> None:
+    for name, count in counts.items():
+        fleet.implausible[name] = fleet.implausible.get(name, 0) + count
+        if name not in node.implausible_logged:  # once per node and field; the metric counts every one
+            node.implausible_logged.add(name)
+            log.warning("node %s: impossible %s readings are stored as missing", node.name, name)
+
+
 def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeState:
     node = fleet.nodes.get(hello.node)
     if node is None:
@@ -80,6 +108,7 @@ def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeSt
         fleet.nodes[hello.node] = node
     else:
         node.hello, node.last_seen = hello, now
+    node.last_heard = max(node.last_heard, now)
     present = {g.index for g in hello.inventory.gpus}
     for index in list(node.gpus):
         if index not in present:  # a GPU gone from the inventory has no current state

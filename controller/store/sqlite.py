@@ -12,7 +12,7 @@ import asyncio
 import copy
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from time import perf_counter
@@ -24,9 +24,12 @@ from controller.fleet.finding import Finding
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
+from controller.paging import FindingKey
 from controller.store import audit as audit_rows
 from controller.store import commands as command_rows
 from controller.store import drains as drain_rows
+from controller.store import finding_pages
+from controller.store import forget as forget_rows
 from controller.store import recommendations as recommendation_rows
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
@@ -107,6 +110,22 @@ class Store:
     ) -> list[StoredFinding]:
         return await self._call("list_findings", lambda c: _list_findings(c, node, include_resolved, limit))
 
+    async def list_findings_page(
+        self,
+        node: str,
+        include_resolved: bool,
+        severities: Sequence[str] | None,
+        after: FindingKey | None,
+        limit: int,
+    ) -> list[StoredFinding]:
+        """A page of findings in the operator API's order (controller/store/finding_pages.py)."""
+        return await self._call(
+            "list_findings",
+            lambda c: finding_pages.list_page(
+                c, node, include_resolved, severities=severities, after=after, limit=limit
+            ),
+        )
+
     async def prune_history(self, before: float) -> int:
         """Drop probe history, finished commands and finished recommendations older than `before`."""
         return await self._call(
@@ -117,6 +136,10 @@ class Store:
                 + recommendation_rows.prune(c, before)
             ),
         )
+
+    async def forget_nodes(self, names: list[str]) -> int:
+        """Delete every row about these nodes but the audit log's (controller/store/forget.py)."""
+        return await self._call("prune_history", lambda c: forget_rows.forget_nodes(c, names))
 
     def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
         """Queue the command's current state at once (writes keep their order); await to know it is stored."""

@@ -32,6 +32,9 @@ sim:
     - fault: power_cap
 stream:
   controller: controller.example:50051
+  tls_ca: /etc/gpufleet/tls/ca.crt
+  tls_cert: /etc/gpufleet/tls/node.crt
+  tls_key: /etc/gpufleet/tls/node.key
   spool_dir: /var/lib/gpufleet/spool
   spool_max_frames: 100
   backoff_initial_seconds: 0.25
@@ -84,6 +87,12 @@ def test_every_key_is_read_from_yaml(tmp_path: Path) -> None:
     assert [(f.fault, f.gpu) for f in config.sim.faults] == [("thermal_throttle", 2), ("power_cap", None)]
     stream = config.stream
     assert stream.controller == "controller.example:50051"
+    assert (stream.tls_ca, stream.tls_cert, stream.tls_key, stream.insecure) == (
+        "/etc/gpufleet/tls/ca.crt",
+        "/etc/gpufleet/tls/node.crt",
+        "/etc/gpufleet/tls/node.key",
+        False,
+    )
     assert stream.spool_dir == "/var/lib/gpufleet/spool"
     assert stream.spool_max_frames == 100
     assert (stream.backoff_initial_seconds, stream.backoff_max_seconds) == (0.25, 5.0)
@@ -97,6 +106,7 @@ def test_overrides_merge_into_nested_sections_and_win(tmp_path: Path) -> None:
     assert config.sim.seed == 11  # the rest of the file's sim section stays
     assert len(config.sim.faults) == 2
     assert config.stream.controller == "10.0.0.1:9"
+    assert config.stream.tls_ca == "/etc/gpufleet/tls/ca.crt"  # the file's TLS keys stay too
     assert config.stream.spool_dir == "/var/lib/gpufleet/spool"
     assert config.interval_seconds == 2.5
 
@@ -205,6 +215,45 @@ def test_ipv6_controller_address_is_accepted() -> None:
     assert load(None, {"stream": {"controller": "[::1]:50051"}}).stream.controller == "[::1]:50051"
 
 
+# -- plaintext only to loopback, or chosen with --insecure ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        {"controller": "127.0.0.1:50051"},
+        {"controller": "localhost:50051"},
+        {"controller": "[::1]:50051"},
+        {"controller": "10.0.0.1:9", "insecure": True},
+        {"controller": "ctl.example:50051", "tls_ca": "ca.pem"},
+        {"controller": "ctl.example:50051", "tls_ca": "ca.pem", "tls_cert": "n.pem", "tls_key": "n.key"},
+        {"tls_ca": "ca.pem"},  # not streaming: nothing to check against
+    ],
+)
+def test_plaintext_to_loopback_or_insecure_tls_elsewhere(stream: dict[str, Any]) -> None:
+    assert load(None, {"stream": stream}).stream.controller == stream.get("controller")
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        ({"controller": "10.0.0.1:9"}, "stream.controller 10.0.0.1:9 is not a loopback address"),
+        ({"controller": "ctl.example:50051"}, "or choose plaintext explicitly with --insecure"),
+        ({"controller": "ctl.example:1", "tls_ca": "c", "insecure": True}, "exclude each other"),
+        ({"controller": "ctl.example:1", "tls_ca": "c", "tls_cert": "n.pem"}, "go together"),
+        ({"controller": "ctl.example:1", "tls_cert": "n.pem", "tls_key": "n.key"}, "needs stream.tls_ca"),
+    ],
+)
+def test_plaintext_elsewhere_needs_insecure(stream: dict[str, Any], expected: str) -> None:
+    assert expected in config_error(None, {"stream": stream})
+
+
+def test_insecure_flag_allows_plaintext_to_another_host(capsys: pytest.CaptureFixture[str]) -> None:
+    assert flags_config(["--controller=10.0.0.1:9", "--insecure"]).stream.insecure
+    code, _, err = run_main(["--sim", "--once", "--controller=10.0.0.1:9"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--insecure" in err
+
+
 # -- command-line flags -----------------------------------------------------------------------
 
 
@@ -220,6 +269,9 @@ def test_flags_map_to_config_keys(tmp_path: Path) -> None:
             "--sim",
             "--node=n9",
             "--controller=ctl:7000",
+            "--tls-ca=ca.pem",
+            "--tls-cert=n9.pem",
+            "--tls-key=n9.key",
             "--interval=0.5",
             f"--spool-dir={tmp_path}",
             "--gpus=3",
@@ -230,6 +282,8 @@ def test_flags_map_to_config_keys(tmp_path: Path) -> None:
     assert config.source == "sim"
     assert config.node == "n9"
     assert config.stream.controller == "ctl:7000"
+    stream = config.stream
+    assert (stream.tls_ca, stream.tls_cert, stream.tls_key) == ("ca.pem", "n9.pem", "n9.key")
     assert config.interval_seconds == 0.5
     assert config.stream.spool_dir == str(tmp_path)
     assert (config.sim.gpus, config.sim.seed) == (3, 5)

@@ -228,7 +228,8 @@ FINDINGS = [
 
 
 async def populate(app: ControllerApp, clock: Clock) -> None:
-    """Five nodes at T0; a minute and a bit later, d-stale has gone quiet and e-returned said hello."""
+    """Five nodes at T0; a minute and a bit later, a, b and c are still heard from on their streams,
+    d-stale has gone quiet and e-returned said hello."""
     for name in ("a-healthy", "b-degraded", "c-critical", "d-stale", "e-returned"):
         await app.ingest.hello(hello(name, gpus=2))
         assert await app.ingest.frame(name, frame(1, name)) == 1
@@ -236,4 +237,6 @@ async def populate(app: ControllerApp, clock: Clock) -> None:
             app.connected(name)
     await add_findings(app, FINDINGS)
     clock.now = T0 + STALE_AFTER + 1
+    for name in ("a-healthy", "b-degraded", "c-critical"):  # streaming on: heard from just now
+        app.fleet.nodes[name].last_heard = clock.now
     await app.ingest.hello(hello("e-returned", boot="b2", gpus=2))

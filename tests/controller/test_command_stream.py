@@ -141,7 +141,7 @@ def test_a_command_in_flight_across_a_controller_restart_is_sent_again_and_run_o
             # The controller is gone with the run in progress; a new one takes over the same store.
             async with running_controller(cfg, clock=time.time) as second:
                 again = second.app.commands.get(command_id)
-                assert again is not None and again.requester.startswith("operator:ipv4:127.0.0.1:")
+                assert again is not None and again.requester.startswith("anonymous from ipv4:127.0.0.1:")
                 assert second.app.probing.commands.in_flight["n1"].id == command_id  # still busy probing
                 await until(lambda: received == [command_id, command_id], "the same id sent again")
                 probes.gate.set()

@@ -15,6 +15,8 @@ from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import bmc_sample
 
+E = 1_700_000_000.0  # times below are seconds after E (2023-11-14): real times, after 2000
+
 
 def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
     msg = pb.Hello(node=node, boot_id=boot)
@@ -23,7 +25,7 @@ def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
 
 
 def frame(
-    seq: int, node: str = "n1", boot: str = "b1", floor: int = 0, t: float = 1000.0
+    seq: int, node: str = "n1", boot: str = "b1", floor: int = 0, t: float = E + 1000.0
 ) -> pb.TelemetryFrame:
     msg = pb.TelemetryFrame(node=node, boot_id=boot, seq=seq, spool_floor_seq=floor)
     msg.time.FromSeconds(int(t + seq))
@@ -36,7 +38,7 @@ def with_ingest(body: Callable[[Ingest], Awaitable[None]]) -> None:
         store = Store(":memory:")
         await store.open()
         try:
-            await body(Ingest(Fleet(), store, clock=lambda: 5000.0))
+            await body(Ingest(Fleet(), store, clock=lambda: E + 5000.0))
         finally:
             store.close()
 
@@ -124,8 +126,8 @@ def test_nan_readings_are_missing_and_nan_probes_never_baseline() -> None:
 def test_replayed_older_boot_does_not_overwrite_fresher_state() -> None:
     async def body(ingest: Ingest) -> None:
         await ingest.hello(hello(boot="new"))
-        await ingest.frame("n1", frame(1, boot="new", t=2000.0))
-        assert await ingest.frame("n1", frame(5, boot="old", floor=5, t=100.0)) == 5
+        await ingest.frame("n1", frame(1, boot="new", t=E + 2000.0))
+        assert await ingest.frame("n1", frame(5, boot="old", floor=5, t=E + 100.0)) == 5
         assert ingest.fleet.nodes["n1"].gpus[0].sample.power_watts == 401.0
         assert ingest.fleet.acked[("n1", "old")] == 5
 
@@ -158,22 +160,22 @@ def test_bmc_sample_is_kept_until_a_newer_poll_arrives() -> None:
     async def body(ingest: Ingest) -> None:
         await ingest.hello(hello(boot="new"))
         node = ingest.fleet.nodes["n1"]
-        await ingest.frame("n1", with_bmc(frame(1, boot="new", t=2000.0), 1990.0, "first"))
-        assert node.bmc is not None and node.bmc.endpoint == "first" and node.bmc_time == 1990.0
-        await ingest.frame("n1", frame(2, boot="new", t=2000.0))  # most frames carry no BMC section
-        await ingest.frame("n1", with_bmc(frame(3, boot="new", t=2000.0), 1980.0, "older poll"))
+        await ingest.frame("n1", with_bmc(frame(1, boot="new", t=E + 2000.0), E + 1990.0, "first"))
+        assert node.bmc is not None and node.bmc.endpoint == "first" and node.bmc_time == E + 1990.0
+        await ingest.frame("n1", frame(2, boot="new", t=E + 2000.0))  # most frames carry no BMC section
+        await ingest.frame("n1", with_bmc(frame(3, boot="new", t=E + 2000.0), E + 1980.0, "older poll"))
         # A replayed older boot: its frames and its poll are older than what is held.
-        await ingest.frame("n1", with_bmc(frame(7, boot="old", floor=7, t=100.0), 95.0, "old boot"))
-        assert node.bmc.endpoint == "first" and node.bmc_time == 1990.0
+        await ingest.frame("n1", with_bmc(frame(7, boot="old", floor=7, t=E + 100.0), E + 95.0, "old boot"))
+        assert node.bmc.endpoint == "first" and node.bmc_time == E + 1990.0
         fleet, _ = await ingest.store.load()
-        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == 1990.0
+        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == E + 1990.0
 
-        await ingest.frame("n1", with_bmc(frame(4, boot="new", t=2000.0), 2050.0, "newer"))
-        assert node.bmc.endpoint == "newer" and node.bmc_time == 2050.0
-        await ingest.frame("n1", with_bmc(frame(5, boot="new", t=2000.0), 9e9, "clock ahead"))
-        assert node.bmc_time == 5000.0  # clamped to the controller's now, so later polls still land
+        await ingest.frame("n1", with_bmc(frame(4, boot="new", t=E + 2000.0), E + 2050.0, "newer"))
+        assert node.bmc.endpoint == "newer" and node.bmc_time == E + 2050.0
+        await ingest.frame("n1", with_bmc(frame(5, boot="new", t=E + 2000.0), E + 5200.0, "clock ahead"))
+        assert node.bmc_time == E + 5000.0  # clamped to the controller's now, so later polls still land
         fleet, _ = await ingest.store.load()
-        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == 5000.0
+        assert fleet.nodes["n1"].bmc == node.bmc and fleet.nodes["n1"].bmc_time == E + 5000.0
 
     with_ingest(body)
 
@@ -181,7 +183,7 @@ def test_bmc_sample_is_kept_until_a_newer_poll_arrives() -> None:
 def test_nan_in_bmc_readings_is_missing_and_counted() -> None:
     async def body(ingest: Ingest) -> None:
         await ingest.hello(hello())
-        f = with_bmc(frame(1), 1000.0, "e")
+        f = with_bmc(frame(1), E + 1000.0, "e")
         f.bmc.temperatures[0].reading_celsius = math.nan
         f.bmc.fans[0].speed_rpm = math.inf
         f.bmc.gpus[0].power_watts = -math.inf

@@ -84,7 +84,8 @@ def test_list_nodes_reports_health_from_findings_and_silence() -> None:
         assert a.acked_seq == 1 and nodes[4].acked_seq == 0  # e-returned's new boot has sent nothing
         assert a.last_seen.seconds == int(T0) and nodes[4].last_seen.seconds == int(clock.now)
 
-        running.app.connected("d-stale")  # a stream open again: not stale, its finding shows
+        await running.app.ingest.hello(hello("d-stale", gpus=2))  # back: not stale, its finding shows
+        running.app.connected("d-stale")
         nodes = (await stub.ListNodes(operator_pb2.ListNodesRequest())).nodes
         assert health_name(nodes[3].health) == "critical"
 

@@ -2,8 +2,10 @@
 values and every ci/*-values.yaml set; the rendered manifests validate strictly against Kubernetes
 1.35's schemas (kubernetes-validate) and the Prometheus Operator's CRDs; values.schema.json rejects
 bad values, naming them; and what is rendered is what the README promises: an unprivileged,
-read-only agent unless tuning is on, least-privilege RBAC, the alert rules and dashboards of
-dashboards/ unchanged, and config files the agent's and the controller's own loaders accept.
+read-only agent unless tuning is on, least-privilege RBAC, mutual TLS unless plaintext is chosen
+explicitly (the chart refuses to render without certificates, saying what to set), the alert rules
+and dashboards of dashboards/ unchanged, and config files the agent's and the controller's own
+loaders accept.
 
 Helm is the one `make test` installs (tests/install-helm.sh, into the venv's bin); without it these
 tests skip, except under CI=true, where they fail.
@@ -35,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpufleet"
 DASHBOARDS = ROOT / "dashboards"
 INSTALL_HELM = ROOT / "tests" / "install-helm.sh"
-CRD_SCHEMAS = Path(__file__).with_name("monitoring-crd-schemas.json")
+CRD_SCHEMAS = [Path(__file__).with_name(f"{n}-crd-schemas.json") for n in ("monitoring", "cert-manager")]
 
 KUBE_VERSION = "1.35.0"  # a current Kubernetes, for `helm template` and kubernetes-validate alike
 OLDEST_KUBE_VERSION = "1.28.0"  # Chart.yaml's kubeVersion
@@ -44,6 +46,14 @@ FULLNAME = f"{RELEASE}-gpufleet"
 VALUE_SETS = ["default", *sorted(p.name.removesuffix("-values.yaml") for p in CHART.glob("ci/*-values.yaml"))]
 # The Prometheus Operator's kinds: CRDs, for which kubernetes-validate has no schema.
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+CUSTOM_KINDS = {
+    **dict.fromkeys(MONITORING_KINDS, "monitoring.coreos.com/v1"),
+    "Certificate": "cert-manager.io/v1",
+}
+# The chart renders nothing without the controller's and the agents' certificates (or plaintext,
+# chosen): "default" is its defaults plus these two Secrets.
+TLS_SECRETS = ["--set", "tls.controllerSecret=gf-controller-tls", "--set", "tls.agentSecret=gf-agent-tls"]
+TLS_DIR = "/var/run/secrets/gpufleet/tls"
 UNHEALTHY_TAINT = {"key": "gpufleet.io/unhealthy", "effect": "NoSchedule"}
 
 Doc = dict[str, Any]
@@ -63,7 +73,11 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def values_args(value_set: str) -> list[str]:
-    return [] if value_set == "default" else ["--values", str(CHART / "ci" / f"{value_set}-values.yaml")]
+    return (
+        TLS_SECRETS
+        if value_set == "default"
+        else ["--values", str(CHART / "ci" / f"{value_set}-values.yaml")]
+    )
 
 
 @cache
@@ -161,12 +175,16 @@ def test_helm_lint_passes_strictly(value_set: str) -> None:
 def test_manifests_validate_strictly_against_kubernetes(value_set: str, tmp_path: Path) -> None:
     done = kubernetes_validate(template(*values_args(value_set)), KUBE_VERSION, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    # Only the Prometheus Operator's kinds are left out; test_monitoring_objects_match_their_crds
-    # checks those.
+    # Only the Prometheus Operator's and cert-manager's kinds are left out;
+    # test_custom_resources_match_their_crds checks those.
     unvalidated = [line for line in done.stdout.splitlines() if line.strip()]
-    assert all(line.startswith("WARN") and "monitoring.coreos.com/v1" in line for line in unvalidated)
-    kinds_without_schema = {d["kind"] for d in rendered(value_set)} & MONITORING_KINDS
-    assert {kind for kind in MONITORING_KINDS if f"kind {kind} " in done.stdout} == kinds_without_schema
+    assert all(
+        line.startswith("WARN")
+        and any(f"kind {k} with api version {v} " in line for k, v in CUSTOM_KINDS.items())
+        for line in unvalidated
+    ), unvalidated
+    kinds_without_schema = {d["kind"] for d in rendered(value_set)} & set(CUSTOM_KINDS)
+    assert {kind for kind in CUSTOM_KINDS if f"kind {kind} " in done.stdout} == kinds_without_schema
 
 
 @pytest.mark.parametrize("value_set", ["default", "tuning"])
@@ -196,11 +214,11 @@ def strict(schema: Any) -> Any:
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
-def test_monitoring_objects_match_their_crds(value_set: str) -> None:
+def test_custom_resources_match_their_crds(value_set: str) -> None:
     jsonschema = importlib.import_module("jsonschema")
-    schemas = json.loads(CRD_SCHEMAS.read_text())["schemas"]
+    schemas = {k: v for path in CRD_SCHEMAS for k, v in json.loads(path.read_text())["schemas"].items()}
     for doc in rendered(value_set):
-        if doc["kind"] in MONITORING_KINDS:
+        if doc["kind"] in CUSTOM_KINDS:
             validator = jsonschema.Draft7Validator(strict(schemas[doc["kind"]]))
             errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(doc)]
             assert not errors, f"{doc['kind']} {doc['metadata']['name']}: {errors}"
@@ -208,7 +226,7 @@ def test_monitoring_objects_match_their_crds(value_set: str) -> None:
 
 def test_the_ci_sets_render_every_optional_object() -> None:
     kinds = {doc["kind"] for value_set in VALUE_SETS for doc in rendered(value_set)}
-    assert kinds >= MONITORING_KINDS | {"NetworkPolicy", "PersistentVolumeClaim", "ConfigMap"}
+    assert kinds >= set(CUSTOM_KINDS) | {"NetworkPolicy", "PersistentVolumeClaim", "ConfigMap"}
 
 
 @pytest.mark.parametrize("value_set", ["default", "tuning"])
@@ -263,11 +281,24 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         ),
         (["--set", "agent.config.node=n1"], "agent.config.node is set by the chart"),
         (["--set", "controller.config.listen=0.0.0.0:1"], "controller.config.listen is set by the chart"),
+        (
+            ["--set", "controller.config.insecure=true"],
+            "controller.config.insecure is set by the chart: set tls",
+        ),
+        (["--set", "controller.config.tls.cert=c"], "controller.config.tls is set by the chart"),
+        (["--set", "controller.config.operator_tokens=t"], "set operatorTokens.secret instead"),
+        (["--set", "agent.config.stream.tls_ca=ca"], "agent.config.stream.tls_ca is set by the chart"),
+        (["--set", "agent.config.stream.insecure=true"], "agent.config.stream.insecure is set by the chart"),
+        (["--set", "agent.config.metrics.web_config=w"], "set metrics.webConfigSecret instead"),
+        (["--set", "tls.insecure=true"], "at '/tls/enabled': value must be false"),
+        (["--set", "tls.certManager.enabled=true"], "at '/tls/certManager/issuerRef/name': minLength"),
+        (["--set", "tls.certManager.issuerRef.kind=Vault"], "at '/tls/certManager/issuerRef/kind'"),
+        (["--set", "tls.agentSecret=Bad_Name"], "at '/tls/agentSecret'"),
     ],
     ids=lambda v: v[-1] if isinstance(v, list) else None,
 )
 def test_bad_values_are_rejected_by_name(values: list[str], message: str) -> None:
-    done = helm("template", RELEASE, str(CHART), *values)
+    done = helm("template", RELEASE, str(CHART), *TLS_SECRETS, *values)
     assert done.returncode != 0, f"{values} rendered"
     assert message in done.stderr, done.stderr
 
@@ -376,9 +407,11 @@ def test_the_agents_config_loads_with_the_agents_own_loader(value_set: str, tmp_
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     # What `gpufleet agent --node=... [--bmc-url=...]` does with the file: the same overrides.
     overrides: dict[str, Any] = {"node": "gpu-node-1"}
-    bmc_url = [a.removeprefix("--bmc-url=") for a in args if a.startswith("--bmc-url=")]
-    if bmc_url:
-        overrides["bmc"] = {"url": bmc_url[0].replace("$(NODE_NAME)", "gpu-node-1")}
+    flags = {a.partition("=")[0]: a.partition("=")[2].replace("$(NODE_NAME)", "gpu-node-1") for a in args[3:]}
+    if "--bmc-url" in flags:
+        overrides["bmc"] = {"url": flags["--bmc-url"]}
+    if "--tls-cert" in flags:
+        overrides["stream"] = {"tls_cert": flags["--tls-cert"], "tls_key": flags["--tls-key"]}
     loaded = agent_config.load(config_file(docs, "agent", tmp_path), overrides)
     assert loaded.node == "gpu-node-1" and loaded.host_root == "/host"
     service = one(docs, "Service", f"{FULLNAME}-controller")
@@ -508,6 +541,136 @@ def test_network_policies_admit_the_agents_to_the_controller() -> None:
     grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "grpc")
     selectors = [peer.get("podSelector", {}).get("matchLabels") for peer in grpc_rule["from"]]
     assert one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"] in selectors
+
+
+# Transport security: mutual TLS, plaintext only when chosen, operator tokens, /metrics web-config
+
+
+def secret_volume(pod: Doc, container: Doc, path: str) -> tuple[str, str]:
+    """(the Secret's name, the file's key in it) of the mounted Secret holding `path`."""
+    mount = mount_of(container, path)
+    assert mount["readOnly"] is True, f"{path} is writable"
+    secret = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+    name = str(Path(path).relative_to(mount["mountPath"]))
+    items = {i["path"]: i["key"] for i in secret.get("items", [])}
+    assert not items or name in items, f"{path} is not among the Secret's items {items}"
+    return secret["secretName"], items.get(name, name)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            [],
+            "tls.enabled: set tls.controllerSecret (a Secret with tls.crt, tls.key and ca.crt;",
+        ),
+        (
+            ["--set", "tls.controllerSecret=c"],
+            "tls.enabled: set tls.agentSecret (a Secret with ca.crt and NODE.crt",
+        ),
+        (["--set", "tls.enabled=false"], "choose it explicitly with tls.insecure=true, or keep TLS on"),
+        (
+            [
+                "--set",
+                "tls.certManager.enabled=true,tls.certManager.issuerRef.name=ca,tls.controllerSecret=c",
+            ],
+            "tls.controllerSecret and tls.certManager.enabled both give the controller's certificate",
+        ),
+    ],
+    ids=["nothing", "no-agent-secret", "plaintext-not-chosen", "two-controller-certificates"],
+)
+def test_without_certificates_or_an_explicit_plaintext_nothing_renders(
+    values: list[str], message: str
+) -> None:
+    for command in (["template"], ["install", "--dry-run=client"]):
+        done = helm(*command, RELEASE, str(CHART), *values)
+        assert done.returncode != 0, f"helm {command} {values} passed"
+        assert message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("value_set", ["default", "bmc", "tuning"])
+def test_mutual_tls_from_secrets_reaches_both_components(value_set: str, tmp_path: Path) -> None:
+    docs = rendered(value_set)
+    controller = controller_config.load(config_file(docs, "controller", tmp_path))
+    assert controller.tls.enabled and not controller.insecure and not controller.plaintext
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    files = {
+        path: secret_volume(pod, pod["containers"][0], path)
+        for path in (controller.tls.cert, controller.tls.key, controller.tls.client_ca)
+        if path is not None
+    }
+    secret = "gf-controller-tls" if value_set == "default" else "gpufleet-controller-tls"
+    assert sorted(files.values()) == [(secret, "ca.crt"), (secret, "tls.crt"), (secret, "tls.key")]
+    # Each agent: the CA from the file, its own node's pair from the arguments ($(NODE_NAME)).
+    container = agent_container(docs)
+    tls_args = [a for a in container["args"] if a.startswith("--tls-")]
+    assert tls_args == [f"--tls-cert={TLS_DIR}/$(NODE_NAME).crt", f"--tls-key={TLS_DIR}/$(NODE_NAME).key"]
+    agent = agent_config.load(
+        config_file(docs, "agent", tmp_path),
+        {
+            "node": "gpu-node-1",
+            "stream": {"tls_cert": f"{TLS_DIR}/gpu-node-1.crt", "tls_key": f"{TLS_DIR}/gpu-node-1.key"},
+        },
+    )
+    assert agent.stream.tls_ca is not None and not agent.stream.insecure
+    secret = "gf-agent-tls" if value_set == "default" else "gpufleet-agent-tls"
+    for path, key in ((agent.stream.tls_ca, "ca.crt"), (agent.stream.tls_cert, "gpu-node-1.crt")):
+        assert path is not None
+        assert secret_volume(agent_pod(docs), container, path) == (secret, key)
+
+
+def test_plaintext_is_rendered_only_when_chosen_and_says_so(tmp_path: Path) -> None:
+    docs = rendered("drain")  # tls.enabled=false, tls.insecure=true
+    controller = controller_config.load(config_file(docs, "controller", tmp_path))
+    assert controller.insecure and controller.plaintext
+    agent = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert agent.stream.insecure and agent.stream.tls_ca is None
+    assert not [a for a in agent_container(docs)["args"] if a.startswith("--tls-")]
+    assert "tls" not in {v["name"] for v in agent_pod(docs)["volumes"]}
+    done = helm("install", RELEASE, str(CHART), "--dry-run=client", *values_args("drain"))
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: tls.insecure=true: gRPC is plaintext" in done.stdout
+
+
+def test_cert_manager_makes_the_controllers_certificate_for_the_name_the_agents_dial(tmp_path: Path) -> None:
+    docs = rendered("monitoring")
+    certificate = one(docs, "Certificate")["spec"]
+    assert certificate["issuerRef"] == {
+        "name": "gpufleet-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert "server auth" in certificate["usages"]
+    agent = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert agent.stream.controller is not None
+    dialled = agent.stream.controller.rpartition(":")[0]
+    assert {dialled, "localhost", "gpufleet.example.com"} <= set(certificate["dnsNames"])
+    assert certificate["ipAddresses"] == ["127.0.0.1"]  # `kubectl port-forward`
+    controller = controller_config.load(config_file(docs, "controller", tmp_path))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert controller.tls.client_ca is not None
+    assert secret_volume(pod, pod["containers"][0], controller.tls.client_ca) == (
+        certificate["secretName"],
+        "ca.crt",
+    )
+
+
+def test_operator_tokens_and_the_metrics_web_config_are_mounted_secrets(tmp_path: Path) -> None:
+    docs = rendered("bmc")
+    controller = controller_config.load(config_file(docs, "controller", tmp_path))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert controller.operator_tokens is not None and controller.metrics_web_config is not None
+    assert secret_volume(pod, pod["containers"][0], controller.operator_tokens) == (
+        "gpufleet-operator-tokens",
+        "tokens.yaml",
+    )
+    web_config = ("gpufleet-metrics-web-config", "web-config.yml")
+    assert secret_volume(pod, pod["containers"][0], controller.metrics_web_config) == web_config
+    agent = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert agent.metrics.web_config is not None
+    assert secret_volume(agent_pod(docs), agent_container(docs), agent.metrics.web_config) == web_config
+    default = controller_config.load(config_file(rendered("default"), "controller", tmp_path))
+    assert default.operator_tokens is None and default.metrics_web_config is None
 
 
 # The chart's files, its version, and how Helm gets here

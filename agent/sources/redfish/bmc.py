@@ -7,6 +7,8 @@ Thermal; power supplies from PowerSubsystem, else Power; the system's power from
 EnvironmentMetrics, else Power, else a total-power sensor. Each section runs in a guard: a section
 that fails is reported with its error and the rest of the sample stands. A BMC that stops answering
 ends the poll at once (the remaining sections say why) instead of timing out once per section.
+Every request has a deadline for its whole answer, and the poll one for all of its requests
+(`poll_timeout_seconds`): a BMC that trickles its answers ends the poll there, as a timeout.
 BIOS and firmware inventory change rarely and are read every `inventory_every` polls.
 """
 
@@ -42,6 +44,7 @@ class RedfishBmc:
         inventory_every: int = 10,
         progress: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        poll_timeout_seconds: float | None = None,
     ) -> None:
         self.endpoint = endpoint.base
         self._endpoint = endpoint
@@ -49,6 +52,7 @@ class RedfishBmc:
         self.inventory_every = max(1, inventory_every)
         self.progress = progress
         self.clock = clock
+        self.poll_timeout = poll_timeout_seconds  # None: each request's own deadline only
         self._session: RedfishSession | None = None
         self._expand_broken = False
         self._polls = 0
@@ -60,6 +64,23 @@ class RedfishBmc:
         if self._session is None or not self._session.is_open:
             self._session = RedfishSession(self._endpoint)
         session = self._session
+        if self.poll_timeout is not None:
+            session.deadline = time.monotonic() + self.poll_timeout
+            session.deadline_seconds = self.poll_timeout
+        try:
+            return self._poll(session, sample, start, gpus)
+        finally:
+            session.deadline = None
+
+    def interrupt(self) -> None:
+        """From another thread: end the poll in flight now (the poller gave up waiting on it)."""
+        session = self._session
+        if session is not None:
+            session.interrupt()
+
+    def _poll(
+        self, session: RedfishSession, sample: BmcSample, start: float, gpus: Sequence[GpuInfo]
+    ) -> BmcSample:
         requests_before = session.requests  # 0 for a new session: its login counts in this poll
         try:
             if not session.is_open:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from redfish.rest.v1 import (
 )
 
 from agent.sources.errors import SourceError
+from agent.sources.redfish.deadline import Watch, watch_session
 
 log = logging.getLogger("gpufleet.agent.bmc")
 # The library logs every request and response time at INFO: far too much at the agent's level.
@@ -67,7 +69,16 @@ class BmcEndpoint:
     ca_bundle: str | None = None
     insecure: bool = False
     connect_timeout_seconds: float = 5.0
-    read_timeout_seconds: float = 20.0
+    read_timeout_seconds: float = 20.0  # per socket read
+    # The whole request (connect, send, every read): a BMC that trickles its answer ends here.
+    # None: connect + read timeout.
+    request_timeout_seconds: float | None = None
+
+    @property
+    def request_budget(self) -> float:
+        if self.request_timeout_seconds is not None:
+            return self.request_timeout_seconds
+        return self.connect_timeout_seconds + self.read_timeout_seconds
 
     @property
     def base(self) -> str:
@@ -107,6 +118,11 @@ class RedfishSession:
         self.root: dict[str, Any] = {}
         self._client: Any = None
         self._session_location = ""
+        # The poll's deadline (time.monotonic()) and its length, set by the poller's source; a
+        # request never runs past it.
+        self.deadline: float | None = None
+        self.deadline_seconds = 0.0
+        self._watch: Watch | None = None
 
     def __enter__(self) -> RedfishSession:
         self.open()
@@ -134,6 +150,7 @@ class RedfishSession:
             max_retry=0,  # one attempt per request: the poller owns retries and backs off
             check_connectivity=False,  # the root is read below, with errors translated
         )
+        watch_session(self._client._session)  # every request ends by its deadline (deadline.py)
         try:
             self.root = self._read_root()
             self._login()
@@ -251,7 +268,49 @@ class RedfishSession:
             # Appended to the base URL, "redfish/v1/x" or "@host/x" would name another host (and
             # carry the session token there): a malformed link from the BMC, not sent anywhere.
             raise BmcError(f"{method} {path!r}: a link that is not an absolute path", kind="malformed")
+        ep = self.endpoint
+        budget, by_poll = ep.request_budget, False
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise BmcError(self._late(method, path, by_poll=True), kind="timeout")
+            budget, by_poll = min(budget, left), left < budget
         self.requests += 1
+        watch = self._watch = Watch().start(budget)
+        try:
+            resp = self._send(method, path, args, body, headers)
+        except BmcError as exc:
+            if watch.expired:
+                raise BmcError(self._late(method, path, by_poll=by_poll), kind="timeout") from exc
+            raise
+        finally:
+            watch.done()
+            self._watch = None
+        if watch.expired:  # a cut answer may have read as a short one: a timeout all the same
+            raise BmcError(self._late(method, path, by_poll=by_poll), kind="timeout")
+        return resp
+
+    def _late(self, method: str, path: str, *, by_poll: bool) -> str:
+        where = f"{method} {self.endpoint.base}{path}"
+        if by_poll:
+            return f"{where}: the poll ran past its deadline of {self.deadline_seconds:g} s"
+        return f"{where}: no complete answer within {self.endpoint.request_budget:g} s"
+
+    def interrupt(self) -> None:
+        """From another thread: end the request in flight now and refuse further ones (the poll
+        was abandoned); the next `open()` or poll deadline starts afresh."""
+        self.deadline, watch = time.monotonic(), self._watch
+        if watch is not None:
+            watch.cut()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        args: dict[str, str] | None,
+        body: dict[str, Any] | None,
+        headers: dict[str, str] | None,
+    ) -> Any:
         ep = self.endpoint
         try:
             if method == "GET":
@@ -272,6 +331,7 @@ class RedfishSession:
         """Log out of the session (if any) and drop connections; failures are logged, never raised."""
         if self._client is None:
             return
+        self.deadline = None  # the logout gets its own request deadline, whatever the poll's was
         if self.auth == "session" and self._session_location:
             try:
                 resp = self._request("DELETE", self._session_location)

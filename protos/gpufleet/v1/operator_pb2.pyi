@@ -728,14 +728,25 @@ Global___ProbeNodeResponse: _TypeAlias = ProbeNodeResponse  # noqa: Y015
 
 @_typing.final
 class ListNodesRequest(_message.Message):
+    """Pages: at most page_size nodes (0: the controller's limits.page_size; larger is capped to it),
+    in name order; page_token is a previous answer's next_page_token.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -746,16 +757,30 @@ class ListNodesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    WARNING_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: this was the last page"""
+    total: _builtins.int
+    """nodes known to the controller, all pages together"""
+    warning: _builtins.str
+    """Non-empty: the controller's own security is weakened (plaintext gRPC, an operator API without
+    tokens), one line for the operator to see; the CLI prints it loudly.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSummary]: ...
     def __init__(
         self,
         *,
         nodes: _abc.Iterable[Global___NodeSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+        total: _builtins.int = ...,
+        warning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "nodes", b"nodes", "total", b"total", "warning", b"warning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -776,6 +801,7 @@ class NodeSummary(_message.Message):
     HEALTH_FIELD_NUMBER: _builtins.int
     ACTIVE_FINDINGS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     boot_id: _builtins.str
     agent_version: _builtins.str
@@ -789,6 +815,10 @@ class NodeSummary(_message.Message):
     active_findings: _builtins.int
     source: _builtins.str
     """"nvml" or "sim" """
+    transport: _builtins.str
+    """"mtls": the node's stream was authenticated by its certificate; "plaintext": no TLS, the node
+    name is only what the agent said. Of the current stream, else of the last one.
+    """
     @_builtins.property
     def last_seen(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -805,10 +835,11 @@ class NodeSummary(_message.Message):
         health: Global___NodeHealth.ValueType = ...,
         active_findings: _builtins.int = ...,
         source: _builtins.str = ...,
+        transport: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_seq", b"acked_seq", "active_findings", b"active_findings", "agent_version", b"agent_version", "boot_id", b"boot_id", "connected", b"connected", "gpu_count", b"gpu_count", "gpu_model", b"gpu_model", "health", b"health", "last_seen", b"last_seen", "name", b"name", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_seq", b"acked_seq", "active_findings", b"active_findings", "agent_version", b"agent_version", "boot_id", b"boot_id", "connected", b"connected", "gpu_count", b"gpu_count", "gpu_model", b"gpu_model", "health", b"health", "last_seen", b"last_seen", "name", b"name", "source", b"source", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -900,21 +931,28 @@ class ListFindingsRequest(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     INCLUDE_RESOLVED_FIELD_NUMBER: _builtins.int
     MIN_SEVERITY_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     """empty: every node"""
     include_resolved: _builtins.bool
     min_severity: _findings_pb2.Severity.ValueType
     """unspecified: all"""
+    page_size: _builtins.int
+    """as ListNodesRequest"""
+    page_token: _builtins.str
     def __init__(
         self,
         *,
         node: _builtins.str = ...,
         include_resolved: _builtins.bool = ...,
         min_severity: _findings_pb2.Severity.ValueType = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_resolved", b"include_resolved", "min_severity", b"min_severity", "node", b"node"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_resolved", b"include_resolved", "min_severity", b"min_severity", "node", b"node", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -925,16 +963,20 @@ class ListFindingsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FINDINGS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: this was the last page"""
     @_builtins.property
     def findings(self) -> _containers.RepeatedCompositeFieldContainer[_findings_pb2.Finding]: ...
     def __init__(
         self,
         *,
         findings: _abc.Iterable[_findings_pb2.Finding] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["findings", b"findings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["findings", b"findings", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -91,7 +91,7 @@ def test_breaker_shows_a_trip_and_reset_rearms_it_audited(tmp_path: Path, capsys
             ("retune", "n00", "allowed"),
         ]
         reset = entries[0]
-        assert reset["requester"].startswith("operator:") and reset["reason"] == "n00 cable fixed"
+        assert reset["requester"].startswith("anonymous from ") and reset["reason"] == "n00 cable fixed"
         assert reset["parameters"]["was_tripped"] is True
         assert entries[2]["finding_ids"] == ["f-1"] and entries[2]["parameters"] == {"is_recovery": False}
         assert "1 of 1" in entries[1]["detail"] and entries[1]["outcome_time"].endswith("Z")
@@ -115,7 +115,7 @@ def test_history_audits_probe_node_and_filters_by_node_and_since(tmp_path: Path,
         assert (code, err) == (0, "")
         [entry] = json.loads(out)["entries"]
         assert (entry["action"], entry["node"], entry["outcome"]) == ("probe_node", "n03", "allowed")
-        assert entry["requester"].startswith("operator:ipv4:127.0.0.1:")
+        assert entry["requester"].startswith("anonymous from ipv4:127.0.0.1:")
         assert entry["parameters"] == {"probes": ["gemm"], "gpus": [], "force": False}
         assert entry["detail"].startswith("command ")
 

@@ -20,6 +20,7 @@ from controller.app import ControllerApp
 from controller.cli import operator
 from controller.cli.output import CONTROLLER_ENV, DEFAULT_CONTROLLER, OUTPUT_FORMATS
 from controller.main import build_parser, main
+from controller.security.warning import security_warning
 from protos.gpufleet.v1 import operator_pb2
 from tests.controller.harness import (
     H100,
@@ -64,7 +65,7 @@ def controller() -> Iterator[ControllerThread]:
 def run(capsys: Capture, *argv: str) -> str:
     assert main(list(argv)) == 0
     out, err = capsys.readouterr()
-    assert err == ""
+    assert err in ("", f"WARNING: {security_warning(config())}\n")  # (plaintext, no tokens): stderr only
     return out
 
 

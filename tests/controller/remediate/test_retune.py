@@ -220,7 +220,7 @@ def test_recommend_proposes_approve_applies_and_off_proposes_nothing() -> None:
                 operator_pb2.ApproveRequest(id=rec.id, reason="capped by hand", wait=True)
             )
             assert resp.done and resp.result.state == "committed" and resp.recommendation_id == rec.id
-            assert (rec.state, rec.requester.startswith("operator:"), rec.reason) == (
+            assert (rec.state, rec.requester.startswith("anonymous from "), rec.reason) == (
                 "verified",
                 True,
                 "capped by hand",

@@ -67,6 +67,43 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpufleet.bmcCredentialsDir" }}/var/run/secrets/gpufleet/bmc{{ end }}
 {{- define "gpufleet.bmcCaDir" }}/etc/gpufleet/bmc-ca{{ end }}
 {{- define "gpufleet.stateDir" }}/var/lib/gpufleet{{ end }}
+{{- define "gpufleet.tlsDir" }}/var/run/secrets/gpufleet/tls{{ end }}
+{{- define "gpufleet.operatorTokensDir" }}/var/run/secrets/gpufleet/operator-tokens{{ end }}
+{{- define "gpufleet.webConfigDir" }}/var/run/secrets/gpufleet/web-config{{ end }}
+
+{{/* The Secret with the controller's certificate: cert-manager's or the user's. */}}
+{{- define "gpufleet.controllerTlsSecret" -}}
+{{- if .Values.tls.certManager.enabled }}
+{{- printf "%s-controller-tls" (include "gpufleet.fullname" .) }}
+{{- else }}
+{{- .Values.tls.controllerSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Fails unless the transport is mutual TLS with every certificate given, or plaintext chosen
+explicitly: says what to set. */}}
+{{- define "gpufleet.checkTls" -}}
+{{- $tls := .Values.tls }}
+{{- if $tls.enabled }}
+{{- if $tls.insecure }}
+{{- fail "tls.insecure=true is plaintext: it needs tls.enabled=false (or leave tls.insecure false)" }}
+{{- end }}
+{{- if and $tls.certManager.enabled $tls.controllerSecret }}
+{{- fail "tls.controllerSecret and tls.certManager.enabled both give the controller's certificate: set one" }}
+{{- end }}
+{{- if not (or $tls.controllerSecret $tls.certManager.enabled) }}
+{{- fail "tls.enabled: set tls.controllerSecret (a Secret with tls.crt, tls.key and ca.crt; `gpufleet certs` makes them) or tls.certManager.enabled=true with tls.certManager.issuerRef.name, and tls.agentSecret; or tls.enabled=false with tls.insecure=true for plaintext" }}
+{{- end }}
+{{- if and $tls.certManager.enabled (not $tls.certManager.issuerRef.name) }}
+{{- fail "tls.certManager.enabled: set tls.certManager.issuerRef.name (the Issuer or ClusterIssuer that signs the controller's certificate)" }}
+{{- end }}
+{{- if not $tls.agentSecret }}
+{{- fail "tls.enabled: set tls.agentSecret (a Secret with ca.crt and NODE.crt/NODE.key for every node; `gpufleet certs node` makes them); or tls.enabled=false with tls.insecure=true for plaintext" }}
+{{- end }}
+{{- else if not $tls.insecure }}
+{{- fail "tls.enabled=false is plaintext gRPC (anyone who can reach the port can speak as any node): choose it explicitly with tls.insecure=true, or keep TLS on" }}
+{{- end }}
+{{- end }}
 
 {{/* Fails when `config` (a user's config map) sets a key the chart sets itself. Call with
 (list $config (dict "dotted.key" "what to do instead") "agent.config"). */}}
@@ -105,8 +142,14 @@ owns added. The node name comes from the downward API as `--node`, the BMC's URL
   "bmc.ca_bundle" "set agent.bmc.caConfigMap instead"
   "bmc.insecure" "set agent.bmc.insecure instead"
   "tuning.enabled" "set tuning.enabled instead (it also grants the capability tuning needs)"
-  "tuning.state_dir" "set tuning.hostPath instead" }}
+  "tuning.state_dir" "set tuning.hostPath instead"
+  "stream.tls_ca" "set tls.agentSecret instead"
+  "stream.tls_cert" "set tls.agentSecret instead"
+  "stream.tls_key" "set tls.agentSecret instead"
+  "stream.insecure" "set tls.enabled and tls.insecure instead"
+  "metrics.web_config" "set metrics.webConfigSecret instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.agent.config $managed "agent.config") }}
+{{- include "gpufleet.checkTls" . }}
 {{- $config := deepCopy .Values.agent.config }}
 {{- $_ := set $config "host_root" "/host" }}
 {{- $stream := dict "controller" (include "gpufleet.controllerAddress" .) }}
@@ -115,8 +158,18 @@ owns added. The node name comes from the downward API as `--node`, the BMC's URL
 {{- else }}
 {{- $_ := set $stream "spool_dir" "/var/spool/gpufleet" }}
 {{- end }}
+{{- if .Values.tls.enabled }}
+{{- /* The node's own certificate and key come as --tls-cert and --tls-key: $(NODE_NAME) is
+expanded in arguments, not in files. */}}
+{{- $_ := set $stream "tls_ca" (printf "%s/ca.crt" (include "gpufleet.tlsDir" .)) }}
+{{- else }}
+{{- $_ := set $stream "insecure" true }}
+{{- end }}
 {{- $_ := set $config "stream" (mergeOverwrite (default (dict) $config.stream) $stream) }}
 {{- $metrics := dict "address" (printf "0.0.0.0:%d" (int .Values.agent.metrics.port)) "dcgm_compat" .Values.agent.metrics.dcgmCompat }}
+{{- with .Values.metrics.webConfigSecret }}
+{{- $_ := set $metrics "web_config" (printf "%s/web-config.yml" (include "gpufleet.webConfigDir" $)) }}
+{{- end }}
 {{- $_ := set $config "metrics" (mergeOverwrite (default (dict) $config.metrics) $metrics) }}
 {{- if .Values.agent.bmc.url }}
 {{- $bmc := default (dict) $config.bmc }}
@@ -142,11 +195,28 @@ keys the chart owns added. */}}
 {{- $managed := dict
   "listen" "set controller.grpcPort instead"
   "metrics_address" "set controller.metricsPort instead"
-  "db" "the SQLite file is on the controller's volume (controller.persistence)" }}
+  "db" "the SQLite file is on the controller's volume (controller.persistence)"
+  "tls" "set tls.controllerSecret or tls.certManager instead"
+  "insecure" "set tls.enabled=false and tls.insecure=true instead"
+  "operator_tokens" "set operatorTokens.secret instead"
+  "metrics_web_config" "set metrics.webConfigSecret instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.controller.config $managed "controller.config") }}
+{{- include "gpufleet.checkTls" . }}
 {{- $config := deepCopy .Values.controller.config }}
 {{- $_ := set $config "listen" (printf "0.0.0.0:%d" (int .Values.controller.grpcPort)) }}
 {{- $_ := set $config "metrics_address" (printf "0.0.0.0:%d" (int .Values.controller.metricsPort)) }}
 {{- $_ := set $config "db" (printf "%s/gpufleet.db" (include "gpufleet.stateDir" .)) }}
+{{- if .Values.tls.enabled }}
+{{- $dir := include "gpufleet.tlsDir" . }}
+{{- $_ := set $config "tls" (dict "cert" (printf "%s/tls.crt" $dir) "key" (printf "%s/tls.key" $dir) "client_ca" (printf "%s/ca.crt" $dir)) }}
+{{- else }}
+{{- $_ := set $config "insecure" true }}
+{{- end }}
+{{- with .Values.operatorTokens.secret }}
+{{- $_ := set $config "operator_tokens" (printf "%s/tokens.yaml" (include "gpufleet.operatorTokensDir" $)) }}
+{{- end }}
+{{- with .Values.metrics.webConfigSecret }}
+{{- $_ := set $config "metrics_web_config" (printf "%s/web-config.yml" (include "gpufleet.webConfigDir" $)) }}
+{{- end }}
 {{- toYaml $config }}
 {{- end }}

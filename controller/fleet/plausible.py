@@ -1,0 +1,168 @@
+"""Physically impossible readings are not readings: each is cleared (stored as missing, like NaN) at
+ingest, and counted per field by the caller.
+
+The ranges are wide on purpose: they catch what no GPU, host or BMC can report (a broken sensor, a
+unit error, a hostile node), never what an unusual but real machine does. A field is matched by its
+name in the wire messages (protos/gpufleet/v1/telemetry.proto, bmc.proto): an exact name in RANGES
+first, else the longest suffix in SUFFIX_RANGES. Labels are "Message.field".
+
+| field (name or suffix)                      | range             | why                                    |
+|---------------------------------------------|-------------------|----------------------------------------|
+| *_celsius (GPU, HBM, BMC sensors, limits)   | -40 .. 150 °C     | silicon and boards shut down far below |
+| *_watts (a GPU's power and limits)          | 0 .. 5000 W       | largest accelerator modules ~2.7 kW    |
+| BmcSample.power_consumed_watts (a node)     | 0 .. 200 kW       | a rack-scale system as one node        |
+| BmcPowerSupply input/output/capacity_watts  | 0 .. 20 kW        | one power supply                       |
+| *_hz (clocks, CPU frequency)                | 0 .. 10 GHz       | 10000 MHz                              |
+| *_ratio (utilisation, fan, activity)        | 0 .. 1 (+1%)      | 0..100 %, a little rounding allowed    |
+| pcie_link_gen(_max) / pcie_link_width(_max) | 1 .. 7 / 1 .. 32  | PCIe 1.0-7.0, x1..x32                  |
+| performance_state                           | 0 .. 32           | P0-P15, 32 = unknown                   |
+| speed_rpm                                   | 0 .. 100000 rpm   | server fans spin below 40000           |
+| rate_gbps (InfiniBand port)                 | 0 .. 10000 Gb/s   | XDR is 800 Gb/s                        |
+| *_bytes_per_second                          | 0 .. 1e12 B/s     | 1 TB/s: beyond any PCIe link           |
+| load1/load5/load15, *_seconds, *_total (f)  | >= 0              | never negative                         |
+| memory used/free/reserved/available, swap   | <= the total      | the same message's *_total_bytes       |
+| ProbeResult.peak_ratio                      | 0 .. 100          | 100x the datasheet peak                |
+| ProbeResult.value                           | > 0, <= 100x peak | the whole result is dropped otherwise  |
+
+ProbeResult.value: the controller holds no datasheet (the agent does: agent/probes/datasheet.yaml),
+so "100x the model's peak" is read from the result's own peak_ratio where the agent knows the model,
+and otherwise bounded per unit by 100x the fastest figure of any model (PROBE_CEILINGS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    low: float
+    high: float = math.inf
+
+    def holds(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+NON_NEGATIVE = Range(0.0)
+RATIO = Range(0.0, 1.01)
+RANGES: dict[str, Range] = {
+    "power_consumed_watts": Range(0.0, 200_000.0),
+    "input_watts": Range(0.0, 20_000.0),
+    "output_watts": Range(0.0, 20_000.0),
+    "capacity_watts": Range(0.0, 20_000.0),
+    "pcie_link_gen": Range(1, 7),
+    "pcie_link_gen_max": Range(1, 7),
+    "pcie_link_width": Range(1, 32),
+    "pcie_link_width_max": Range(1, 32),
+    "performance_state": Range(0, 32),
+    "speed_rpm": Range(0.0, 100_000.0),
+    "rate_gbps": Range(0.0, 10_000.0),
+    "peak_ratio": Range(0.0, 100.0),
+    "load1": NON_NEGATIVE,
+    "load5": NON_NEGATIVE,
+    "load15": NON_NEGATIVE,
+    "check_relative_error": NON_NEGATIVE,
+    "unix_time_seconds": NON_NEGATIVE,
+}
+SUFFIX_RANGES: dict[str, Range] = {
+    "_celsius": Range(-40.0, 150.0),
+    "_watts": Range(0.0, 5000.0),
+    "_hz": Range(0.0, 10e9),
+    "_ratio": RATIO,
+    "_bytes_per_second": Range(0.0, 1e12),
+    "_seconds": NON_NEGATIVE,
+    "_seconds_total": NON_NEGATIVE,
+    "_joules_total": NON_NEGATIVE,
+}
+# Parts of a whole, within one message: (part, whole). A part above its whole is impossible.
+WITHIN = (
+    ("memory_used_bytes", "memory_total_bytes"),
+    ("memory_free_bytes", "memory_total_bytes"),
+    ("memory_reserved_bytes", "memory_total_bytes"),
+    ("memory_available_bytes", "memory_total_bytes"),
+    ("swap_used_bytes", "swap_total_bytes"),
+    ("hugepages_free", "hugepages_total"),
+)
+# 100x the fastest datasheet figure of any model, per probe unit (B200/B300 dense FP4 is ~10 PFLOP/s,
+# HBM3e 8 TB/s): a result above this is a unit error or a lie on any GPU.
+PROBE_CEILINGS = {"TFLOP/s": 100 * 10_000.0, "GB/s": 100 * 10_000.0}
+PEAK_RATIO_CEILING = 100.0
+PROBE_VALUE = "ProbeResult.value"
+
+_NUMBERS = frozenset(
+    {
+        FieldDescriptor.TYPE_DOUBLE,
+        FieldDescriptor.TYPE_FLOAT,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+    }
+)
+
+
+@cache
+def range_of(name: str) -> Range | None:
+    """The plausible range of a field named `name`, or None when any value is possible."""
+    if name in RANGES:
+        return RANGES[name]
+    suffixes = [s for s in SUFFIX_RANGES if name.endswith(s)]
+    return SUFFIX_RANGES[max(suffixes, key=len)] if suffixes else None
+
+
+def clear_implausible(msg: Message) -> list[str]:
+    """Clear every impossible reading of `msg` and its nested messages; return their labels
+    ("GpuSample.temperature_celsius"), one per cleared value. Run after clear_non_finite."""
+    cleared: list[str] = []
+    kind = msg.DESCRIPTOR.name
+    ranges, within = _rules(msg.DESCRIPTOR)
+    for field, value in msg.ListFields():
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                continue
+            for item in value if field.is_repeated else [value]:
+                cleared += clear_implausible(item)
+        else:
+            bounds = ranges.get(field.name)
+            if bounds is not None and not bounds.holds(value):
+                msg.ClearField(field.name)
+                cleared.append(f"{kind}.{field.name}")
+    for part, whole in within:
+        if _present(msg, part) and _present(msg, whole) and getattr(msg, part) > getattr(msg, whole):
+            msg.ClearField(part)
+            cleared.append(f"{kind}.{part}")
+    return cleared
+
+
+@cache
+def _rules(descriptor: Descriptor) -> tuple[dict[str, Range], tuple[tuple[str, str], ...]]:
+    """A message type's ranged scalar fields and part/whole pairs, worked out once per type."""
+    ranges: dict[str, Range] = {}
+    for field in descriptor.fields:
+        bounds = range_of(field.name)
+        if field.type in _NUMBERS and not field.is_repeated and bounds is not None:
+            ranges[field.name] = bounds
+    names = set(descriptor.fields_by_name)
+    return ranges, tuple((part, whole) for part, whole in WITHIN if part in names and whole in names)
+
+
+def probe_value_plausible(result: pb.ProbeResult) -> bool:
+    """Whether a (finite) probe result can be real: positive, and not above 100x the peak."""
+    if result.value <= 0:
+        return False
+    if result.HasField("peak_ratio") and result.peak_ratio > PEAK_RATIO_CEILING:
+        return False
+    ceiling = PROBE_CEILINGS.get(result.unit)
+    return ceiling is None or result.value <= ceiling
+
+
+def _present(msg: Message, name: str) -> bool:
+    field = msg.DESCRIPTOR.fields_by_name[name]
+    return msg.HasField(name) if field.has_presence else True

@@ -1,0 +1,28 @@
+"""Forgetting nodes in the store: every row about the node goes, except the audit log (what was done,
+and to which node, stays on record) and the command, recommendation and drain history (pruned by
+age on their own)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+NODE_TABLES = (
+    ("nodes", "name"),
+    ("boots", "node"),
+    ("gpu_state", "node"),
+    ("host_state", "node"),
+    ("bmc_state", "node"),
+    ("probe_results", "node"),
+    ("probe_history", "node"),
+    ("findings", "node"),
+)
+
+
+def forget_nodes(conn: sqlite3.Connection, names: Sequence[str]) -> int:
+    """Delete the nodes' rows from the node tables; returns how many rows went."""
+    removed = 0
+    for table, column in NODE_TABLES:
+        for name in names:
+            removed += conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,)).rowcount
+    return removed

@@ -1,0 +1,1 @@
+"""Tests of issue 15: transport security, credentials and hostile input."""
