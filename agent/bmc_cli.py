@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 from collections.abc import Callable
 
@@ -22,6 +21,7 @@ from agent.jsonout import finite
 from agent.sources.bmc import BmcSample
 from agent.sources.redfish.credentials import ENV_PASSWORD, ENV_USERNAME
 from agent.sources.redfish.session import BmcError
+from protos.logsafe import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")  # BMC text escaped
     try:
         given = {"read_timeout_seconds": args.timeout, "log_entries": args.log_entries}
         cfg = BmcConfig(

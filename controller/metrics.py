@@ -93,6 +93,11 @@ class ControllerCollector(Collector):
             value=counters.duplicates,
         )
         yield CounterMetricFamily(
+            PREFIX + "refused_frames_total",
+            "Frames refused for good (another node's, a bad seq or time): the agent sets them aside.",
+            value=counters.refused,
+        )
+        yield CounterMetricFamily(
             PREFIX + "non_finite_readings_total",
             "NaN or infinite readings received and stored as missing.",
             value=counters.non_finite,

@@ -19,7 +19,7 @@ from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
-from controller.security.auth import operator_auth
+from controller.security.auth import OperatorAuth, operator_auth
 from controller.security.tls import ServerTls
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
@@ -50,7 +50,11 @@ def server_options(config: ControllerConfig) -> list[tuple[str, int]]:
 
 
 async def build_server(
-    app: ControllerApp, tls: ServerTls | None = None, *, operator: bool = False
+    app: ControllerApp,
+    tls: ServerTls | None = None,
+    *,
+    operator: bool = False,
+    auth: OperatorAuth | None = None,
 ) -> tuple[grpc.aio.Server, str]:
     """A started server bound to app.config.listen (agents and operators), or with operator=True to
     app.config.operator_listen (operators only: Telemetry refuses streams there); returns it and the
@@ -59,7 +63,9 @@ async def build_server(
     With tls.cert in the config the port speaks TLS from `tls` (made from the config when not given:
     TransportError when a file is unusable): `listen` requires client certificates signed by
     tls.client_ca, the operator port none. Without, plaintext (the config allowed it)."""
-    interceptors = [ErrorInterceptor(), operator_auth(app.config)]  # auth: TokenFileError when unusable
+    # auth: one per controller (both ports share it); made here when not given (TokenFileError when
+    # the tokens file is unusable)
+    interceptors = [ErrorInterceptor(), auth if auth is not None else operator_auth(app.config)]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(app.config))
     telemetry_pb2_grpc.add_TelemetryServicer_to_server(TelemetryServicer(app, agents=not operator), server)
     operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
@@ -94,10 +100,11 @@ def write_ready_file(path: str, address: str, operator_address: str | None = Non
 
 async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[grpc.aio.Server, str]]:
     """The agents' port, then the operators' when configured: (server, bound address) each."""
-    started = [await build_server(app, tls)]
+    auth = operator_auth(app.config)
+    started = [await build_server(app, tls, auth=auth)]
     if app.config.operator_listen is not None:
         try:
-            started.append(await build_server(app, tls, operator=True))
+            started.append(await build_server(app, tls, operator=True, auth=auth))
         except OSError:
             await started[0][0].stop(None)
             raise

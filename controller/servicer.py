@@ -60,6 +60,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         acked = await self.app.ingest.hello(hello)
         self.app.identity.accepted(hello.node, transport)
+        # Accepted: the agent starts sending frames once it sees this (agent/stream/client.py).
+        await context.send_initial_metadata(())
         log.info(
             "agent connected: node %s boot %s (%s), acked %d",
             hello.node,
@@ -109,7 +111,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         async for msg in requests:
             kind = msg.WhichOneof("msg")
             if kind == "frame":
-                seq = await self.app.ingest.frame(node, msg.frame)
+                # Shielded: a stream that ends mid-ingest (the agent reconnecting) must not cancel it
+                # between the store's write and memory's update (the next Hello would then ack a
+                # frame memory never saw).
+                seq = await asyncio.shield(self.app.ingest.frame(node, msg.frame))
                 outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=seq)))
                 self.app.probing.frame_results(node, msg.frame)  # stored first: a waiter sees them stored
             elif kind == "command_result":

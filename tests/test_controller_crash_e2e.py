@@ -13,8 +13,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,32 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.processes import spawn, stop
 from tests.support import free_port
 
 pytestmark = pytest.mark.slow
 NODE = "crash-e2e"
 TIMEOUT = 60.0
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def metric(port: int, name: str) -> float:

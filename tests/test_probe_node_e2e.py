@@ -7,41 +7,20 @@ as a RunProbes command on its stream, and the modelled results come back stamped
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.processes import ready_address, spawn, stop
+
 pytestmark = pytest.mark.slow
 NODE = "sim-e2e"
 START_TIMEOUT = 60.0
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
@@ -73,11 +52,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     agent: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not ready.exists():
-            assert controller.poll() is None, (tmp / "controller.log").read_text()
-            assert time.monotonic() < deadline, "the controller did not start"
-            time.sleep(0.05)
-        address = str(json.loads(ready.read_text())["address"])
+        started = ready_address(controller, ready, tmp / "controller.log")
+        address = started["address"]
         agent_cfg = tmp / "agent.yaml"
         agent_cfg.write_text(
             yaml.safe_dump(

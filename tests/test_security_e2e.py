@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.processes import ready_address, spawn, stop
+
 pytestmark = pytest.mark.slow
 TIMEOUT = 60.0
 
@@ -34,27 +36,6 @@ def gpufleet(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         check=False,
         env={**os.environ, **(env or {})},
     )
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @dataclass
@@ -164,11 +145,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     agents: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not ready.exists():
-            assert controller.poll() is None, (tmp / "controller.log").read_text()
-            assert time.monotonic() < deadline, "the controller did not start"
-            time.sleep(0.05)
-        lab = Lab(str(json.loads(ready.read_text())["address"]), pki, tokens, tmp)
+        started = ready_address(controller, ready, tmp / "controller.log")
+        lab = Lab(started["address"], pki, tokens, tmp)
         agents.append(lab.agent("node-a", cert_of="node-a"))  # the rightful agent
         agents.append(lab.agent("node-b", cert_of="node-a"))  # forged: names node-b, holds node-a's cert
         while not any(n["name"] == "node-a" and n["connected"] for n in lab.nodes()):
@@ -210,6 +188,7 @@ def test_operator_calls_need_a_token_and_the_role(lab: Lab) -> None:
 def test_plaintext_and_a_client_without_a_certificate_are_refused(lab: Lab) -> None:
     plain = gpufleet("nodes", "--controller", lab.address, "--token-file", str(lab.tokens["alice"]))
     assert plain.returncode == 1 and plain.stdout == ""
+    assert "if the controller uses TLS, give --tls-ca" in plain.stderr and plain.stderr.count("\n") == 1
     no_cert = gpufleet(
         "nodes",
         "--controller",

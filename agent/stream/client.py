@@ -35,6 +35,8 @@ CommandHandler = Callable[[pb.Command], Awaitable[pb.CommandResult]]
 # The largest AgentMessage sent: the controller's max_message_bytes default. gRPC itself refuses a
 # bigger one (RESOURCE_EXHAUSTED), and resending it could never succeed.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+HELLO_ANSWER_SECONDS = 2.0  # frames wait at most this long for the controller to accept the Hello
+STATUS_WAIT_SECONDS = 2.0  # after a failed write, how long the call's own status is awaited
 _TOO_LARGE = re.compile(r"larger than max \((\d+) vs\. (\d+)\)")  # gRPC's words for a message over the limit
 
 # Keepalive finds a dead controller (or a silently dropped connection) within about 40 s.
@@ -157,8 +159,14 @@ class StreamClient:
                 if stopper in done or rotation in done:
                     await call.done_writing()
                     return self.connected
-                for task in done:
-                    task.result()  # re-raise the RPC error that ended the session
+                if reader not in done:
+                    # A write that failed because the RPC ended: the reader is about to see the
+                    # controller's own status (a refusal), which says more than the writer's error.
+                    await asyncio.wait({reader}, timeout=STATUS_WAIT_SECONDS)
+                    if reader.done():
+                        done = {*done, reader}
+                for task in sorted(done, key=lambda t: t is not reader):
+                    task.result()  # re-raise the RPC error that ended the session, the reader's first
                 return self.connected
             finally:
                 for task in (sender, reader, stopper, rotation):
@@ -247,6 +255,12 @@ class StreamClient:
         self._wake.set()
 
     async def _send(self, call: grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControllerMessage]) -> None:
+        # The controller answers a Hello it accepts with its initial metadata; frames wait for it, so
+        # that a refused Hello ends the call with the controller's own status (PERMISSION_DENIED, ...)
+        # rather than a write racing the refusal (which grpc.aio reports as INTERNAL). A controller
+        # that sends none: the frames go after a short wait.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(call.initial_metadata(), HELLO_ANSWER_SECONDS)
         cursor = -1
         while True:
             while not self._outbox.empty():

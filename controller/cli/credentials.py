@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from protos.transport import ClientTls, TransportError
+from protos.transport import ClientTls, TransportError, is_loopback
 
 TOKEN_FILE_ENV = "GPUFLEET_TOKEN_FILE"
 TLS_ENV = {"tls_ca": "GPUFLEET_TLS_CA", "tls_cert": "GPUFLEET_TLS_CERT", "tls_key": "GPUFLEET_TLS_KEY"}
@@ -74,6 +74,12 @@ def operator_target(args: argparse.Namespace) -> OperatorTarget:
     except TransportError as exc:
         raise CredentialError(str(exc)) from None
     token = read_token(args.token_file) if args.token_file else None
+    if token is not None and credentials is None and not is_loopback(args.controller):
+        # Whoever can see the traffic could replay the token: never send it in the clear off-host.
+        raise CredentialError(
+            f"refusing to send an operator token in plaintext to {args.controller}: give --tls-ca "
+            f"(or ${TLS_ENV['tls_ca']}) with the controller's CA"
+        )
     return OperatorTarget(args.controller, credentials=credentials, token=token)
 
 

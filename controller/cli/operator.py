@@ -18,7 +18,7 @@ from controller.cli import gpu_tables, tables
 from controller.cli.bmc_view import bmc_section
 from controller.cli.credentials import BearerToken
 from controller.cli.jsonify import finding_to_dict, message_to_dict
-from controller.cli.layout import show
+from controller.cli.layout import clean, show
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import clock_event_reason_names
@@ -55,8 +55,9 @@ def call_operator(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]
         if code == grpc.StatusCode.PERMISSION_DENIED:
             raise OperatorError(f"permission denied: {details}", code) from None
         if code in UNREACHABLE:
+            hint = "" if credentials else " (if the controller uses TLS, give --tls-ca or $GPUFLEET_TLS_CA)"
             raise OperatorError(
-                f"cannot reach controller at {target}: {details or code.name}", code
+                f"cannot reach controller at {target}: {details or code.name}{hint}", code
             ) from None
         raise OperatorError(f"controller at {target} answered {code.name}: {details}", code) from None
 
@@ -65,7 +66,7 @@ def _run(action: Callable[[], None]) -> int:
     try:
         action()
     except OperatorError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
+        print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)  # details may quote node text
         return 1
     return 0
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufleet.controller.commands")
 KEEP_FINISHED = 512
+LOG_ERROR_CHARS = 160  # of a failed command's error in its warning line
 RESTARTED = "the agent restarted before answering"
 MEMORY_CAPABILITY = "command_memory"  # Hello.capabilities: the agent keeps command ids and results on disk
 
@@ -276,7 +277,10 @@ class CommandChannel:
         if state == "succeeded":
             log.info("node %s: command %s (%s) succeeded", record.node, record.id, record.kind)
         else:
-            log.warning("node %s: command %s (%s) %s: %s", record.node, record.id, record.kind, state, error)
+            brief = _brief(error)
+            log.warning("node %s: command %s (%s) %s: %s", record.node, record.id, record.kind, state, brief)
+            if brief != error:
+                log.debug("node %s: command %s error in full: %s", record.node, record.id, error)
         for listener in self.listeners:
             listener(record)
         done = self._done.pop(record.id, None)
@@ -316,6 +320,15 @@ class CommandChannel:
     async def list(self, node: str = "", limit: int = 100) -> list[CommandRecord]:
         """Newest first, from the store (commands of earlier controller runs included)."""
         return await self.store.list_commands(node, limit)
+
+
+def _brief(error: str) -> str:
+    """`error` on one line of at most LOG_ERROR_CHARS and a count: a refused probe run's error names
+    every GPU, probe and variant (kilobytes); the log shows its start, DEBUG the whole."""
+    line = " ".join(error.split())
+    if len(line) <= LOG_ERROR_CHARS:
+        return line
+    return f"{line[:LOG_ERROR_CHARS]}... ({len(line)} characters; in full at DEBUG)"
 
 
 def _late(record: CommandRecord) -> str:

@@ -36,6 +36,7 @@ from controller.demo.score import score
 from controller.demo.tuning import fixable, outcome, settled, summary
 from controller.demo.view import injected_table, live_panel
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.logsafe import configure_logging
 from protos.names import cause_name, severity_name
 
 log = logging.getLogger("gpufleet.demo")
@@ -157,9 +158,7 @@ def _plan(args: argparse.Namespace) -> int | tuple[list[str], list[str], list[In
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(logging.INFO)  # node text escaped, repeated lines throttled
     started = time.monotonic()
     if args.seed is None:  # a new fleet each run; the seed is printed, so any run can be repeated
         args.seed = random.SystemRandom().randrange(1_000_000)

@@ -14,7 +14,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
     for node in ctx.fleet.nodes.values():
         for index, gpu in sorted(node.gpus.items()):
-            held = gpu.held_for("pcie_below_max", ctx.now)
+            held = gpu.held_for("pcie_below_max")
             if held == 0.0 or held < ctx.config.throttle_window_seconds:
                 continue
             cause, evidence = pcie_cause(gpu.sample)

@@ -19,6 +19,7 @@ from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
 from controller.fleet.peers import node_peer_key
 from controller.fleet.probe_info import higher_is_better
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
 CRITICAL_WORSE = 0.25  # a quarter worse than peers: the GPU is badly broken for any job
@@ -83,9 +84,9 @@ def _explain(
     summary = f"{where} {record.probe} {record.variant} {abs(deviation):.0%} {side} peers"
     if record.gpu is not None:
         node = ctx.fleet.nodes[record.node]
-        during = record.result.during if record.result.HasField("during") else None
+        during = _reading(record.result.during)
         latest = node.gpus[record.gpu].sample if record.gpu in node.gpus else None
-        cause, support = explain_gpu(record.probe, during or latest)
+        cause, support = explain_gpu(record.probe, during if during is not None else latest)
         return [Finding(record.node, record.gpu, cause, severity, summary, evidence, support, [NAME])]
     explained = explain_node(ctx.fleet.nodes[record.node])
     if not explained:
@@ -94,3 +95,9 @@ def _explain(
         Finding(record.node, gpu, cause, severity, f"{summary}: GPU {gpu} {cause}", evidence, support, [NAME])
         for gpu, cause, support in explained
     ]
+
+
+def _reading(during: pb.GpuSample) -> pb.GpuSample | None:
+    """`during`, or None when it carries no reading: unset, or set but empty or only naming its GPU
+    (an empty message reads as zero clocks, which would look like memory at its maximum clock)."""
+    return during if {f.name for f, _ in during.ListFields()} - {"index", "uuid"} else None

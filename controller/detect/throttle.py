@@ -2,6 +2,11 @@
 
 A software power cap at the default limit is how a GPU at full load normally behaves, so it is a
 finding only when the enforced limit is below the default.
+
+Held time ends at the GPU's last reading, not at now. A node that goes silent after one throttled
+sample raises nothing (it is stale, see fleet/health.py); an open finding of a node gone silent
+stops growing and stays as the last readings left it, like the other findings of a stale node,
+until a reading clears it or the node is forgotten (limits.forget_after_seconds).
 """
 
 from __future__ import annotations
@@ -9,12 +14,13 @@ from __future__ import annotations
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import THERMAL, clock_cause
 from controller.fleet.finding import Evidence, Finding
+from controller.fleet.model import GpuState
 
 NAME = "throttle"
 
 
-def _held(ctx: DetectContext, held: dict[str, float], names: tuple[str, ...]) -> float:
-    return max((ctx.now - held[n] for n in names if n in held), default=0.0)
+def _held(gpu: GpuState, names: tuple[str, ...]) -> float:
+    return max((gpu.held_for(n) for n in names), default=0.0)
 
 
 @register(NAME)
@@ -30,7 +36,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
                 ("power_cap", ("sw_power_cap",)),
             )
             for cause, names in checks:
-                held = _held(ctx, gpu.held, names)
+                held = _held(gpu, names)
                 if held < window or held == 0.0:
                     continue
                 explained, support = clock_cause(s)

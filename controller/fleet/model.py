@@ -21,10 +21,12 @@ class GpuState:
     time: float
     held: dict[str, float] = field(default_factory=dict)  # condition -> since (unix seconds)
 
-    def held_for(self, condition: str, now: float) -> float:
-        """Seconds `condition` has held up to `now`; 0 when it does not hold."""
+    def held_for(self, condition: str) -> float:
+        """Seconds `condition` has held up to this reading (not to now: a node gone silent after one
+        throttled sample has held it 0 s, and a held time stops growing when readings stop); 0 when
+        it does not hold."""
         since = self.held.get(condition)
-        return 0.0 if since is None else max(0.0, now - since)
+        return 0.0 if since is None else max(0.0, self.time - since)
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 from controller import metrics_http
 from controller.app import ControllerApp
 from controller.detect.base import discover
+from controller.errors import RefusedFrame
 from controller.fleet.finding import SEVERITIES
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -140,11 +141,16 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
             bad = frame(3)
             bad.gpus[0].power_watts = math.nan
             assert await app.ingest.frame("n1", bad) == 3  # T0 - 7, one NaN
+            forged = frame(4)
+            forged.seq = 2**63 - 1  # refused for good: the agent sets it aside
+            with pytest.raises(RefusedFrame):
+                await app.ingest.frame("n1", forged)
 
             page = await scrape.page()
             assert page.types[P + "frames_ingested"] == "counter"
             assert page.value(P + "frames_ingested_total") == 3
             assert page.value(P + "duplicate_frames_total") == 1
+            assert page.value(P + "refused_frames_total") == 1
             assert page.value(P + "non_finite_readings_total") == 1
             assert page.types[P + "ingest_lag_seconds"] == "histogram"
             assert page.value(P + "ingest_lag_seconds_count") == 3  # the duplicate is not ingested

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from controller.errors import StoreUnavailable
+from controller.servicer import TelemetryServicer
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
@@ -374,3 +375,45 @@ def test_handler_errors_become_statuses(error: Exception, code: grpc.StatusCode,
         running.app.ingest.frame = ingest_frame  # type: ignore[method-assign]
 
     serve(body)
+
+
+def test_a_stream_that_ends_mid_ingest_leaves_store_and_memory_agreeing() -> None:
+    """The agent hangs up (a reconnect) while its frame is being stored: the ingest finishes anyway,
+    so the next Hello's ack position is a frame memory has applied too."""
+
+    async def go() -> None:
+        async with running_controller(config()) as running:
+            app = running.app
+            await app.ingest.hello(hello("n1"))
+            saving = asyncio.Event()
+            release = asyncio.Event()
+            save_frame = app.store.save_frame
+
+            async def slow_save(write: Any) -> None:
+                saving.set()
+                await release.wait()
+                await save_frame(write)
+
+            app.store.save_frame = slow_save  # type: ignore[method-assign]
+
+            async def requests() -> Any:
+                yield as_frame(frame(1))
+                await asyncio.Event().wait()  # the stream stays open until cancelled
+
+            outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
+            servicer = TelemetryServicer(app)
+            reader = asyncio.create_task(servicer._read(requests(), "n1", outbox))
+            await saving.wait()
+            reader.cancel()  # the stream ended while the frame was being written
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            release.set()
+            for _ in range(200):
+                if app.ingest.counters.frames:
+                    break
+                await asyncio.sleep(0.01)
+            assert app.ingest.counters.frames == 1
+            assert app.fleet.acked[("n1", "b1")] == 1
+            assert await app.ingest.hello(hello("n1")) == 1  # the store agrees
+
+    asyncio.run(go())

@@ -25,6 +25,7 @@ from controller.app import ControllerApp
 from controller.fleet.health import node_health
 from protos.names import health_name
 from tests.controller.harness import T0, Clock, config, frame, hello, running_controller
+from tests.processes import ready_address, spawn, stop
 
 STALE_AFTER = 3.0
 START_TIMEOUT = 60.0
@@ -69,28 +70,6 @@ def test_a_connected_node_silent_past_stale_after_is_stale() -> None:
 
 
 # Real processes
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def node_state(address: str, name: str) -> tuple[str, bool] | None:
@@ -139,11 +118,8 @@ def test_a_stopped_agent_goes_stale_and_comes_back_healthy(tmp_path: Path) -> No
     agent: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not ready.exists():
-            assert controller.poll() is None, (tmp_path / "controller.log").read_text()
-            assert time.monotonic() < deadline, "the controller did not start"
-            time.sleep(0.05)
-        address = str(json.loads(ready.read_text())["address"])
+        started = ready_address(controller, ready, tmp_path / "controller.log")
+        address = started["address"]
         agent_cfg = tmp_path / "agent.yaml"
         agent_cfg.write_text(
             yaml.safe_dump(

@@ -294,6 +294,10 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         (["--set", "tls.certManager.enabled=true"], "at '/tls/certManager/issuerRef/name': minLength"),
         (["--set", "tls.certManager.issuerRef.kind=Vault"], "at '/tls/certManager/issuerRef/kind'"),
         (["--set", "tls.agentSecret=Bad_Name"], "at '/tls/agentSecret'"),
+        (["--set", "tls.agentHostPath=etc/gpufleet/pki"], "at '/tls/agentHostPath'"),
+        (["--set", "tls.agentHostFiles.key=../other/node.key"], "at '/tls/agentHostFiles/key'"),
+        (["--set", "tls.agentHostFiles.bogus=x"], "at '/tls/agentHostFiles': additional properties 'bogus'"),
+        (["--set", "agent.config.stream.tls_cert=c"], "set tls.agentHostPath (or tls.agentSecret) instead"),
     ],
     ids=lambda v: v[-1] if isinstance(v, list) else None,
 )
@@ -566,7 +570,11 @@ def secret_volume(pod: Doc, container: Doc, path: str) -> tuple[str, str]:
         ),
         (
             ["--set", "tls.controllerSecret=c"],
-            "tls.enabled: set tls.agentSecret (a Secret with ca.crt and NODE.crt",
+            "tls.enabled: set tls.agentHostPath (a directory on each node holding that node's own",
+        ),
+        (
+            ["--set", "tls.controllerSecret=c,tls.agentSecret=a,tls.agentHostPath=/etc/gpufleet/pki"],
+            "tls.agentHostPath and tls.agentSecret both give the agents' certificates: set one",
         ),
         (["--set", "tls.enabled=false"], "choose it explicitly with tls.insecure=true, or keep TLS on"),
         (
@@ -577,7 +585,13 @@ def secret_volume(pod: Doc, container: Doc, path: str) -> tuple[str, str]:
             "tls.controllerSecret and tls.certManager.enabled both give the controller's certificate",
         ),
     ],
-    ids=["nothing", "no-agent-secret", "plaintext-not-chosen", "two-controller-certificates"],
+    ids=[
+        "nothing",
+        "no-agent-certificates",
+        "two-agent-certificate-sources",
+        "plaintext-not-chosen",
+        "two-controller-certificates",
+    ],
 )
 def test_without_certificates_or_an_explicit_plaintext_nothing_renders(
     values: list[str], message: str
@@ -586,6 +600,9 @@ def test_without_certificates_or_an_explicit_plaintext_nothing_renders(
         done = helm(*command, RELEASE, str(CHART), *values)
         assert done.returncode != 0, f"helm {command} {values} passed"
         assert message in done.stderr, done.stderr
+        # One line: Helm's error, then what to set.
+        (error,) = [line for line in done.stderr.splitlines() if message in line]
+        assert error.startswith("Error: "), error
 
 
 @pytest.mark.parametrize("value_set", ["default", "bmc", "tuning"])
@@ -617,6 +634,60 @@ def test_mutual_tls_from_secrets_reaches_both_components(value_set: str, tmp_pat
     for path, key in ((agent.stream.tls_ca, "ca.crt"), (agent.stream.tls_cert, "gpu-node-1.crt")):
         assert path is not None
         assert secret_volume(agent_pod(docs), container, path) == (secret, key)
+
+
+@pytest.mark.parametrize(
+    ("values", "files"),
+    [
+        (values_args("node-certs"), ("node.crt", "node.key", "ca.crt")),
+        (
+            [
+                *values_args("node-certs"),
+                *("--set", "tls.agentHostFiles.cert=gpu.pem", "--set", "tls.agentHostFiles.key=gpu-key.pem"),
+                *("--set", "tls.agentHostFiles.ca=fleet-ca.pem"),
+            ],
+            ("gpu.pem", "gpu-key.pem", "fleet-ca.pem"),
+        ),
+    ],
+    ids=["default-names", "named-files"],
+)
+def test_each_agent_reads_its_own_nodes_files_from_a_read_only_host_directory(
+    values: list[str], files: tuple[str, str, str], tmp_path: Path
+) -> None:
+    docs = render(*values)
+    pod, container = agent_pod(docs), agent_container(docs)
+    tls_args = [a for a in container["args"] if a.startswith("--tls-")]
+    assert tls_args == [f"--tls-cert={TLS_DIR}/{files[0]}", f"--tls-key={TLS_DIR}/{files[1]}"]
+    assert not any("$(NODE_NAME)" in a for a in tls_args)  # the node's own files: no other node's
+    flags = dict(a.removeprefix("--").split("=", 1) for a in tls_args)
+    agent = agent_config.load(
+        config_file(docs, "agent", tmp_path),
+        {"node": "gpu-node-1", "stream": {"tls_cert": flags["tls-cert"], "tls_key": flags["tls-key"]}},
+    )
+    assert not agent.stream.insecure
+    assert (agent.stream.tls_ca, agent.stream.tls_cert, agent.stream.tls_key) == tuple(
+        f"{TLS_DIR}/{name}" for name in (files[2], files[0], files[1])
+    )
+    # All three from one read-only hostPath volume of the node's directory, the site's files.
+    mounts = host_mounts(docs)
+    for path in (agent.stream.tls_ca, agent.stream.tls_cert, agent.stream.tls_key):
+        assert path is not None
+        assert mount_of(container, path)["mountPath"] == TLS_DIR
+    assert mounts[TLS_DIR]["readOnly"] is True and mounts[TLS_DIR]["hostPath"] == "/etc/gpufleet/pki"
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[TLS_DIR]["name"])
+    assert volume["hostPath"] == {"path": "/etc/gpufleet/pki", "type": "Directory"}
+    # No Secret volume at all: no Secret carries any node's key.
+    assert not [v for v in pod["volumes"] if "secret" in v]
+    controller = controller_config.load(config_file(docs, "controller", tmp_path))
+    assert controller.tls.enabled and controller.tls.client_ca is not None
+
+
+@pytest.mark.parametrize("value_set", ["default", "node-certs"])
+def test_the_install_notes_warn_that_the_agent_secret_gives_every_node_every_key(value_set: str) -> None:
+    done = helm("install", RELEASE, str(CHART), "--dry-run=client", *values_args(value_set))
+    assert done.returncode == 0, done.stderr
+    warned = "WARNING: tls.agentSecret puts every node's key on every node" in done.stdout
+    assert warned == (value_set == "default")
 
 
 def test_plaintext_is_rendered_only_when_chosen_and_says_so(tmp_path: Path) -> None:

@@ -201,3 +201,14 @@ def test_tls_with_a_client_certificate_and_a_token(
         # TLS without the token still needs one
         code, _, err = run(capsys, "nodes", "--controller", c.address, "--token-file", "")
         assert (code, err) == (1, f"gpufleet: not authenticated: {NO_TOKEN}\n")
+
+
+def test_a_token_is_never_sent_in_plaintext_off_host(tmp_path: Path, capsys: Capture) -> None:
+    token = tmp_path / "alice.token"
+    token.write_text("s3cret-token\n")
+    code, out, err = run(capsys, "nodes", "--controller", "10.0.0.9:50051", "--token-file", str(token))
+    assert (code, out) == (2, "")
+    assert err == (
+        "gpufleet: refusing to send an operator token in plaintext to 10.0.0.9:50051: give --tls-ca "
+        "(or $GPUFLEET_TLS_CA) with the controller's CA\n"
+    )

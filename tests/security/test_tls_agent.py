@@ -217,3 +217,26 @@ def test_agent_flags_set_the_stream_keys(tmp_path: Path, capsys: pytest.CaptureF
     assert agent_main(["--sim", "--controller", "10.0.0.1:9", "--once"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a loopback address" in err[0] and "--insecure" in err[0]
+
+
+def test_an_agent_with_another_nodes_certificate_hears_permission_denied_every_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frames wait for the controller to accept the Hello, so a refusal reaches the agent as the
+    controller said it, never as the INTERNAL of a write that raced it."""
+    pki = Pki(tmp_path)
+    spool = spooled(1, 2, 3)  # frames ready to go at once: the race this guards against
+
+    async def scenario() -> None:
+        async with tls_controller(controller_config(pki.server())) as ctl:
+            agent = client(ctl.address, spool, pki.client("n2"))  # says n1 (hello("n1")), holds n2's
+            async with running(agent.run):
+                await until(lambda: len(messages(caplog, "retry")) >= 8, "eight refused attempts")
+            assert ctl.app.identity.refusals["other_node"] >= 8
+            assert ctl.app.ingest.counters.frames == 0
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    retries = messages(caplog, "retry")
+    assert all("PERMISSION_DENIED: certificate is for node(s) n2" in m for m in retries), retries
+    assert len(spool) == 3  # nothing acked, nothing lost

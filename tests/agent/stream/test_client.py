@@ -21,6 +21,7 @@ from agent.daemon import Agent
 from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
 from agent.sources.sim.probes import ModelledProbes
+from agent.stream import client as stream_client
 from agent.stream.backoff import Backoff
 from agent.stream.client import StreamClient
 from agent.stream.spool import Spool
@@ -379,6 +380,9 @@ class FinishedCall:
     async def done_writing(self) -> None:
         pass
 
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()  # the RPC ended: grpc.aio answers its (empty) initial metadata at once
+
     def cancel(self) -> bool:
         return True
 
@@ -404,6 +408,7 @@ def test_a_write_that_races_the_end_of_the_rpc_is_retried(
             return calls[-1]
 
     monkeypatch.setattr(telemetry_pb2_grpc, "TelemetryStub", Stub)
+    monkeypatch.setattr(stream_client, "STATUS_WAIT_SECONDS", 0.01)  # this reader never sees the end
 
     async def scenario() -> None:
         client = make_client(f"127.0.0.1:{free_port()}", spooled(1))

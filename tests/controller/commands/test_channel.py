@@ -467,3 +467,26 @@ def test_a_command_that_times_out_as_a_new_boot_connects_does_not_hold_the_node(
             await ch.issue("n1", probe(), "operator:bob")
 
     asyncio.run(go())
+
+
+def test_a_refused_probe_run_is_logged_as_one_short_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    why = "refused: GPU {} runs other processes (pid 4242); force or drain to probe"
+    variants = ["gemm/bf16", "gemm/fp16", "gemm/fp8", "gemm/tf32", "membw/copy", "pcie/h2d", "pcie/d2h"]
+    error = "; ".join(f"{v}: {why.format(gpu)}" for gpu in range(8) for v in variants)
+    assert len(error) > 4000  # what the agent answers when every GPU is busy
+
+    async def go() -> None:
+        async with channel(tmp_path / "c.db", Clock()) as ch:
+            ch.open_stream(hello("n1"), asyncio.Queue(), "peer-1")
+            record = await ch.issue("n1", probe(), "scheduler", timeout_seconds=30)
+            with caplog.at_level("DEBUG", logger="gpufleet.controller"):
+                ch.answered("n1", pb.CommandResult(command_id=record.id, ok=False, error=error))
+            assert record.error == error  # stored whole
+
+    asyncio.run(go())
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(line) <= 300 and "\n" not in line
+    assert "failed: gemm/bf16: refused: GPU 0 runs other processes" in line
+    assert any(error in r.getMessage() for r in caplog.records if r.levelname == "DEBUG")

@@ -10,6 +10,7 @@ from controller.config import DetectConfig, DetectorConfig
 from controller.detect import DETECTED
 from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import CAUSES
 from tests.simfleet import SimFleet
 
@@ -60,6 +61,21 @@ def test_throttle_needs_the_window() -> None:
     assert [(n, g, c) for n, g, c, _ in detect(sim)] == [("node-01", 0, "power_cap")]
 
 
+def test_throttle_held_ends_at_the_last_reading_of_a_silent_node() -> None:
+    sim = SimFleet(8, {"node-01": [FaultSpec("power_cap", 0), FaultSpec("pcie_downtrained", 1)]})
+    sim.step()  # one throttled, downtrained sample; then the node goes silent
+    sim.now += 600.0
+    assert detect(sim) == []  # held 0 s at its last reading; the node is stale, not throttled
+    sim = SimFleet(8, {"node-01": [FaultSpec("power_cap", 0)]})
+    for _ in range(8):
+        sim.step()
+    config = DetectConfig(throttle_window_seconds=WINDOW)
+    before = run_detectors(DetectContext(sim.fleet, config, sim.now)).findings
+    sim.now += 600.0  # silent: an open finding stays as its last reading left it, not growing
+    after = run_detectors(DetectContext(sim.fleet, config, sim.now)).findings
+    assert [f.evidence.held_seconds for f in before] == [f.evidence.held_seconds for f in after] == [7.0]
+
+
 def test_probe_finding_carries_evidence_and_merges_with_telemetry() -> None:
     sim = run(8, {"node-03": [FaultSpec("thermal_throttle", 6)]})
     config = DetectConfig(throttle_window_seconds=WINDOW)
@@ -104,3 +120,13 @@ def test_disabled_detector_is_not_run() -> None:
     names = config.enabled(["nvlink", "pcie_link", "probe_outlier", "row_remap", "throttle"])
     assert "row_remap" not in names
     assert run_detectors(DetectContext(sim.fleet, config, sim.now), names).findings == []
+
+
+@pytest.mark.parametrize("during", [pb.GpuSample(), pb.GpuSample(index=2, uuid="GPU-2")])
+def test_an_empty_during_counts_as_absent(during: pb.GpuSample) -> None:
+    sim = run(12, {"node-05": [FaultSpec("hbm_degraded", 2)]})
+    (record,) = [r for r in sim.fleet.probes.values() if r.key[:3] == ("node-05", 2, "membw")]
+    record.result.during.CopyFrom(during)  # no reading while the probe ran (set, but empty)
+    latest = sim.fleet.nodes["node-05"].gpus[2].sample
+    latest.memory_clock_hz = latest.max_memory_clock_hz / 2  # the latest reading: memory clocks down
+    assert [(n, g, c) for n, g, c, _ in detect(sim)] == [("node-05", 2, "slow_unknown")]

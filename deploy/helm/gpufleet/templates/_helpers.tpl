@@ -80,6 +80,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The agent's CA file, and its certificate and key as `--tls-cert`/`--tls-key` (a YAML list):
+from the node's own directory (agentHostPath, its file names agentHostFiles), or from the Secret
+holding every node's pair (agentSecret: `$(NODE_NAME).crt`, expanded by Kubernetes). */}}
+{{- define "gpufleet.agentTlsCa" -}}
+{{- $dir := include "gpufleet.tlsDir" . }}
+{{- if .Values.tls.agentHostPath }}
+{{- printf "%s/%s" $dir .Values.tls.agentHostFiles.ca }}
+{{- else }}
+{{- printf "%s/ca.crt" $dir }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufleet.agentTlsArgs" -}}
+{{- $dir := include "gpufleet.tlsDir" . }}
+{{- if .Values.tls.agentHostPath }}
+{{- $files := .Values.tls.agentHostFiles }}
+- {{ printf "--tls-cert=%s/%s" $dir $files.cert | quote }}
+- {{ printf "--tls-key=%s/%s" $dir $files.key | quote }}
+{{- else }}
+- {{ printf "--tls-cert=%s/$(NODE_NAME).crt" $dir | quote }}
+- {{ printf "--tls-key=%s/$(NODE_NAME).key" $dir | quote }}
+{{- end }}
+{{- end }}
+
 {{/* Fails unless the transport is mutual TLS with every certificate given, or plaintext chosen
 explicitly: says what to set. */}}
 {{- define "gpufleet.checkTls" -}}
@@ -92,13 +116,16 @@ explicitly: says what to set. */}}
 {{- fail "tls.controllerSecret and tls.certManager.enabled both give the controller's certificate: set one" }}
 {{- end }}
 {{- if not (or $tls.controllerSecret $tls.certManager.enabled) }}
-{{- fail "tls.enabled: set tls.controllerSecret (a Secret with tls.crt, tls.key and ca.crt; `gpufleet certs` makes them) or tls.certManager.enabled=true with tls.certManager.issuerRef.name, and tls.agentSecret; or tls.enabled=false with tls.insecure=true for plaintext" }}
+{{- fail "tls.enabled: set tls.controllerSecret (a Secret with tls.crt, tls.key and ca.crt; `gpufleet certs` makes them) or tls.certManager.enabled=true with tls.certManager.issuerRef.name, and tls.agentHostPath (or tls.agentSecret); or tls.enabled=false with tls.insecure=true for plaintext" }}
 {{- end }}
 {{- if and $tls.certManager.enabled (not $tls.certManager.issuerRef.name) }}
 {{- fail "tls.certManager.enabled: set tls.certManager.issuerRef.name (the Issuer or ClusterIssuer that signs the controller's certificate)" }}
 {{- end }}
-{{- if not $tls.agentSecret }}
-{{- fail "tls.enabled: set tls.agentSecret (a Secret with ca.crt and NODE.crt/NODE.key for every node; `gpufleet certs node` makes them); or tls.enabled=false with tls.insecure=true for plaintext" }}
+{{- if and $tls.agentHostPath $tls.agentSecret }}
+{{- fail "tls.agentHostPath and tls.agentSecret both give the agents' certificates: set one (agentHostPath keeps each node's key on its node)" }}
+{{- end }}
+{{- if not (or $tls.agentHostPath $tls.agentSecret) }}
+{{- fail "tls.enabled: set tls.agentHostPath (a directory on each node holding that node's own node.crt, node.key and ca.crt; `gpufleet certs node` makes them) or, in a lab, tls.agentSecret (a Secret with ca.crt and every node's NODE.crt/NODE.key); or tls.enabled=false with tls.insecure=true for plaintext" }}
 {{- end }}
 {{- else if not $tls.insecure }}
 {{- fail "tls.enabled=false is plaintext gRPC (anyone who can reach the port can speak as any node): choose it explicitly with tls.insecure=true, or keep TLS on" }}
@@ -143,9 +170,9 @@ owns added. The node name comes from the downward API as `--node`, the BMC's URL
   "bmc.insecure" "set agent.bmc.insecure instead"
   "tuning.enabled" "set tuning.enabled instead (it also grants the capability tuning needs)"
   "tuning.state_dir" "set tuning.hostPath instead"
-  "stream.tls_ca" "set tls.agentSecret instead"
-  "stream.tls_cert" "set tls.agentSecret instead"
-  "stream.tls_key" "set tls.agentSecret instead"
+  "stream.tls_ca" "set tls.agentHostPath (or tls.agentSecret) instead"
+  "stream.tls_cert" "set tls.agentHostPath (or tls.agentSecret) instead"
+  "stream.tls_key" "set tls.agentHostPath (or tls.agentSecret) instead"
   "stream.insecure" "set tls.enabled and tls.insecure instead"
   "metrics.web_config" "set metrics.webConfigSecret instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.agent.config $managed "agent.config") }}
@@ -159,9 +186,9 @@ owns added. The node name comes from the downward API as `--node`, the BMC's URL
 {{- $_ := set $stream "spool_dir" "/var/spool/gpufleet" }}
 {{- end }}
 {{- if .Values.tls.enabled }}
-{{- /* The node's own certificate and key come as --tls-cert and --tls-key: $(NODE_NAME) is
-expanded in arguments, not in files. */}}
-{{- $_ := set $stream "tls_ca" (printf "%s/ca.crt" (include "gpufleet.tlsDir" .)) }}
+{{- /* The node's own certificate and key come as --tls-cert and --tls-key (gpufleet.agentTlsArgs):
+with agentSecret their names hold $(NODE_NAME), expanded in arguments, not in files. */}}
+{{- $_ := set $stream "tls_ca" (include "gpufleet.agentTlsCa" .) }}
 {{- else }}
 {{- $_ := set $stream "insecure" true }}
 {{- end }}
