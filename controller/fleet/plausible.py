@@ -108,6 +108,9 @@ _NUMBERS = frozenset(
 )
 
 
+_FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+
+
 @cache
 def range_of(name: str) -> Range | None:
     """The plausible range of a field named `name`, or None when any value is possible."""
@@ -119,26 +122,38 @@ def range_of(name: str) -> Range | None:
 
 def clear_implausible(msg: Message) -> list[str]:
     """Clear every impossible reading of `msg` and its nested messages; return their labels
-    ("GpuSample.temperature_celsius"), one per cleared value. Run after clear_non_finite."""
+    ("GpuSample.temperature_celsius"), one per cleared value (NaN/Inf are cleared too, uncounted)."""
+    return screen(msg)[1]
+
+
+def screen(msg: Message) -> tuple[int, list[str]]:
+    """One walk over `msg` and its nested messages (ingest's hot path: one walk, not two): clear each
+    NaN/Inf float (counted) and each impossible reading (labelled "GpuSample.temperature_celsius");
+    return (non-finite count, labels)."""
+    non_finite = 0
     cleared: list[str] = []
-    kind = msg.DESCRIPTOR.name
     ranges, within = _rules(msg.DESCRIPTOR)
     for field, value in msg.ListFields():
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             if field.message_type is not None and field.message_type.GetOptions().map_entry:
                 continue
             for item in value if field.is_repeated else [value]:
-                cleared += clear_implausible(item)
+                n, labels = screen(item)
+                non_finite += n
+                cleared += labels
+        elif field.type in _FLOATS and not field.is_repeated and not math.isfinite(value):
+            msg.ClearField(field.name)
+            non_finite += 1
         else:
             bounds = ranges.get(field.name)
             if bounds is not None and not bounds.holds(value):
                 msg.ClearField(field.name)
-                cleared.append(f"{kind}.{field.name}")
+                cleared.append(f"{msg.DESCRIPTOR.name}.{field.name}")
     for part, whole in within:
         if _present(msg, part) and _present(msg, whole) and getattr(msg, part) > getattr(msg, whole):
             msg.ClearField(part)
-            cleared.append(f"{kind}.{part}")
-    return cleared
+            cleared.append(f"{msg.DESCRIPTOR.name}.{part}")
+    return non_finite, cleared
 
 
 @cache

@@ -10,10 +10,11 @@ import logging
 import math
 from collections import Counter
 
+from google.protobuf.message import Message
+
 from controller.fleet.conditions import update_held
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
-from controller.fleet.plausible import PROBE_VALUE, clear_implausible, probe_value_plausible
-from controller.fleet.sanitize import clear_non_finite
+from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
@@ -37,25 +38,20 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
             dropped += 0 if result.error else 1
             continue
         when = min(result.time.ToNanoseconds() / 1e9 if result.HasField("time") else at, now)
-        clear_non_finite(result)
-        if not probe_value_plausible(result):
+        if not probe_value_plausible(result):  # before screen(): it reads peak_ratio as sent
             implausible[PROBE_VALUE] += 1
             continue
-        implausible.update(clear_implausible(result))
+        implausible.update(screen(result)[1])  # the value is finite (checked above): NaN elsewhere
         gpu = result.gpu if result.HasField("gpu") else None
         probes.append(
             ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result)
         )
-    dropped += sum(clear_non_finite(sample) for sample in frame.gpus)
-    if frame.HasField("host"):
-        dropped += clear_non_finite(frame.host)
-    if frame.HasField("bmc"):
-        dropped += clear_non_finite(frame.bmc)
-    for sample in frame.gpus:
-        implausible.update(clear_implausible(sample))
-    for part in ("host", "bmc"):
-        if frame.HasField(part):
-            implausible.update(clear_implausible(getattr(frame, part)))
+    readings: list[Message] = [*frame.gpus]
+    readings += [getattr(frame, part) for part in ("host", "bmc") if frame.HasField(part)]
+    for reading in readings:  # NaN/Inf and impossible values stored as missing, in one walk each
+        n, labels = screen(reading)
+        dropped += n
+        implausible.update(labels)
     write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes, received=now)
     write.implausible = dict(implausible)
     for sample in frame.gpus:

@@ -1,8 +1,10 @@
+"""One walk over a reading at ingest: NaN/Inf and impossible values stored as missing, each counted."""
+
 from __future__ import annotations
 
 import math
 
-from controller.fleet.sanitize import clear_non_finite
+from controller.fleet.plausible import screen
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -12,7 +14,7 @@ def test_nan_and_inf_become_missing_in_nested_messages() -> None:
     frame.host.load1 = -math.inf
     probe = frame.probes.add(probe="gemm", value=700.0)
     probe.during.power_watts = math.nan
-    assert clear_non_finite(frame) == 4
+    assert screen(frame) == (4, [])
     assert not gpu.HasField("power_watts") and not gpu.HasField("sm_clock_hz")
     assert gpu.temperature_celsius == 55.0
     assert not frame.host.HasField("load1")
@@ -25,5 +27,13 @@ def test_finite_frame_is_untouched() -> None:
     frame.gpus.add(index=0, power_watts=300.0)
     frame.probes.add(probe="gemm", params={"m": "1"})
     before = frame.SerializeToString()
-    assert clear_non_finite(frame) == 0
+    assert screen(frame) == (0, [])
     assert frame.SerializeToString() == before
+
+
+def test_one_walk_clears_both_kinds_and_labels_the_impossible() -> None:
+    frame = pb.TelemetryFrame(node="n")
+    gpu = frame.gpus.add(index=0, power_watts=math.nan, temperature_celsius=1e9, sm_clock_hz=1.4e9)
+    assert screen(frame) == (1, ["GpuSample.temperature_celsius"])
+    assert not gpu.HasField("power_watts") and not gpu.HasField("temperature_celsius")
+    assert gpu.sm_clock_hz == 1.4e9
