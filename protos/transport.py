@@ -44,15 +44,16 @@ def read_pem(path: str, what: str) -> bytes:
     return data
 
 
-def files_signature(paths: Sequence[str | None]) -> tuple[tuple[int, int], ...]:
-    """(mtime_ns, size) of each file (missing: (0, 0)): compare two to see a rotation."""
+def files_signature(paths: Sequence[str | None]) -> tuple[tuple[int, int, int], ...]:
+    """(inode, mtime_ns, size) of each file (missing: (0, 0, 0)): compare two to see a rotation; a
+    rewrite in place and a rename over the file (a Kubernetes Secret's update) both change it."""
     out = []
     for path in paths:
         try:
             st = os.stat(path) if path else None
         except OSError:
             st = None
-        out.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
+        out.append((st.st_ino, st.st_mtime_ns, st.st_size) if st else (0, 0, 0))
     return tuple(out)
 
 
@@ -74,7 +75,7 @@ class ClientTls:
         key = read_pem(self.key, "key") if self.key else None
         return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
 
-    def signature(self) -> tuple[tuple[int, int], ...]:
+    def signature(self) -> tuple[tuple[int, int, int], ...]:
         return files_signature([self.ca, self.cert, self.key])
 
 

@@ -263,14 +263,14 @@ class WebGuard:
         self._lock = threading.Lock()
         self._state = self._load(None)
         self._signature = self._files_signature(self._state.config)
-        self._failed: tuple[tuple[int, int], ...] | None = None
+        self._failed: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def tls(self) -> bool:
         """Whether the endpoint speaks HTTPS now."""
         return self._state.ssl_context is not None
 
-    def _files_signature(self, config: WebConfig) -> tuple[tuple[int, int], ...]:
+    def _files_signature(self, config: WebConfig) -> tuple[tuple[int, int, int], ...]:
         return files_signature([self.path, *(config.tls.files() if config.tls else [])])
 
     def _load(self, previous: _State | None) -> _State:

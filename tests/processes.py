@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 START_TIMEOUT = 60.0
 
 
@@ -50,3 +52,17 @@ def ready_address(
         assert time.monotonic() < deadline, f"the controller did not start:\n{log.read_text()[-3000:]}"
         time.sleep(0.05)
     return {k: str(v) for k, v in json.loads(ready.read_text()).items()}
+
+
+def start_controller(directory: Path, config: dict[str, object]) -> tuple[subprocess.Popen[bytes], str]:
+    """`gpufleet controller` with `config` (YAML in `directory`, log in controller.log there); returns
+    the process and the address it bound, once ready. The caller stops it."""
+    path = directory / "controller.yaml"
+    path.write_text(yaml.safe_dump(config))
+    ready, log = directory / "controller.ready", directory / "controller.log"
+    process = spawn(["controller", "controller", "--config", str(path), "--ready-file", str(ready)], log)
+    try:
+        return process, ready_address(process, ready, log)["address"]
+    except BaseException:
+        stop(process)
+        raise

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import ready_address, spawn, stop
+from tests.processes import spawn, start_controller, stop
 
 pytestmark = pytest.mark.slow
 NODE = "sim-e2e"
@@ -33,27 +33,18 @@ def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A controller and one simulated 2-GPU agent streaming to it; yields the controller's address."""
     tmp = tmp_path_factory.mktemp("probe-node")
-    controller_cfg = tmp / "controller.yaml"
-    controller_cfg.write_text(
-        yaml.safe_dump(
-            {
-                "listen": "127.0.0.1:0",
-                "metrics_address": None,
-                "db": str(tmp / "gpufleet.db"),
-                "probes": {"on_connect": False, "periodic": False},  # only the operator's runs
-            }
-        )
-    )
-    ready = tmp / "controller.ready"
-    controller = spawn(
-        ["controller", "controller", "--config", str(controller_cfg), "--ready-file", str(ready)],
-        tmp / "controller.log",
+    controller, address = start_controller(
+        tmp,
+        {
+            "listen": "127.0.0.1:0",
+            "metrics_address": None,
+            "db": str(tmp / "gpufleet.db"),
+            "probes": {"on_connect": False, "periodic": False},  # only the operator's runs
+        },
     )
     agent: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        started = ready_address(controller, ready, tmp / "controller.log")
-        address = started["address"]
         agent_cfg = tmp / "agent.yaml"
         agent_cfg.write_text(
             yaml.safe_dump(

@@ -22,7 +22,7 @@ from protos.transport import TransportError, files_signature, read_pem
 
 log = logging.getLogger("gpufleet.controller.tls")
 
-Signature = tuple[tuple[int, int], ...]
+Signature = tuple[tuple[int, int, int], ...]
 
 
 def load_certificates(tls: TlsConfig) -> grpc.ServerCertificateConfiguration:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from controller.config import ConfigError
+from protos.transport import files_signature
 
 log = logging.getLogger("gpufleet.controller.security")
 
@@ -124,15 +124,6 @@ def load_tokens(path: str | Path) -> tuple[TokenEntry, ...]:
         raise TokenFileError(f"operator tokens file {path}: {exc}") from None
 
 
-def _signature(path: str) -> tuple[int, int, int]:
-    """(inode, mtime_ns, size): a rewrite in place or a rename over the file both change it."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, 0, 0)
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 class TokenStore:
     """The tokens of one file, re-read when it changes: a bad new version is logged and the last good
     one kept. Lookups compare hashes in constant time against every entry."""
@@ -140,7 +131,7 @@ class TokenStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._signature = _signature(path)
+        self._signature = files_signature([path])
         self._entries = load_tokens(path)  # TokenFileError at start: the controller does not start
 
     @property
@@ -158,7 +149,7 @@ class TokenStore:
         return found
 
     def _refresh(self) -> None:
-        signature = _signature(self.path)
+        signature = files_signature([self.path])
         if signature == self._signature:
             return
         with self._lock:

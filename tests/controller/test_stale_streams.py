@@ -25,7 +25,7 @@ from controller.app import ControllerApp
 from controller.fleet.health import node_health
 from protos.names import health_name
 from tests.controller.harness import T0, Clock, config, frame, hello, running_controller
-from tests.processes import ready_address, spawn, stop
+from tests.processes import spawn, start_controller, stop
 
 STALE_AFTER = 3.0
 START_TIMEOUT = 60.0
@@ -98,28 +98,19 @@ def wait_for(address: str, name: str, wanted: tuple[str, bool], deadline: float,
 
 @pytest.mark.slow
 def test_a_stopped_agent_goes_stale_and_comes_back_healthy(tmp_path: Path) -> None:
-    controller_cfg = tmp_path / "controller.yaml"
-    controller_cfg.write_text(
-        yaml.safe_dump(
-            {
-                "listen": "127.0.0.1:0",
-                "metrics_address": None,
-                "db": str(tmp_path / "gpufleet.db"),
-                "stale_after_seconds": STALE_AFTER,
-                "probes": {"on_connect": False, "periodic": False},
-            }
-        )
-    )
-    ready = tmp_path / "controller.ready"
-    controller = spawn(
-        ["controller", "controller", "--config", str(controller_cfg), "--ready-file", str(ready)],
-        tmp_path / "controller.log",
+    controller, address = start_controller(
+        tmp_path,
+        {
+            "listen": "127.0.0.1:0",
+            "metrics_address": None,
+            "db": str(tmp_path / "gpufleet.db"),
+            "stale_after_seconds": STALE_AFTER,
+            "probes": {"on_connect": False, "periodic": False},
+        },
     )
     agent: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        started = ready_address(controller, ready, tmp_path / "controller.log")
-        address = started["address"]
         agent_cfg = tmp_path / "agent.yaml"
         agent_cfg.write_text(
             yaml.safe_dump(

@@ -41,9 +41,23 @@ def test_a_rotation_changes_the_signature(tmp_path: Path) -> None:
     path = tmp_path / "cert.pem"
     path.write_text("one")
     before = files_signature([str(path), None])
-    assert before[1] == (0, 0)
+    assert before[1] == (0, 0, 0)
     path.write_text("two, longer")
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert files_signature([str(path), None]) != before
-    assert files_signature([str(tmp_path / "gone.pem")]) == ((0, 0),)
+    assert files_signature([str(tmp_path / "gone.pem")]) == ((0, 0, 0),)
+
+
+def test_a_rename_over_the_file_is_seen_with_the_same_time_and_size(tmp_path: Path) -> None:
+    """How a Kubernetes Secret volume updates: a new file moved over the old one."""
+    path, new = tmp_path / "tokens.yaml", tmp_path / "tokens.yaml.new"
+    path.write_text("same size 1")
+    new.write_text("same size 2")
+    st = path.stat()
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    keep = new.stat().st_ino  # the new file stays alive under its new name: a fresh inode for sure
+    before = files_signature([str(path)])
+    os.replace(new, path)
+    assert path.stat().st_ino == keep
+    assert files_signature([str(path)]) != before
