@@ -22,9 +22,10 @@ from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
-from controller.fleet.findings import StoredFinding, reconcile
+from controller.fleet.findings import FindingTracker, StoredFinding
 from controller.fleet.health import silent_for
 from controller.fleet.model import Fleet
+from controller.fleet.silencing import Silencing
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
 from controller.kube.cluster import find_cluster
@@ -33,6 +34,7 @@ from controller.kube.publish import HealthPublisher
 from controller.kube.recovery import Recovery
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
+from controller.recording import FileSink, RecordHub
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
 from controller.remediate.retune import Tuner
@@ -50,14 +52,24 @@ class ControllerApp:
         self.clock = clock
         self.store = Store(config.db, synchronous=config.db_synchronous)
         self.fleet = Fleet()
+        # Every accepted Hello and stored frame, to the operator RPC Record's streams and, with
+        # `record: FILE` (--record), to that file (controller/recording.py).
+        self.recording = RecordHub()
+        self.record_sink: FileSink | None = None
+        if config.record:
+            self.record_sink = FileSink(config.record)
+            self.record_sink.start()
+            self.recording.add(self.record_sink)
         self.ingest = Ingest(
             self.fleet,
             self.store,
             clock,
             max_nodes=config.limits.max_nodes,
             max_clock_skew_seconds=config.limits.max_clock_skew_seconds,
+            hub=self.recording,
         )
         self.active: dict[FindingKey, StoredFinding] = {}
+        self.finding_tracker = FindingTracker.for_config(config.detect)  # hysteresis: pending findings
         self.connections: dict[str, int] = {}
         self.identity = NodeIdentities()  # streams' certificates: refusals, each node's transport
         self.detectors = config.detect.enabled(sorted(discover()))
@@ -67,6 +79,10 @@ class ControllerApp:
         self.failed_passes = 0
         self.commands = CommandChannel(self.store, clock)
         self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
+        # Operators' acks, silences and maintenance (controller/fleet/silencing.py; start() loads
+        # them): silenced findings drive no action, nodes under maintenance are not probed.
+        self.silencing = Silencing()
+        self.probing.paused = lambda: self.silencing.maintenance.keys()  # noqa: PLW0108 - start() replaces it
         # Acting safely: every mutating request is audited before it acts; degrading actions
         # (retunes, drains) ask the breaker first: `await app.breaker.request(...)`.
         self.audit = Auditor(self.store, clock)
@@ -84,7 +100,7 @@ class ControllerApp:
             config,
             self.store,
             fleet=lambda: self.fleet,
-            active=lambda: self.active.values(),  # noqa: PLW0108 - start() replaces self.active
+            active=lambda: self.silencing.unsilenced(self.active.values(), self.clock()),
             channel=self.commands,
             breaker=self.breaker,
             auditor=self.audit,
@@ -108,9 +124,11 @@ class ControllerApp:
         # Drain recommendations' drains (kubernetes.policy: auto starts them), and the uncordon of
         # a node they drained once it is back within fleet normal after a re-probe.
         self.tuning.drains = DrainPolicy(self.kube, self.tuning, clock)
+        # Recovery sees silenced findings too (a silence never makes a node look recovered, so it
+        # never uncordons it) and leaves nodes under maintenance alone.
         self.recovery = Recovery(
             self.kube,
-            recs=self.tuning.recs.values,
+            recs=lambda: [r for r in self.tuning.recs.values() if r.node not in self.silencing.maintenance],
             fleet=lambda: self.fleet,
             active=lambda: self.active.values(),  # noqa: PLW0108 - start() replaces self.active
             clock=clock,
@@ -121,6 +139,7 @@ class ControllerApp:
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
+        self.silencing = await self.store.load_silencing(self.clock())
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         await self.breaker.load()  # its window and tripped state survive a restart
         await self.tuning.load()  # applies a previous run left in flight: settled or awaited
@@ -137,6 +156,9 @@ class ControllerApp:
         self.kube.cancel()  # a drain's row stays running: the next start resumes it
         self.cluster.close()
         self.store.close()
+        if self.record_sink is not None:  # what it holds is written, then the file closed
+            self.recording.remove(self.record_sink)
+            self.record_sink.close()
 
     # Connections
 
@@ -167,7 +189,7 @@ class ControllerApp:
         started = time.perf_counter()
         now = self.clock()
         report = run_detectors(DetectContext(self.fleet, self.config.detect, now), self.detectors)
-        upserts, resolved = reconcile(self.active, report.findings, now)
+        upserts, resolved = self.finding_tracker.reconcile(self.active, report.findings, now)
         await self.store.save_findings(upserts, resolved)
         for stored in upserts:
             if stored.finding.key not in self.active:

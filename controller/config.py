@@ -27,19 +27,89 @@ class DetectorConfig(_Config):
 
 class DetectConfig(_Config):
     interval_seconds: float = 10.0  # how often the detectors run over the fleet
-    margin: float = 0.05  # a probe this far below its peer-group median is slow
-    min_robust_z: float = 3.0  # ...and this many robust sigmas below (guards noisy groups)
+    margin: float = 0.05  # a probe this far below its baseline (peer-group median) is slow...
+    min_robust_z: float = 3.0  # ...and this many robust sigmas below: noisy groups widen the margin
     min_peers: int = 4  # no baseline from fewer results than this
-    throttle_window_seconds: float = 60.0  # a condition must hold this long to be a finding
+    # A condition must hold this long to be a finding: 8 s is two consecutive readings at the agent's
+    # 10 s interval (a frame a little early still counts), so a throttle is found within 30 s of its
+    # onset (10 s to the first reading, 10 s to the second, up to 10 s to the next pass).
+    throttle_window_seconds: float = 8.0
     detectors: dict[str, DetectorConfig] = msgspec.field(default_factory=dict)
+    # Own history (a GPU's earlier results of the same probe): the baseline where peers are too
+    # few, and a change-point test beside the peers' (controller/detect/own_history.py).
+    own_history_min_points: int = 4  # earlier results needed for an own-history baseline
+    change_floor: float = 0.03  # the newest results this far below the GPU's own median...
+    change_robust_z: float = 3.0  # ...and this many of its own robust sigmas below...
+    change_peer_margin: float = 0.02  # ...and this far below the peers' median: slow
+    # Hysteresis: a finding opens once raised in open_after_passes of the last open_window_passes
+    # passes (at once where its evidence held over a window), closes after close_after_passes clean.
+    open_after_passes: int = 2
+    open_window_passes: int = 3
+    close_after_passes: int = 3
+    # XIDs (controller/detect/xid.py): an XID finding stays open while the XID was seen within this
+    # window (reset-needing XIDs: until the agent restarts); unknown codes need xid_unknown_repeat.
+    xid_window_seconds: float = 3600.0
+    xid_unknown_repeat: int = 3
+    # NVLinks up but erroring (controller/detect/nvlink_errors.py): a CRC, replay or recovery counter
+    # rising this fast on an active link (over the trends window), in at least nvlink_min_rises
+    # readings (a one-off jump is not a rising counter) spanning throttle_window_seconds or more.
+    nvlink_error_rate_per_minute: float = 6.0  # warning at or above
+    nvlink_critical_rate_per_minute: float = 600.0  # critical at or above
+    nvlink_min_rises: int = 3
+    # InfiniBand ports (controller/detect/infiniband.py): symbol errors, receive errors or link error
+    # recoveries rising faster than this (per minute, over the counter window), or this many
+    # link-downs within the window on a port that is up again (a flapping link).
+    ib_errors_per_minute: float = 1.0
+    ib_link_downs_per_window: int = 2
+    # BMC (controller/detect/bmc_health.py): a BMC sample whose poll started this long before the
+    # node's newest frame is not used (the BMC stopped answering); an intake sensor without
+    # thresholds is hot this far above its peer group's median intake.
+    bmc_max_age_seconds: float = 300.0
+    inlet_margin_celsius: float = 8.0
+    # Clocks from telemetry (controller/detect/clock_lock.py): a GPU at or above clock_busy_utilization
+    # whose SM clock a setting holds >5% below max is clocks_locked_low; with no lock and no reason
+    # bit shown, a GPU and its peers at or above clock_peer_utilization, its clock clock_peer_margin
+    # below theirs (median, at least min_peers of them), is slow_unknown.
+    clock_busy_utilization: float = 0.5
+    clock_peer_utilization: float = 0.9
+    clock_peer_margin: float = 0.10
 
     def __post_init__(self) -> None:
         if not 0.0 < self.margin < 1.0:
             raise ValueError("detect.margin must be within 0..1 (a fraction, 0.05 = 5%)")
+        if not (0.0 < self.change_floor < 1.0 and 0.0 <= self.change_peer_margin < 1.0):
+            raise ValueError("detect.change_floor and change_peer_margin must be within 0..1 (fractions)")
+        if self.own_history_min_points < 2 or self.change_robust_z < 0 or self.min_robust_z < 0:
+            raise ValueError("detect.own_history_min_points must be >= 2, change_robust_z, min_robust_z >= 0")
+        if not 1 <= self.open_after_passes <= self.open_window_passes or self.close_after_passes < 1:
+            raise ValueError(
+                "detect.open_after_passes must be within 1..open_window_passes and close_after_passes >= 1"
+            )
         if self.interval_seconds <= 0 or self.throttle_window_seconds < 0:
             raise ValueError("detect.interval_seconds must be > 0 and throttle_window_seconds >= 0")
         if self.min_peers < 2:
             raise ValueError("detect.min_peers must be >= 2")
+        if not (
+            0.0 < self.clock_busy_utilization <= 1.0
+            and 0.0 < self.clock_peer_utilization <= 1.0
+            and 0.0 < self.clock_peer_margin < 1.0
+        ):
+            raise ValueError(
+                "detect.clock_busy_utilization and clock_peer_utilization must be within 0..1 (ratios), "
+                "clock_peer_margin within 0..1 (a fraction)"
+            )
+        if self.xid_window_seconds <= 0 or self.xid_unknown_repeat < 1 or self.nvlink_min_rises < 1:
+            raise ValueError(
+                "detect.xid_window_seconds must be > 0, xid_unknown_repeat and nvlink_min_rises >= 1"
+            )
+        if not 0.0 < self.nvlink_error_rate_per_minute <= self.nvlink_critical_rate_per_minute:
+            raise ValueError(
+                "detect.nvlink_error_rate_per_minute must be > 0 and <= nvlink_critical_rate_per_minute"
+            )
+        if self.ib_errors_per_minute <= 0 or self.ib_link_downs_per_window < 1:
+            raise ValueError("detect.ib_errors_per_minute must be > 0 and ib_link_downs_per_window >= 1")
+        if self.bmc_max_age_seconds <= 0 or self.inlet_margin_celsius <= 0:
+            raise ValueError("detect.bmc_max_age_seconds and inlet_margin_celsius must be > 0")
 
     def enabled(self, registered: list[str]) -> list[str]:
         unknown = sorted(set(self.detectors) - set(registered))
@@ -249,6 +319,9 @@ class ControllerConfig(_Config):
     max_message_bytes: int = 4 * 1024 * 1024
     stale_after_seconds: float = 60.0  # a node silent this long is shown stale
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Append every accepted Hello and frame to this file (JSON Lines, for `gpufleet analyze`);
+    # "" records nothing. A write error loses recorded lines (counted), never telemetry.
+    record: str = ""
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)

@@ -14,6 +14,7 @@ from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
+from controller.recording import RecordHub
 from controller.store.sqlite import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -38,6 +39,7 @@ class Ingest:
         max_nodes: int | None = None,
         *,
         max_clock_skew_seconds: float = 300.0,  # limits.max_clock_skew_seconds
+        hub: RecordHub | None = None,
     ) -> None:
         self.fleet = fleet
         self.max_clock_skew_seconds = max_clock_skew_seconds
@@ -48,6 +50,7 @@ class Ingest:
         self.last_frame: dict[str, float] = {}  # node -> newest accepted frame's time (clamped to now)
         self._locks: dict[str, asyncio.Lock] = {}
         self.node_limit = NodeLimit(max_nodes, clock)  # limits.max_nodes
+        self.hub = hub or RecordHub()  # accepted Hellos and stored frames go to its readers (Record)
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
@@ -66,6 +69,7 @@ class Ingest:
             now = self.clock()
             acked = await self.store.save_hello(hello, now)
             apply_hello(self.fleet, hello, acked, now)
+            self.hub.hello(hello, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
 
     async def frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
@@ -103,6 +107,7 @@ class Ingest:
             write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, now)
             await self.store.save_frame(write)
             apply_frame(self.fleet, write)
+            self.hub.frame(frame, now)
             self.counters.frames += 1
             if frame.HasField("time"):
                 # A clock running ahead would give a negative lag; a histogram has no bucket for it.

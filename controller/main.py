@@ -70,11 +70,38 @@ def build_parser() -> argparse.ArgumentParser:
         ("findings", "list findings"),
     ):
         p = sub.add_parser(name, help=text)
+        if name == "nodes":
+            p.add_argument(
+                "--watch",
+                action="store_true",
+                help="a refreshing view, redrawn every --interval until Ctrl-C",
+            )
+            p.add_argument(
+                "--interval",
+                type=float,
+                default=5.0,
+                metavar="S",
+                help="with --watch: seconds between refreshes (default 5)",
+            )
         if name == "node":
             p.add_argument("name", help="node name")
+            p.add_argument(
+                "--history",
+                action="store_true",
+                help="the node's health history: its findings opening and resolving, and its audit entries "
+                "(acks, silences, retunes, drains), oldest first",
+            )
+        if name in ("node", "findings"):
+            p.add_argument(
+                "--since",
+                default="",
+                metavar="D",
+                help="a duration back from now (90s, 30m, 2h, 1d) or an RFC 3339 time: findings seen since "
+                "then, resolved ones included (node: with --history)",
+            )
         if name == "findings":
             p.add_argument("--node", default="", help="only this node")
-            p.add_argument("--all", action="store_true", help="include resolved findings")
+            p.add_argument("--all", action="store_true", help="include resolved and silenced findings")
         add_operator_arguments(p)
 
     probe = sub.add_parser(
@@ -148,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     from controller.cli.tokens import add_token_parser
 
     add_token_parser(sub)
+    from controller.cli.record import add_record_parsers
+
+    add_record_parsers(sub)
     return parser
 
 
@@ -188,6 +218,11 @@ def _controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--metrics-web-config",
         metavar="FILE",
         help="Prometheus web-config file (TLS, basic auth) for /metrics",
+    )
+    ctl.add_argument(
+        "--record",
+        metavar="FILE",
+        help="append every accepted Hello and frame to FILE (JSON Lines, for gpufleet analyze)",
     )
     return ctl
 
@@ -254,7 +289,10 @@ def _add_kube_commands(
 
 
 def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`gpufleet breaker [reset]` and `gpufleet history`."""
+    """`gpufleet breaker [reset]`, `gpufleet history`, and ack, silence(s), unsilence, maintenance."""
+    from controller.cli.silences import add_silence_parsers
+
+    add_silence_parsers(sub)
     brk = sub.add_parser(
         "breaker",
         help="show the blast-radius breaker, or re-arm it (breaker reset)",
@@ -351,6 +389,26 @@ def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _node_views(args: argparse.Namespace) -> int:
+    """`gpufleet nodes [--watch]` and `gpufleet node NAME [--history [--since D]]`."""
+    from controller.cli import operator
+
+    if args.command == "nodes":
+        if args.watch:
+            from controller.cli.watch import watch_nodes
+
+            return watch_nodes(args.controller, args.output, interval=args.interval)
+        return operator.nodes(args.controller, args.output)
+    if args.history:
+        from controller.cli.node_history import node_history
+
+        return node_history(args.controller, args.name, args.output, since=args.since)
+    if args.since:
+        print("gpufleet: --since goes with `gpufleet node NAME --history`", file=sys.stderr)
+        return 2
+    return operator.node(args.controller, args.name, args.output)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `gpufleet` command; a reader that goes away (`| head`) ends it quietly."""
     from controller import pipes
@@ -386,6 +444,10 @@ def _main(argv: list[str] | None) -> int:
         from controller.cli import tokens
 
         return tokens.create(args.name, args.role, args.tokens_file)
+    if args.command == "analyze":
+        from controller.cli.record import analyze
+
+        return analyze(args.file, args.output, config=args.config)
     from controller.cli import operator
     from controller.cli.credentials import CredentialError, operator_target
 
@@ -396,10 +458,12 @@ def _main(argv: list[str] | None) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
 
-    if args.command == "nodes":
-        return operator.nodes(args.controller, args.output)
-    if args.command == "node":
-        return operator.node(args.controller, args.name, args.output)
+    if args.command in ("nodes", "node"):
+        return _node_views(args)
+    if args.command in ("ack", "silence", "silences", "unsilence", "maintenance"):
+        from controller.cli import silences
+
+        return silences.run(args)
     if args.command == "breaker":
         from controller.cli import breaker
 
@@ -459,6 +523,10 @@ def _main(argv: list[str] | None) -> int:
             timeout=args.timeout,
             yes=args.yes,
         )
+    if args.command == "record":
+        from controller.cli.record import record
+
+        return record(args.controller, args.out, args.output, duration=args.duration, node=args.node)
     if args.command == "commands":
         from controller.cli.commands import commands
 
@@ -476,4 +544,11 @@ def _main(argv: list[str] | None) -> int:
             wait=not args.no_wait,
             timeout=args.timeout,
         )
-    return operator.findings(args.controller, args.output, node=args.node, include_resolved=args.all)
+    return operator.findings(
+        args.controller,
+        args.output,
+        node=args.node,
+        include_resolved=args.all,
+        include_silenced=args.all,
+        since=args.since,
+    )

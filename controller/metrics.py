@@ -116,6 +116,13 @@ class ControllerCollector(Collector):
             "Seconds from a frame's time on the agent to its ingest here (clock skew included).",
             {"": self.app.ingest.lag},
         )
+        sink = self.app.record_sink
+        yield CounterMetricFamily(
+            PREFIX + "record_dropped_total",
+            "Accepted messages the --record file lost: its writer fell behind, or a write failed "
+            "(a full disk); telemetry ingest is never held back.",
+            value=0 if sink is None else sink.dropped,
+        )
 
     def _findings(self) -> Iterator[Metric]:
         active = [s.finding for s in self.app.active.values()]

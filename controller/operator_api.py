@@ -12,16 +12,17 @@ import json
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from controller.app import ControllerApp
 from controller.commands.kinds import CommandKind
 from controller.errors import InvalidMessage, NotFound
-from controller.fleet.finding import Evidence
 from controller.fleet.findings import StoredFinding
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
 from controller.kube.wire import drain_to_proto, kube_view
+from controller.operator.recording import RecordApi
+from controller.operator.silences import SilencesApi, mark
+from controller.operator.wire import _ts, finding_to_proto
 from controller.paging import (
     FINDINGS,
     NODES,
@@ -39,9 +40,9 @@ from controller.security.warning import security_warning
 from controller.store.audit import AuditEntry
 from controller.store.commands import STATES, CommandRecord
 from controller.store.recommendations import Recommendation
-from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
+from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from protos.names import cause_value, severity_name, severity_value
+from protos.names import severity_name, severity_value
 
 PROBE_WAIT_DEFAULT_SECONDS = 120.0  # ProbeNode with wait and no timeout
 PROBE_WAIT_MAX_SECONDS = 3600.0
@@ -56,44 +57,7 @@ DRAIN_WAIT_MARGIN_SECONDS = 5.0  # a waiting Drain returns this long after the d
 COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.upper()}") for name in STATES}
 
 
-def _ts(unix_seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(unix_seconds * 1e9))
-    return ts
-
-
-def evidence_to_proto(ev: Evidence) -> findings_pb2.Evidence:
-    msg = findings_pb2.Evidence(
-        metric=ev.metric, unit=ev.unit, reasons=list(ev.reasons), peers=ev.peers, detail=ev.detail
-    )
-    for name in ("value", "baseline", "deviation", "held_seconds"):
-        value = getattr(ev, name)
-        if value is not None:
-            setattr(msg, name, value)
-    return msg
-
-
-def finding_to_proto(stored: StoredFinding) -> findings_pb2.Finding:
-    f = stored.finding
-    msg = findings_pb2.Finding(
-        id=stored.id,
-        node=f.node,
-        cause=cause_value(f.cause),  # type: ignore[arg-type]
-        severity=severity_value(f.severity),  # type: ignore[arg-type]
-        summary=f.summary,
-        evidence=evidence_to_proto(f.evidence),
-        supporting=[evidence_to_proto(e) for e in f.supporting],
-        first_seen=_ts(stored.first_seen),
-        last_seen=_ts(stored.last_seen),
-        active=stored.active,
-        detectors=f.detectors,
-    )
-    if f.gpu is not None:
-        msg.gpu = f.gpu
-    return msg
-
-
-class OperatorServicer(operator_pb2_grpc.OperatorServicer):
+class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorServicer):
     def __init__(self, app: ControllerApp) -> None:
         self.app = app
 
@@ -101,7 +65,10 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         return [s for key, s in self.app.active.items() if key[0] == node]
 
     def _summary(self, node: NodeState) -> operator_pb2.NodeSummary:
-        findings = self._findings_of(node.name)
+        # Health and the count leave silenced findings out (and so every finding of a node under
+        # maintenance): what needs an operator's attention; `node NAME` still lists them, marked.
+        findings = self.app.silencing.unsilenced(self._findings_of(node.name), self.app.clock())
+        maintenance = self.app.silencing.maintenance.get(node.name)
         return operator_pb2.NodeSummary(
             name=node.name,
             boot_id=node.boot_id,
@@ -115,6 +82,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             active_findings=len(findings),
             source=node.hello.inventory.source,
             transport=self.app.identity.transports.get(node.name, ""),
+            maintenance=maintenance is not None,
+            maintenance_comment="" if maintenance is None else maintenance.comment,
         )
 
     async def ListNodes(
@@ -147,7 +116,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
             hello=node.hello,
             gpus=[node.gpus[i].sample for i in sorted(node.gpus)],
             probes=[r.result for r in probes],
-            findings=[finding_to_proto(s) for s in _ordered(self._findings_of(node.name))],
+            findings=[mark(finding_to_proto(s), self.app) for s in _ordered(self._findings_of(node.name))],
         )
         if node.host is not None:
             detail.host.CopyFrom(node.host)
@@ -164,10 +133,24 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
         size = page_size(request.page_size, self.app.config.limits.page_size)
         after = finding_after(request.page_token)
         floor = request.min_severity
+        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+        now = self.app.clock()
+
+        def shown(s: StoredFinding) -> bool:  # silenced ones only on request
+            return request.include_silenced or not self.app.silencing.is_silenced(s, now)
+
         found: list[StoredFinding]
         if request.include_resolved:
             severities = [n for n in SEVERITY_RANK if severity_value(n) >= floor] if floor else None
-            found = await self.app.store.list_findings_page(request.node, True, severities, after, size + 1)
+            found = []
+            while len(found) <= size:  # a page and one more, or the end (silenced ones skipped)
+                batch = await self.app.store.list_findings_page(
+                    request.node, True, severities, after, size + 1, since=since
+                )
+                found += [s for s in batch if shown(s)]
+                if len(batch) <= size:
+                    break
+                after = finding_key(batch[-1])
         else:
             found = heapq.nsmallest(
                 size + 1,
@@ -177,12 +160,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServicer):
                     if (not request.node or key[0] == request.node)
                     and (not floor or severity_value(s.finding.severity) >= floor)
                     and (after is None or finding_key(s) > after)
+                    and (since is None or s.last_seen >= since)
+                    and shown(s)
                 ),
                 key=finding_key,
             )
         page, token = take(found, size, finding_key, FINDINGS)
         return operator_pb2.ListFindingsResponse(
-            findings=[finding_to_proto(s) for s in page], next_page_token=token
+            findings=[mark(finding_to_proto(s), self.app) for s in page], next_page_token=token
         )
 
     async def ProbeNode(

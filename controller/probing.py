@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
@@ -47,6 +47,9 @@ class Probing:
         self.channel = channel
         self.commands = ProbeCommands()
         self._asked_on_connect: set[tuple[str, str]] = set()
+        # Nodes under maintenance (the app sets it): no probe on schedule or on connect; an
+        # operator's probe-node still goes.
+        self.paused: Callable[[], Collection[str]] = lambda: ()
         channel.listeners.append(self._finished)
 
     def adopt(self, records: Iterable[CommandRecord]) -> None:
@@ -139,6 +142,9 @@ class Probing:
             or key in self._asked_on_connect
         ):
             return None
+        if hello.node in self.paused():
+            log.info("node %s: no probe on connect: it is under maintenance", hello.node)
+            return None
         self._asked_on_connect.add(key)
         try:
             return await self.send(hello.node, pb.RunProbes(suite=self.config.probes.suite), "on_connect")
@@ -161,6 +167,7 @@ class Probing:
             now=now,
             config=cfg,
             max_reading_age=self.config.stale_after_seconds,
+            skip=self.paused(),
         )
         sent = []
         for plan in plans:

@@ -14,7 +14,7 @@ import grpc
 from rich.console import Console
 from rich.text import Text
 
-from controller.cli import gpu_tables, tables
+from controller.cli import finding_view, gpu_tables, tables
 from controller.cli.bmc_view import bmc_section
 from controller.cli.credentials import BearerToken
 from controller.cli.jsonify import finding_to_dict, message_to_dict
@@ -113,16 +113,21 @@ def warn(text: str) -> None:
         Console(stderr=True, highlight=False).print(Text(f"WARNING: {text}", style="bold"), soft_wrap=True)
 
 
+def list_nodes(target: str) -> tuple[str, list[operator_pb2.NodeSummary]]:
+    """Every node the controller knows, worst first, and the controller's security warning."""
+    pages = call_operator(
+        target,
+        lambda s: all_pages(
+            lambda token: s.ListNodes(operator_pb2.ListNodesRequest(page_token=token), timeout=TIMEOUT_S)
+        ),
+    )
+    return pages[-1].warning, worst_first([n for page in pages for n in page.nodes])
+
+
 def nodes(target: str, output: str) -> int:
     def action() -> None:
-        pages = call_operator(
-            target,
-            lambda s: all_pages(
-                lambda token: s.ListNodes(operator_pb2.ListNodesRequest(page_token=token), timeout=TIMEOUT_S)
-            ),
-        )
-        warn(pages[-1].warning)
-        ordered = worst_first([n for page in pages for n in page.nodes])
+        warning, ordered = list_nodes(target)
+        warn(warning)
         if output in DOCUMENT_FORMATS:
             print_document({"nodes": [message_to_dict(n) for n in ordered]}, output)
         else:
@@ -170,6 +175,7 @@ def node(target: str, name: str, output: str) -> int:
             units = gpu_tables.units_of(detail.hello)
             parts.append(gpu_tables.probes_table(detail.probes, wide=wide, units=units))
         parts.append(tables.findings_table(detail.findings, title="Active findings", wide=wide))
+        parts += finding_view.findings_detail(detail.findings)
         if detail.HasField("kubernetes"):
             from controller.cli.kube_view import kube_section
 
@@ -179,13 +185,37 @@ def node(target: str, name: str, output: str) -> int:
     return _run(action)
 
 
-def findings(target: str, output: str, node: str = "", include_resolved: bool = False) -> int:
+def findings(
+    target: str,
+    output: str,
+    node: str = "",
+    include_resolved: bool = False,
+    *,
+    include_silenced: bool = False,
+    since: str = "",
+) -> int:
+    """`gpufleet findings`: active findings; `include_resolved` and `include_silenced` (--all) add the
+    resolved and the silenced; `since` (a duration back from now, 90s, 30m, 2h, 1d, or an RFC 3339
+    time) lists what was open at any moment since then, resolved ones included. A `since` that does
+    not parse is one line on stderr and exit status 2."""
+    request = operator_pb2.ListFindingsRequest(
+        node=node, include_resolved=include_resolved or bool(since), include_silenced=include_silenced
+    )
+    if since:
+        from controller.cli.history import parse_since  # history imports this module
+
+        try:
+            request.since.FromNanoseconds(int(parse_since(since) * 1e9))
+        except ValueError as exc:
+            print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
+            return 2
+
     def action() -> None:
         def page(stub: operator_pb2_grpc.OperatorStub, token: str) -> operator_pb2.ListFindingsResponse:
-            request = operator_pb2.ListFindingsRequest(
-                node=node, include_resolved=include_resolved, page_token=token
-            )
-            return stub.ListFindings(request, timeout=TIMEOUT_S)
+            paged = operator_pb2.ListFindingsRequest()
+            paged.CopyFrom(request)
+            paged.page_token = token
+            return stub.ListFindings(paged, timeout=TIMEOUT_S)
 
         def fetch(stub: operator_pb2_grpc.OperatorStub) -> tuple[str, list[findings_pb2.Finding]]:
             # ListFindings carries no warning: the smallest ListNodes answer brings it.

@@ -60,6 +60,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         ("operator_listen", "operator_listen"),
         ("operator_tokens", "operator_tokens"),
         ("metrics_web_config", "metrics_web_config"),
+        ("record", "record"),
     ):
         if getattr(args, flag, None):
             overrides[key] = getattr(args, flag)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from controller.cli import finding_view
 from controller.cli.layout import Cell, Col, make_table, plain
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
 from protos.names import cause_name as _cause_name
@@ -60,33 +61,40 @@ def age(ts_seconds: int, now: float | None = None) -> str:
 def findings_table(
     findings: Sequence[findings_pb2.Finding], title: str = "Findings", *, wide: bool = False
 ) -> Table:
+    """One row a finding: where, what, how bad (and whether resolved, acknowledged or silenced), its
+    evidence (in units, with the baseline's origin) and what to do about it (finding_view.py)."""
     columns = (
         Col("ID", key=True, wide=True),
         Col("NODE", key=True),
         Col("GPU", key=True),
         Col("CAUSE", key=True),
-        Col("SEVERITY", drop=2),
-        Col("SINCE", drop=3),
-        Col("LAST SEEN", drop=4, wide=True),
-        Col("DETECTORS", drop=5, wide=True),
+        Col("SEVERITY", drop=3, wrap=True),
+        Col("SINCE", drop=4),
+        Col("LAST SEEN", drop=5, wide=True),
+        Col("DETECTORS", drop=6, wide=True),
         Col("EVIDENCE", drop=1, wrap=True),
+        Col("REMEDIATION", drop=2, wrap=True),
     )
     rows: list[Sequence[Cell]] = []
     for f in findings:
         severity = severity_name(f.severity)
+        state = Text(
+            severity if f.active else f"{severity} (resolved)", style=SEVERITY_STYLE.get(severity, "")
+        )
+        for mark in finding_view.status_marks(f):  # "acked by alice", "silenced (s-123)"
+            state.append(f"; {mark}")
         rows.append(
             (
                 f.id,
                 f.node,
                 gpu_label(f),
                 cause_name(f.cause),
-                Text(
-                    severity if f.active else f"{severity} (resolved)", style=SEVERITY_STYLE.get(severity, "")
-                ),
+                state,
                 age(f.first_seen.seconds),
                 age(f.last_seen.seconds),
                 ", ".join(f.detectors) or "-",
-                f.evidence.detail or f.summary,
+                finding_view.evidence_cell(f),
+                finding_view.remediation_cell(f),
             )
         )
     return make_table(title, columns, rows, wide=wide)

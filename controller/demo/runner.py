@@ -33,7 +33,7 @@ from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
 from controller.demo.score import score
-from controller.demo.tuning import fixable, outcome, settled, summary
+from controller.demo.tuning import drains, fixable, outcome, settled, summary
 from controller.demo.view import injected_table, live_panel
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.logsafe import configure_logging
@@ -238,7 +238,7 @@ def _watch(
     findings: list[findings_pb2.Finding] = []
     watched = Watched()
     if args.kubernetes == "fake":  # the nodes a drain takes out: followed until back in service
-        watched.lives = [NodeLife(i.node, i.fault) for i in injected if i.fault not in fixable_faults]
+        watched.lives = [NodeLife(i.node, i.fault) for i in drains(injected)]
     tuning = args.tuning != "off"
     limit = args.seconds if args.seconds is not None or not tuning else TUNING_MAX_SECONDS
     with grpc.insecure_channel(address) as channel:
@@ -403,7 +403,7 @@ def _report(
             "gpus": args.nodes * args.gpus_per_node,
             "seed": args.seed,
             "injected": [
-                {"node": i.node, "gpu": i.gpu, "fault": i.fault}
+                {"node": i.node, "gpu": i.gpu, "fault": i.fault, "cause": i.cause}
                 | ({"outcome": outcome(i, recs, final)} if tuning else {})
                 for i in injected
             ],

@@ -5,6 +5,10 @@ recommendations and findings like any client:
 - `fixed`: a recommendation for its node and cause was verified (applied, re-probed, committed)
   and no finding of that cause is active there any more;
 - `recommended_drain`: no setting fixes its cause, and the controller recommends a drain;
+- `recommended_<action>` for the cause map's other answers to a fault no online profile fixes:
+  `recommended_set_fleet_value` (a BIOS attribute, pending a reboot: never automatic),
+  `recommended_recommend_firmware` (firmware drift: an operator schedules it), and
+  `recommended_investigate` (no setting and no hardware explains it: a person looks);
 - `not_fixed`: anything else by the end (rolled back, failed, still proposed, never recommended).
 """
 
@@ -16,12 +20,13 @@ from typing import Any
 
 from controller.demo.catalogue import AgentFault
 from controller.demo.plan import Injected
-from controller.profiles.causes import load_cause_map
+from controller.profiles.causes import CauseEntry, load_cause_map
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
 from protos.names import cause_name
 
 MODES = ("off", "recommend", "auto")
-FIXED, DRAIN, NOT_FIXED = "fixed", "recommended_drain", "not_fixed"
+FIXED, RECOMMENDED, NOT_FIXED = "fixed", "recommended_", "not_fixed"
+DRAIN = RECOMMENDED + "drain"
 FIXABLE_ACTIONS = ("tune",)  # applied online; set_fleet_value (BIOS) waits for a reboot
 APPLIED_STATES = ("applying", "verified", "rolled_back", "failed", "needs_attention")
 
@@ -38,8 +43,9 @@ def outcome(
     findings: Sequence[findings_pb2.Finding],
 ) -> str:
     mine = [r for r in recommendations if r.node == injected.node and r.cause == injected.cause]
-    if any(r.action == "drain" for r in mine):
-        return DRAIN
+    others = sorted({r.action for r in mine if r.action not in FIXABLE_ACTIONS})
+    if others:  # drain, or what else the cause map says when no online profile fixes it
+        return RECOMMENDED + others[0]
     active = any(f.node == injected.node and cause_name(f.cause) == injected.cause for f in findings)
     if any(r.state == "verified" for r in mine) and not active:
         return FIXED
@@ -52,10 +58,25 @@ def settled(
     findings: Sequence[findings_pb2.Finding],
     fixable_faults: Sequence[str],
 ) -> bool:
-    """Every injected fault has its final outcome: fixed, or drain recommended. (A fixable fault
-    that is not fixed yet may still be; the demo waits for it until its time is up.)"""
-    want = {i.node: (FIXED if i.fault in fixable_faults else DRAIN) for i in injected}
-    return all(outcome(i, recommendations, findings) == want[i.node] for i in injected)
+    """Every injected fault has its final outcome: fixed, or its cause's action recommended (a
+    drain, mostly). (A fixable fault that is not fixed yet may still be; the demo waits for it until
+    its time is up.)"""
+    causes = load_cause_map()
+    return all(outcome(i, recommendations, findings) == expected(i, fixable_faults, causes) for i in injected)
+
+
+def expected(injected: Injected, fixable_faults: Sequence[str], causes: dict[str, CauseEntry]) -> str:
+    """The outcome a fault should end with: fixed if a profile fixes it online, else its cause's
+    action recommended."""
+    if injected.fault in fixable_faults:
+        return FIXED
+    return RECOMMENDED + causes[injected.cause].action
+
+
+def drains(injected: Sequence[Injected]) -> list[Injected]:
+    """The faults whose cause the controller answers with a drain (the hardware ones)."""
+    causes = load_cause_map()
+    return [i for i in injected if i.cause in causes and causes[i.cause].action == "drain"]
 
 
 def summary(

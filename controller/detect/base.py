@@ -38,7 +38,7 @@ def register(name: str) -> Callable[[DetectFn], DetectFn]:
     return wrap
 
 
-_NOT_DETECTORS = {"base", "finding", "explain", "runner", "stats"}
+_NOT_DETECTORS = {"base", "finding", "explain", "offline", "own_history", "runner", "stats", "xid_catalogue"}
 
 
 def discover() -> dict[str, DetectFn]:

@@ -7,6 +7,8 @@ explains nothing, the cause is slow_unknown: we never guess.
 
 from __future__ import annotations
 
+from controller.config import DetectConfig
+from controller.detect.nvlink_errors import link_errors, link_evidence
 from controller.fleet.finding import Evidence
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -140,13 +142,24 @@ def explain_gpu(probe: str, sample: pb.GpuSample | None) -> Explanation:
     return clock_cause(sample)
 
 
-def explain_node(node: NodeState) -> list[tuple[int, str, list[Evidence]]]:
-    """GPUs of `node` whose readings explain a slow node-level (collective) result."""
+def explain_node(
+    node: NodeState, config: DetectConfig | None = None
+) -> list[tuple[int, str, list[Evidence]]]:
+    """GPUs of `node` whose readings explain a slow node-level (collective) result: inactive NVLinks,
+    then active ones with rising error counters (rates from node.trends, thresholds from `config`,
+    else the defaults), then clock causes."""
     out: list[tuple[int, str, list[Evidence]]] = []
     for index, gpu in sorted(node.gpus.items()):
         link = nvlink_evidence(gpu.sample)
         if link is not None:
             out.append((index, "nvlink_down", [link]))
+    if out:
+        return out
+    config = config if config is not None else DetectConfig()
+    for index, gpu in sorted(node.gpus.items()):
+        erroring = link_errors(node, gpu, config)
+        if erroring:
+            out.append((index, "nvlink_errors", [link_evidence(erroring, config)]))
     if out:
         return out
     for index, gpu in sorted(node.gpus.items()):

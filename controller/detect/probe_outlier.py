@@ -1,19 +1,31 @@
-"""Slow GPUs and nodes: each probe result against the robust baseline of its peer group.
+"""Slow GPUs and nodes: each probe result against a baseline that fits it.
 
 Peers are results of the same probe, variant and unit on the same GPU model (node-level results:
 the same model and GPU count). Which way is slow comes from the probe's ProbeInfo in the node's
 Hello (higher-is-better: a low value is slow; otherwise a high one), so a probe kind this controller
-has never heard of is compared like the others. A result more than `margin` worse than the group
-median, and at least `min_robust_z` robust sigmas worse, is slow; explain.py names the cause from
-telemetry.
+has never heard of is compared like the others. explain.py names the cause from telemetry.
+
+The baseline, and the evidence's baseline_source:
+- peers: the group's robust median, where the group has `min_peers` results. Slow is more than
+  `margin` worse, widened to `min_robust_z` robust sigmas of the group (a noisy group's threshold
+  follows its spread). Beside it a change-point test (own_history.py): the newest results' mean
+  clearly worse than the GPU's own earlier median (`change_floor`, `change_robust_z` of its own
+  spread), and the result also `change_peer_margin` worse than the peers' median, is slow too.
+- own_history: a smaller group: the GPU's own earlier results, with the same margin test.
+- datasheet: when its own history says nothing (too short, or as slow all along), the result's
+  peak_ratio against the fleet's usual ratio for the probe and variant (every model's results
+  that carry one, `min_peers` at least), with the same margin test.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import explain_gpu, explain_node
+from controller.detect.own_history import own_baseline, recent_change
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
@@ -22,7 +34,8 @@ from controller.fleet.probe_info import higher_is_better
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
-CRITICAL_WORSE = 0.25  # a quarter worse than peers: the GPU is badly broken for any job
+CRITICAL_WORSE = 0.25  # a quarter worse than its baseline: the GPU is badly broken for any job
+SUMMARY_BASIS = {"peers": "peers", "own_history": "its own history", "datasheet": "the datasheet ratio"}
 
 
 def peer_group(fleet: Fleet, record: ProbeRecord) -> tuple[str, ...] | None:
@@ -41,6 +54,22 @@ def worse_by(deviation: float, higher_better: bool) -> float:
     return -deviation if higher_better else deviation
 
 
+@dataclass(frozen=True, slots=True)
+class Slow:
+    """A result judged slow, and against what."""
+
+    source: str  # Evidence.baseline_source: peers | own_history | datasheet
+    value: float  # the value judged (the newest runs' mean for a change against own history)
+    baseline: float  # what it was judged against, in the probe's unit
+    count: int  # results the baseline was made of
+    against: str  # the baseline in words, for the detail line
+    runs: int = 1  # the GPU's newest results `value` stands for
+
+    @property
+    def deviation(self) -> float:
+        return (self.value - self.baseline) / self.baseline if self.baseline else 0.0
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
@@ -48,40 +77,125 @@ def detect(ctx: DetectContext) -> list[Finding]:
         group = peer_group(ctx.fleet, record)
         if group is not None:
             groups[group].append(record)
+    usual = usual_peak_ratios(ctx.fleet.probes.values(), ctx.config.min_peers)
     findings: list[Finding] = []
     for group, records in groups.items():
-        if len(records) < ctx.config.min_peers:
-            continue
         higher_better = group[-1] == "higher"
-        sign = 1.0 if higher_better else -1.0
-        base = baseline([r.value for r in records])
+        peers = baseline([r.value for r in records]) if len(records) >= ctx.config.min_peers else None
         for record in records:
-            deviation = base.deviation(record.value)
-            worse = worse_by(deviation, higher_better)
-            if worse > ctx.config.margin and sign * base.robust_z(record.value) <= -ctx.config.min_robust_z:
-                findings.extend(_explain(ctx, record, base, deviation, higher_better))
+            slow = _judge(ctx, record, peers, usual.get((record.probe, record.variant)), higher_better)
+            if slow is not None:
+                findings.extend(_explain(ctx, record, slow, higher_better))
     return findings
 
 
-def _explain(
-    ctx: DetectContext, record: ProbeRecord, base: Baseline, deviation: float, higher_better: bool
-) -> list[Finding]:
+def usual_peak_ratios(records: Iterable[ProbeRecord], min_results: int) -> dict[tuple[str, str], Baseline]:
+    """Per (probe, variant), the robust baseline of the results' peak_ratio over every model (the
+    share of its datasheet peak a GPU reaches; higher is better either way), from `min_results` on."""
+    ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in records:
+        if r.result.HasField("peak_ratio") and r.result.peak_ratio > 0:
+            ratios[(r.probe, r.variant)].append(r.result.peak_ratio)
+    return {key: baseline(values) for key, values in ratios.items() if len(values) >= min_results}
+
+
+def _judge(
+    ctx: DetectContext,
+    record: ProbeRecord,
+    peers: Baseline | None,
+    usual: Baseline | None,
+    higher_better: bool,
+) -> Slow | None:
+    """Peers where the group is big enough; else its own history, and the datasheet as last resort."""
+    if peers is not None:
+        return _against_peers(ctx, record, peers, higher_better)
+    return _against_own_history(ctx, record, higher_better) or _against_datasheet(
+        ctx, record, usual, higher_better
+    )
+
+
+def _against_peers(
+    ctx: DetectContext, record: ProbeRecord, peers: Baseline, higher_better: bool
+) -> Slow | None:
+    config = ctx.config
+    worse = worse_by(peers.deviation(record.value), higher_better)
+    peer_words = f"the median of {peers.count} peers ({peers.median:.1f})"
+    if worse > peers.margin(config.margin, config.min_robust_z):
+        return Slow("peers", record.value, peers.median, peers.count, peer_words)
+    if worse <= config.change_peer_margin:
+        return None
+    change = recent_change(ctx.fleet, record, config.own_history_min_points)
+    if change is None:
+        return None
+    before = change.before
+    if worse_by(before.deviation(change.recent), higher_better) <= before.margin(
+        config.change_floor, config.change_robust_z
+    ):
+        return None
+    side = "below" if higher_better else "above"
+    return Slow(
+        "own_history",
+        change.recent,
+        before.median,
+        before.count,
+        f"its own median of {before.median:.1f} {record.unit} over {before.count} runs "
+        f"(the latest is {worse:.1%} {side} {peer_words})",
+        change.runs,
+    )
+
+
+def _against_own_history(ctx: DetectContext, record: ProbeRecord, higher_better: bool) -> Slow | None:
+    own = own_baseline(ctx.fleet, record, ctx.config.own_history_min_points)
+    if own is None:
+        return None
+    worse = worse_by(own.deviation(record.value), higher_better)
+    if worse <= own.margin(ctx.config.margin, ctx.config.min_robust_z):
+        return None
+    words = f"its own median of {own.median:.1f} {record.unit} over {own.count} runs"
+    return Slow("own_history", record.value, own.median, own.count, words)
+
+
+def _against_datasheet(
+    ctx: DetectContext, record: ProbeRecord, usual: Baseline | None, higher_better: bool
+) -> Slow | None:
+    ratio = record.result.peak_ratio if record.result.HasField("peak_ratio") else 0.0
+    if usual is None or ratio <= 0 or usual.median <= 0:
+        return None
+    if worse_by(usual.deviation(ratio), True) <= usual.margin(ctx.config.margin, ctx.config.min_robust_z):
+        return None
+    # peak_ratio is value / peak (higher is better) or peak / value (lower is better).
+    peak = record.value / ratio if higher_better else record.value * ratio
+    expected = peak * usual.median if higher_better else peak / usual.median
+    words = (
+        f"{expected:.1f} {record.unit}, the fleet's usual {usual.median:.1%} of the datasheet peak "
+        f"over {usual.count} results (it reached {ratio:.1%})"
+    )
+    return Slow("datasheet", record.value, expected, usual.count, words)
+
+
+def _explain(ctx: DetectContext, record: ProbeRecord, slow: Slow, higher_better: bool) -> list[Finding]:
     where = "node" if record.gpu is None else f"GPU {record.gpu}"
     side = "below" if higher_better else "above"
+    deviation = slow.deviation
     worse = worse_by(deviation, higher_better)
+    shown = f"{slow.value:.1f} {record.unit}" + (
+        f", the mean of its newest {slow.runs} runs," if slow.runs > 1 else ""
+    )
     evidence = Evidence(
         metric=f"probe.{record.probe}.{record.variant}",
-        value=record.value,
-        baseline=round(base.median, 3),
+        value=round(slow.value, 3),
+        baseline=round(slow.baseline, 3),
         deviation=round(deviation, 4),
         unit=record.unit,
-        peers=base.count,
-        detail=f"{record.probe} {record.variant} {record.value:.1f} {record.unit} is "
-        f"{abs(deviation):.1%} {side} the median of {base.count} peers ({base.median:.1f})"
-        + ("" if higher_better else ": lower is better"),
+        peers=slow.count,
+        detail=f"{record.probe} {record.variant} {shown} is {abs(deviation):.1%} {side} "
+        f"{slow.against}" + ("" if higher_better else ": lower is better"),
+        baseline_source=slow.source,
     )
     severity = "critical" if worse > CRITICAL_WORSE else "warning"
-    summary = f"{where} {record.probe} {record.variant} {abs(deviation):.0%} {side} peers"
+    summary = (
+        f"{where} {record.probe} {record.variant} {abs(deviation):.0%} {side} {SUMMARY_BASIS[slow.source]}"
+    )
     if record.gpu is not None:
         node = ctx.fleet.nodes[record.node]
         during = _reading(record.result.during)

@@ -39,6 +39,15 @@ class Baseline:
             return 0.0 if value == self.median else (float("inf") if value > self.median else float("-inf"))
         return (value - self.median) / spread
 
+    def relative_spread(self) -> float:
+        """Robust standard deviation as a share of the median (0 when the median is 0)."""
+        return self.mad * MAD_TO_SIGMA / abs(self.median) if self.median else 0.0
+
+    def margin(self, floor: float, robust_z: float) -> float:
+        """The share worse than the median that is clearly out of line: `floor`, widened to
+        `robust_z` robust sigmas where the members spread more than that."""
+        return max(floor, robust_z * self.relative_spread())
+
 
 def baseline(values: list[float]) -> Baseline:
     kept = list(values)

@@ -20,6 +20,8 @@ class Evidence:
     peers: int = 0
     detail: str = ""
     held_seconds: float | None = None
+    # peers | own_history | datasheet | fleet_majority | expected | "" (see findings.proto Evidence)
+    baseline_source: str = ""
 
 
 @dataclass(slots=True)

@@ -6,8 +6,10 @@ operator API returns them unchanged.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
+from controller.fleet.trends import Trends
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -61,6 +63,7 @@ class NodeState:
     # The controller's clock at the node's last Hello or accepted frame (last_seen is the frame's
     # own time, from the agent's clock); not stored: after a restart last_seen stands for it.
     last_heard: float = 0.0
+    trends: Trends = field(default_factory=Trends)  # counter rates and recent XIDs (memory only)
 
     @property
     def boot_id(self) -> str:
@@ -84,6 +87,12 @@ class Fleet:
     probes: dict[ProbeKey, ProbeRecord] = field(default_factory=dict)
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, boot) -> highest contiguous seq
     implausible: dict[str, int] = field(default_factory=dict)  # "Message.field" -> impossible readings
+    # Each probe key's recent results, (time, value) oldest first, for own-history baselines: fed
+    # by apply_frame, loaded from the store's probe_history at start.
+    history: dict[ProbeKey, deque[tuple[float, float]]] = field(default_factory=dict)
+
+
+HISTORY_POINTS = 64  # results kept per probe key in Fleet.history
 
 
 @dataclass(slots=True)

@@ -16,8 +16,9 @@ The rules, each one a test in tests/controller/fleet/test_probe_schedule.py:
   probes (empty: the agent's default suite, node-level probes included). A node with only some GPUs
   idle gets a per-GPU run on its idle, due GPUs, without node-level probes: an all-reduce needs every
   GPU of the node, and would slow the job running on the busy ones.
-- Only connected nodes that offer the "run_probes" capability, with no probe command in flight;
-  of the configured probes, only those the node offers (none of them: the node is not probed).
+- Only connected nodes that offer the "run_probes" capability, with no probe command in flight
+  and not under maintenance (`skip`); of the configured probes, only those the node offers (none of
+  them: the node is not probed).
 - At most max(1, floor(max_fleet_share x connected nodes)) nodes probe at once, commands already in
   flight included; the most overdue go first (then by name, so decisions are reproducible).
 """
@@ -138,8 +139,10 @@ def plan_probes(
     now: float,
     config: ProbeConfig,
     max_reading_age: float,
+    skip: Collection[str] = (),
 ) -> list[ProbePlan]:
-    """The probe runs to start now, most overdue first, within the fleet's share of slots."""
+    """The probe runs to start now, most overdue first, within the fleet's share of slots; the
+    nodes in `skip` (under maintenance) are not probed."""
     connected = [n for n in fleet.nodes.values() if n.connected]
     slots = fleet_slots(len(connected), config.max_fleet_share) - len(in_flight)
     if slots <= 0:
@@ -147,7 +150,7 @@ def plan_probes(
     last = last_probed(fleet, attempts)
     plans = []
     for node in connected:
-        if node.name in in_flight or CAPABILITY not in node.hello.capabilities:
+        if node.name in in_flight or node.name in skip or CAPABILITY not in node.hello.capabilities:
             continue
         plan = plan_node(node, last, now, config, max_reading_age)
         if plan is not None:

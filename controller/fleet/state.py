@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+from collections import Counter, deque
 
 from google.protobuf.message import Message
 
 from controller.fleet.conditions import update_held
-from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import (
+    HISTORY_POINTS,
+    Fleet,
+    FrameWrite,
+    GpuState,
+    NodeState,
+    ProbeKey,
+    ProbeRecord,
+)
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -78,15 +86,31 @@ def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
     _count_implausible(fleet, node, write.implausible)
     for gpu in write.gpus:
         node.gpus[gpu.index] = gpu
+        node.trends.observe_gpu(gpu.sample, gpu.time)
     if write.host is not None:
         node.host, node.host_time = write.host, write.time
+        node.trends.observe_host(write.host, write.time)
     if write.bmc is not None:
         node.bmc, node.bmc_time = write.bmc, write.bmc_time
     for record in write.probes:
         current = fleet.probes.get(record.key)
         if current is None or current.time <= record.time:
             fleet.probes[record.key] = record
+        remember(fleet, record.key, record.time, record.value)
     fleet.acked[(write.node, write.boot_id)] = write.seq
+
+
+def remember(fleet: Fleet, key: ProbeKey, time: float, value: float) -> None:
+    """Add a result to its key's history (kept in time order, bounded to HISTORY_POINTS)."""
+    series = fleet.history.get(key)
+    if series is None:
+        series = fleet.history[key] = deque(maxlen=HISTORY_POINTS)
+    if series and series[-1][0] > time:  # an older result (a replayed spool): put it in its place
+        points = sorted([*series, (time, value)])
+        series.clear()
+        series.extend(points[-HISTORY_POINTS:])
+    elif not series or series[-1] != (time, value):
+        series.append((time, value))
 
 
 def _count_implausible(fleet: Fleet, node: NodeState, counts: dict[str, int]) -> None:

@@ -33,12 +33,18 @@ METHOD_ROLES: dict[str, str] = {
     "GetBreaker": "viewer",
     "ListAudit": "viewer",
     "ListRecommendations": "viewer",
+    "ListSilences": "viewer",
+    "Record": "viewer",
     "ProbeNode": "operator",
     "Cordon": "operator",
     "Uncordon": "operator",
     "Drain": "operator",
     "Retune": "operator",
     "Approve": "operator",
+    "AckFinding": "operator",
+    "Silence": "operator",
+    "Unsilence": "operator",
+    "SetMaintenance": "operator",
     "ResetBreaker": "admin",
 }
 NO_TOKEN = "no operator token: give --token-file or GPUFLEET_TOKEN_FILE"

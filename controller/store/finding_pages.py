@@ -25,9 +25,11 @@ def list_page(
     severities: Sequence[str] | None,
     after: FindingKey | None,
     limit: int,
+    since: float | None = None,
 ) -> list[StoredFinding]:
     """Findings of `node` ('' every node) whose severity is one of `severities` (None: any), active only
-    unless include_resolved, sorted, after the key `after` (None: from the start)."""
+    unless include_resolved, last seen at or after `since` (None: whenever), sorted, after the key
+    `after` (None: from the start)."""
     from controller.store.sqlite import _stored  # the row -> StoredFinding of the findings table
 
     sql = "SELECT id, first_seen, last_seen, active, body FROM findings WHERE 1 = 1"
@@ -40,6 +42,9 @@ def list_page(
     if severities is not None:
         sql += f" AND severity IN ({', '.join('?' for _ in severities)})"
         args += severities
+    if since is not None:
+        sql += " AND last_seen >= ?"
+        args.append(since)
     if after is not None:
         sql += f" AND ({_ORDER}) > (?, ?, ?, ?, ?)"
         args += after

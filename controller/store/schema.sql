@@ -120,4 +120,29 @@ CREATE TABLE IF NOT EXISTS drains (       -- added within version 1: IF NOT EXIS
     updated     REAL NOT NULL,
     body        BLOB NOT NULL           -- JSON: pods pending (PDB backoff), evicted, skipped, the deadline, breaker action
 );
-CREATE INDEX IF NOT EXISTS drains_by_node ON drains (node, started)
+CREATE INDEX IF NOT EXISTS drains_by_node ON drains (node, started);
+CREATE TABLE IF NOT EXISTS silences (     -- added within version 1: IF NOT EXISTS creates it in older files
+    id          TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    cause       TEXT NOT NULL,          -- a cause name, '' for every cause
+    starts      REAL NOT NULL,
+    ends        REAL NOT NULL,          -- moved back to the time of an unsilence that ended it early
+    requester   TEXT NOT NULL,          -- who silenced, as the audit log names the caller
+    comment     TEXT NOT NULL,
+    ended_by    TEXT NOT NULL,          -- who unsilenced it ('' while it runs its course)
+    end_comment TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS silences_by_end ON silences (ends);
+CREATE TABLE IF NOT EXISTS maintenance (  -- added within version 1: nodes under maintenance (one row each)
+    node        TEXT PRIMARY KEY,
+    requester   TEXT NOT NULL,
+    comment     TEXT NOT NULL,
+    since       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS finding_acks ( -- added within version 1: an operator's newest ack of each finding
+    finding_id  TEXT PRIMARY KEY,
+    node        TEXT NOT NULL,
+    requester   TEXT NOT NULL,          -- who acked, as the audit log names the caller
+    comment     TEXT NOT NULL,
+    time        REAL NOT NULL
+)

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -22,7 +23,8 @@ import msgspec
 
 from controller.fleet.finding import Finding
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import HISTORY_POINTS, Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
+from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.paging import FindingKey
 from controller.store import audit as audit_rows
@@ -31,6 +33,7 @@ from controller.store import drains as drain_rows
 from controller.store import finding_pages
 from controller.store import forget as forget_rows
 from controller.store import recommendations as recommendation_rows
+from controller.store import silences as silence_rows
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
@@ -57,6 +60,7 @@ OPERATIONS = (
     "breaker",
     "recommendations",
     "drains",
+    "silences",
 )
 
 
@@ -117,12 +121,15 @@ class Store:
         severities: Sequence[str] | None,
         after: FindingKey | None,
         limit: int,
+        *,
+        since: float | None = None,
     ) -> list[StoredFinding]:
-        """A page of findings in the operator API's order (controller/store/finding_pages.py)."""
+        """A page of findings in the operator API's order (controller/store/finding_pages.py);
+        `since`: only those last seen at or after it."""
         return await self._call(
             "list_findings",
             lambda c: finding_pages.list_page(
-                c, node, include_resolved, severities=severities, after=after, limit=limit
+                c, node, include_resolved, severities=severities, after=after, limit=limit, since=since
             ),
         )
 
@@ -178,6 +185,33 @@ class Store:
 
     async def delete_recommendation(self, rec_id: str) -> None:
         await self._call("recommendations", lambda c: recommendation_rows.delete(c, rec_id))
+
+    # Acks, silences and maintenance (controller/store/silences.py)
+
+    async def load_silencing(self, now: float) -> Silencing:
+        """The silences not over at `now`, the nodes under maintenance and every finding's ack."""
+        return await self._call("silences", lambda c: silence_rows.load(c, now))
+
+    async def save_silence(self, silence: Silence) -> None:
+        row = copy.copy(silence)  # as it is now, whatever changes before the thread runs
+        await self._call("silences", lambda c: silence_rows.save_silence(c, row))
+
+    async def get_silence(self, silence_id: str) -> Silence | None:
+        return await self._call("silences", lambda c: silence_rows.get_silence(c, silence_id))
+
+    async def list_silences(self, node: str, include_expired: bool, now: float, limit: int) -> list[Silence]:
+        return await self._call(
+            "silences", lambda c: silence_rows.list_silences(c, node, include_expired, now, limit)
+        )
+
+    async def set_maintenance(self, node: str, maintenance: Maintenance | None) -> None:
+        await self._call("silences", lambda c: silence_rows.set_maintenance(c, node, maintenance))
+
+    async def save_ack(self, ack: Ack) -> None:
+        await self._call("silences", lambda c: silence_rows.save_ack(c, ack))
+
+    async def get_finding(self, finding_id: str) -> StoredFinding | None:
+        return await self._call("list_findings", lambda c: silence_rows.get_finding(c, finding_id))
 
     async def list_recommendations(self, node: str = "", limit: int = 100) -> list[Recommendation]:
         return await self._call("recommendations", lambda c: recommendation_rows.list_rows(c, node, limit))
@@ -302,6 +336,22 @@ def _list_findings(
     return [_stored(r) for r in conn.execute(sql, args)]
 
 
+def _load_history(conn: sqlite3.Connection, fleet: Fleet) -> None:
+    """The newest HISTORY_POINTS results of each probe key into fleet.history, oldest first (one query)."""
+    rows = conn.execute(
+        "SELECT node, gpu, probe, variant, time, value FROM ("
+        " SELECT *, row_number() OVER (PARTITION BY node, gpu, probe, variant ORDER BY time DESC) AS newest"
+        " FROM probe_history) WHERE newest <= ? ORDER BY node, gpu, probe, variant, time",
+        (HISTORY_POINTS,),
+    )
+    for node, gpu, probe, variant, time, value in rows:
+        key = (node, None if gpu < 0 else gpu, probe, variant)
+        series = fleet.history.get(key)
+        if series is None:
+            series = fleet.history[key] = deque(maxlen=HISTORY_POINTS)
+        series.append((time, value))
+
+
 def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
     fleet = Fleet()
     for name, hello_bytes, first_seen, last_seen in conn.execute(
@@ -337,5 +387,6 @@ def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
             pb.ProbeResult.FromString(result),
         )
         fleet.probes[record.key] = record
+    _load_history(conn, fleet)
     active = _list_findings(conn, "", False, 1_000_000)
     return fleet, active

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from controller.app import ControllerApp
-from controller.config import ControllerConfig
+from controller.config import ControllerConfig, DetectConfig
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
 from controller.server import build_server
@@ -27,6 +27,9 @@ T = TypeVar("T")
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # missing from grpc-stubs
 T0 = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
+# Findings open the first pass they are raised and resolve the first clean one (the hysteresis of
+# detect.open_after_passes and close_after_passes off), for tests about what follows a finding.
+NO_HYSTERESIS = DetectConfig(open_after_passes=1, open_window_passes=1, close_after_passes=1)
 
 
 class Clock:

@@ -28,6 +28,7 @@ from controller.store.sqlite import OPERATIONS
 from protos.names import CAUSES
 from tests.controller.harness import (
     FINDINGS,
+    NO_HYSTERESIS,
     STALE_AFTER,
     T0,
     Clock,
@@ -175,6 +176,7 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "breaker": 1,  # the breaker's state, loaded at start
                 "recommendations": 1,  # the tuning recommendations, loaded at start
                 "drains": 0,  # no cluster configured: no drains to resume
+                "silences": 1,  # acks, silences and maintenance, loaded at start
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7
@@ -306,7 +308,7 @@ def test_connected_agents_follow_streams_opening_and_closing() -> None:
 def test_a_detection_pass_is_timed_and_its_finding_exported_until_resolved() -> None:
     async def body() -> None:
         clock = Clock()
-        async with scraped(clock) as (app, scrape):
+        async with scraped(clock, detect=NO_HYSTERESIS) as (app, scrape):
             page = await scrape.page()
             assert page.value(P + "detector_pass_duration_seconds_count") == 0
             assert page.series(P + "detector_pass_timestamp_seconds") == {}

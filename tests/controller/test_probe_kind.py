@@ -76,6 +76,7 @@ def test_a_new_probe_kind_is_stored_shown_and_compared_without_a_controller_edit
         async def detect(app: ControllerApp) -> PassReport:
             return await app.detection_pass()
 
+        c.call(detect)  # raised, pending: it opens the second pass (detect.open_after_passes)
         report = c.call(detect)
         assert not report.failed
         assert [(f.node, f.gpu, f.cause) for f in report.findings] == [(*SLOW, "slow_unknown")]

@@ -74,7 +74,7 @@ def test_uncordoned_once_findings_cleared_and_a_newer_probe_was_judged(
         await drained_by_policy(app, server)
         await probed(app)  # before the findings clear: not a re-probe after the repair
         await app.recovery.after_pass()
-        await passes(app, 3)  # the findings clear in the first
+        await passes(app, 3)  # the findings clear in the third (detect.close_after_passes clean ones)
         assert app.active == {} and cordoned(server, "n0") == "gpufleet"
 
         await probed(app)
@@ -82,7 +82,7 @@ def test_uncordoned_once_findings_cleared_and_a_newer_probe_was_judged(
         assert cordoned(server, "n0") == "gpufleet"
         await add_findings(app, [stored_finding("n0", None, "nvlink_down", "critical")])
         await app.recovery.after_pass()  # the finding came back: it starts over
-        await passes(app, 2)
+        await passes(app, 3)  # ...and clears in the third
         assert cordoned(server, "n0") == "gpufleet"
 
         await probed(app)
@@ -151,7 +151,7 @@ def test_a_node_under_someone_elses_maintenance_waits(tmp_path: Path, server: Fa
         assert obj is not None
         obj["metadata"]["annotations"][MAINTENANCE] = "ticket-7"
         server.replace(obj)
-        await passes(app)
+        await passes(app, 3)  # the findings clear (detect.close_after_passes clean passes)
         await probed(app)
         await passes(app, 3)
         assert cordoned(server, "n0") == "gpufleet" and await audit(app, "uncordon") == []

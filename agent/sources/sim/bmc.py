@@ -46,6 +46,7 @@ class BmcCondition:
     failed_psus: set[int] = field(default_factory=set)  # delivering nothing, health critical
     bios_attributes: dict[str, str] = field(default_factory=dict)  # attributes that differ from the fleet's
     firmware_version: str | None = None  # the BMC's own firmware, when it differs from the fleet's
+    inlet_celsius: float | None = None  # failed room cooling: the intake air at least this warm
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,8 @@ class SimBmc:
     def _moment(self, now: float) -> _Moment:
         node, c = self.node, self.chassis
         intake = node.inlet_celsius(now)
+        if self.condition.inlet_celsius is not None:
+            intake = max(intake, self.condition.inlet_celsius)
         points = [gpu.operating_point(node.load, intake) for gpu in node.gpus]
         fan_ratio = c.fan_ratio(max(p.temperature_celsius for p in points))
         working_fans = c.fans - len(self.condition.failed_fans)

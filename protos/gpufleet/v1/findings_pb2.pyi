@@ -13,10 +13,10 @@ import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -45,6 +45,10 @@ class _CauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Cause.ValueType
     CAUSE_SLOW_UNKNOWN: _Cause.ValueType  # 16
     CAUSE_HOST_TUNING_DRIFT: _Cause.ValueType  # 17
     """a host setting (NUMA balancing, THP, ...) differs from the tuned profile"""
+    CAUSE_NVLINK_ERRORS: _Cause.ValueType  # 18
+    """NVLinks up but erroring: CRC, replay or recovery counters rising"""
+    CAUSE_INLET_TEMPERATURE_HIGH: _Cause.ValueType  # 19
+    """the BMC's intake (inlet) temperature above its caution threshold"""
 
 class Cause(_Cause, metaclass=_CauseEnumTypeWrapper):
     """The fault vocabulary (../shared/ARCHITECTURE.md). A finding's cause names the fault its evidence
@@ -71,6 +75,10 @@ CAUSE_BIOS_DRIFT: Cause.ValueType  # 15
 CAUSE_SLOW_UNKNOWN: Cause.ValueType  # 16
 CAUSE_HOST_TUNING_DRIFT: Cause.ValueType  # 17
 """a host setting (NUMA balancing, THP, ...) differs from the tuned profile"""
+CAUSE_NVLINK_ERRORS: Cause.ValueType  # 18
+"""NVLinks up but erroring: CRC, replay or recovery counters rising"""
+CAUSE_INLET_TEMPERATURE_HIGH: Cause.ValueType  # 19
+"""the BMC's intake (inlet) temperature above its caution threshold"""
 Global___Cause: _TypeAlias = Cause  # noqa: Y015
 
 class _Severity:
@@ -107,6 +115,7 @@ class Evidence(_message.Message):
     PEERS_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     HELD_SECONDS_FIELD_NUMBER: _builtins.int
+    BASELINE_SOURCE_FIELD_NUMBER: _builtins.int
     metric: _builtins.str
     """e.g. "probe.gemm.bf16", "clock_event_reasons", "pcie_link_gen" """
     value: _builtins.float
@@ -121,6 +130,12 @@ class Evidence(_message.Message):
     """one line for humans"""
     held_seconds: _builtins.float
     """how long a condition has held"""
+    baseline_source: _builtins.str
+    """Where `baseline` came from: "peers" (peer-group median), "own_history" (this GPU's own earlier
+    results), "datasheet" (the model's datasheet peak times the fleet's usual share of it),
+    "fleet_majority" (drift: the value most of the peer group has), "expected" (a fixed expectation:
+    max link gen, default power limit, a threshold); "" when there is no baseline.
+    """
     @_builtins.property
     def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """decoded reason bits or states, e.g. "hw_thermal_slowdown" """
@@ -137,10 +152,11 @@ class Evidence(_message.Message):
         peers: _builtins.int = ...,
         detail: _builtins.str = ...,
         held_seconds: _builtins.float | None = ...,
+        baseline_source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline", b"_baseline", "_deviation", b"_deviation", "_held_seconds", b"_held_seconds", "_value", b"_value", "baseline", b"baseline", "deviation", b"deviation", "held_seconds", b"held_seconds", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline", b"_baseline", "_deviation", b"_deviation", "_held_seconds", b"_held_seconds", "_value", b"_value", "baseline", b"baseline", "detail", b"detail", "deviation", b"deviation", "held_seconds", b"held_seconds", "metric", b"metric", "peers", b"peers", "reasons", b"reasons", "unit", b"unit", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline", b"_baseline", "_deviation", b"_deviation", "_held_seconds", b"_held_seconds", "_value", b"_value", "baseline", b"baseline", "baseline_source", b"baseline_source", "detail", b"detail", "deviation", b"deviation", "held_seconds", b"held_seconds", "metric", b"metric", "peers", b"peers", "reasons", b"reasons", "unit", b"unit", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__baseline: _TypeAlias = _typing.Literal["baseline"]  # noqa: Y015
     _WhichOneofArgType__baseline: _TypeAlias = _typing.Literal["_baseline", b"_baseline"]  # noqa: Y015
@@ -162,6 +178,35 @@ class Evidence(_message.Message):
 Global___Evidence: _TypeAlias = Evidence  # noqa: Y015
 
 @_typing.final
+class FindingAck(_message.Message):
+    """An operator's acknowledgement of a finding: seen, being handled. The finding stays active."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BY_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    by: _builtins.str
+    """the caller, as the audit log names it"""
+    comment: _builtins.str
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        by: _builtins.str = ...,
+        comment: _builtins.str = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "comment", b"comment", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindingAck: _TypeAlias = FindingAck  # noqa: Y015
+
+@_typing.final
 class Finding(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -177,6 +222,9 @@ class Finding(_message.Message):
     LAST_SEEN_FIELD_NUMBER: _builtins.int
     ACTIVE_FIELD_NUMBER: _builtins.int
     DETECTORS_FIELD_NUMBER: _builtins.int
+    REMEDIATION_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
+    SILENCED_BY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """stable for (node, gpu, cause) while the finding stays active"""
     node: _builtins.str
@@ -187,6 +235,12 @@ class Finding(_message.Message):
     summary: _builtins.str
     active: _builtins.bool
     """false once the evidence is gone (resolved)"""
+    remediation: _builtins.str
+    """one line: what to do (which profile, drain, repair), by cause"""
+    silenced_by: _builtins.str
+    """The id of the silence (or "maintenance" for a node under maintenance) that covers it; empty:
+    not silenced. Silenced findings are kept, listed only on request, and drive no action.
+    """
     @_builtins.property
     def evidence(self) -> Global___Evidence:
         """the primary observation"""
@@ -200,6 +254,10 @@ class Finding(_message.Message):
     @_builtins.property
     def detectors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """registered names of the detectors that raised it"""
+
+    @_builtins.property
+    def ack(self) -> Global___FindingAck:
+        """set once acknowledged (gpufleet ack)"""
 
     def __init__(
         self,
@@ -216,10 +274,13 @@ class Finding(_message.Message):
         last_seen: _timestamp_pb2.Timestamp | None = ...,
         active: _builtins.bool = ...,
         detectors: _abc.Iterable[_builtins.str] | None = ...,
+        remediation: _builtins.str = ...,
+        ack: Global___FindingAck | None = ...,
+        silenced_by: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "evidence", b"evidence", "first_seen", b"first_seen", "gpu", b"gpu", "last_seen", b"last_seen"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "ack", b"ack", "evidence", b"evidence", "first_seen", b"first_seen", "gpu", b"gpu", "last_seen", b"last_seen"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "active", b"active", "cause", b"cause", "detectors", b"detectors", "evidence", b"evidence", "first_seen", b"first_seen", "gpu", b"gpu", "id", b"id", "last_seen", b"last_seen", "node", b"node", "severity", b"severity", "summary", b"summary", "supporting", b"supporting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "ack", b"ack", "active", b"active", "cause", b"cause", "detectors", b"detectors", "evidence", b"evidence", "first_seen", b"first_seen", "gpu", b"gpu", "id", b"id", "last_seen", b"last_seen", "node", b"node", "remediation", b"remediation", "severity", b"severity", "silenced_by", b"silenced_by", "summary", b"summary", "supporting", b"supporting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
     _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015

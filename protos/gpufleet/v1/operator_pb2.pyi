@@ -90,6 +90,248 @@ COMMAND_STATE_CANCELLED: CommandState.ValueType  # 7
 Global___CommandState: _TypeAlias = CommandState  # noqa: Y015
 
 @_typing.final
+class AckFindingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINDING_ID_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    finding_id: _builtins.str
+    comment: _builtins.str
+    def __init__(
+        self,
+        *,
+        finding_id: _builtins.str = ...,
+        comment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "finding_id", b"finding_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckFindingRequest: _TypeAlias = AckFindingRequest  # noqa: Y015
+
+@_typing.final
+class SilenceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """required"""
+    cause: _builtins.str
+    """a cause name ("thermal_throttle"); empty: every cause"""
+    duration_seconds: _builtins.float
+    comment: _builtins.str
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        cause: _builtins.str = ...,
+        duration_seconds: _builtins.float = ...,
+        comment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "comment", b"comment", "duration_seconds", b"duration_seconds", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SilenceRequest: _TypeAlias = SilenceRequest  # noqa: Y015
+
+@_typing.final
+class SilenceInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
+    ENDS_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    node: _builtins.str
+    cause: _builtins.str
+    """empty: every cause"""
+    by: _builtins.str
+    """the caller, as the audit log names it"""
+    comment: _builtins.str
+    active: _builtins.bool
+    """now within [starts, ends) and not ended by Unsilence"""
+    @_builtins.property
+    def starts(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ends(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        cause: _builtins.str = ...,
+        starts: _timestamp_pb2.Timestamp | None = ...,
+        ends: _timestamp_pb2.Timestamp | None = ...,
+        by: _builtins.str = ...,
+        comment: _builtins.str = ...,
+        active: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ends", b"ends", "starts", b"starts"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "by", b"by", "cause", b"cause", "comment", b"comment", "ends", b"ends", "id", b"id", "node", b"node", "starts", b"starts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SilenceInfo: _TypeAlias = SilenceInfo  # noqa: Y015
+
+@_typing.final
+class ListSilencesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    INCLUDE_EXPIRED_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """empty: every node"""
+    include_expired: _builtins.bool
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        include_expired: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_expired", b"include_expired", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSilencesRequest: _TypeAlias = ListSilencesRequest  # noqa: Y015
+
+@_typing.final
+class ListSilencesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SILENCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def silences(self) -> _containers.RepeatedCompositeFieldContainer[Global___SilenceInfo]: ...
+    def __init__(
+        self,
+        *,
+        silences: _abc.Iterable[Global___SilenceInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["silences", b"silences"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSilencesResponse: _TypeAlias = ListSilencesResponse  # noqa: Y015
+
+@_typing.final
+class UnsilenceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    comment: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        comment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnsilenceRequest: _TypeAlias = UnsilenceRequest  # noqa: Y015
+
+@_typing.final
+class SetMaintenanceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    ON_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    on: _builtins.bool
+    comment: _builtins.str
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        on: _builtins.bool = ...,
+        comment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "node", b"node", "on", b"on"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetMaintenanceRequest: _TypeAlias = SetMaintenanceRequest  # noqa: Y015
+
+@_typing.final
+class RecordRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """empty: every node"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRequest: _TypeAlias = RecordRequest  # noqa: Y015
+
+@_typing.final
+class RecordedMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DROPPED_BEFORE_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    dropped_before: _builtins.int
+    """messages this reader lost just before this one (it was too slow)"""
+    @_builtins.property
+    def received(self) -> _timestamp_pb2.Timestamp:
+        """the controller's clock when it accepted the message"""
+
+    @_builtins.property
+    def message(self) -> _telemetry_pb2.AgentMessage:
+        """a Hello or a TelemetryFrame (command results are left out)"""
+
+    def __init__(
+        self,
+        *,
+        received: _timestamp_pb2.Timestamp | None = ...,
+        node: _builtins.str = ...,
+        message: _telemetry_pb2.AgentMessage | None = ...,
+        dropped_before: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "received", b"received"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_before", b"dropped_before", "message", b"message", "node", b"node", "received", b"received"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordedMessage: _TypeAlias = RecordedMessage  # noqa: Y015
+
+@_typing.final
 class CordonRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -802,6 +1044,8 @@ class NodeSummary(_message.Message):
     ACTIVE_FINDINGS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     TRANSPORT_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_COMMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     boot_id: _builtins.str
     agent_version: _builtins.str
@@ -819,6 +1063,9 @@ class NodeSummary(_message.Message):
     """"mtls": the node's stream was authenticated by its certificate; "plaintext": no TLS, the node
     name is only what the agent said. Of the current stream, else of the last one.
     """
+    maintenance: _builtins.bool
+    """under maintenance (SetMaintenance): findings silenced, no actions"""
+    maintenance_comment: _builtins.str
     @_builtins.property
     def last_seen(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -836,10 +1083,12 @@ class NodeSummary(_message.Message):
         active_findings: _builtins.int = ...,
         source: _builtins.str = ...,
         transport: _builtins.str = ...,
+        maintenance: _builtins.bool = ...,
+        maintenance_comment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_seq", b"acked_seq", "active_findings", b"active_findings", "agent_version", b"agent_version", "boot_id", b"boot_id", "connected", b"connected", "gpu_count", b"gpu_count", "gpu_model", b"gpu_model", "health", b"health", "last_seen", b"last_seen", "name", b"name", "source", b"source", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_seq", b"acked_seq", "active_findings", b"active_findings", "agent_version", b"agent_version", "boot_id", b"boot_id", "connected", b"connected", "gpu_count", b"gpu_count", "gpu_model", b"gpu_model", "health", b"health", "last_seen", b"last_seen", "maintenance", b"maintenance", "maintenance_comment", b"maintenance_comment", "name", b"name", "source", b"source", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -933,6 +1182,8 @@ class ListFindingsRequest(_message.Message):
     MIN_SEVERITY_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_SILENCED_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     """empty: every node"""
     include_resolved: _builtins.bool
@@ -941,6 +1192,14 @@ class ListFindingsRequest(_message.Message):
     page_size: _builtins.int
     """as ListNodesRequest"""
     page_token: _builtins.str
+    include_silenced: _builtins.bool
+    """also silenced findings (and those of nodes under maintenance)"""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Only findings seen at or after this time (last_seen >= since): with include_resolved, what was
+        open at any moment since then.
+        """
+
     def __init__(
         self,
         *,
@@ -949,10 +1208,12 @@ class ListFindingsRequest(_message.Message):
         min_severity: _findings_pb2.Severity.ValueType = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        include_silenced: _builtins.bool = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_resolved", b"include_resolved", "min_severity", b"min_severity", "node", b"node", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_resolved", b"include_resolved", "include_silenced", b"include_silenced", "min_severity", b"min_severity", "node", b"node", "page_size", b"page_size", "page_token", b"page_token", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from protos.gpufleet.v1 import findings_pb2 as protos_dot_gpufleet_dot_v1_dot_findings__pb2
 from protos.gpufleet.v1 import operator_pb2 as protos_dot_gpufleet_dot_v1_dot_operator__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -104,6 +105,36 @@ class OperatorStub:
                 '/gpufleet.v1.Operator/Drain',
                 request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
                 response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.FromString,
+                _registered_method=True)
+        self.AckFinding = channel.unary_unary(
+                '/gpufleet.v1.Operator/AckFinding',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.AckFindingRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_findings__pb2.Finding.FromString,
+                _registered_method=True)
+        self.Silence = channel.unary_unary(
+                '/gpufleet.v1.Operator/Silence',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.FromString,
+                _registered_method=True)
+        self.ListSilences = channel.unary_unary(
+                '/gpufleet.v1.Operator/ListSilences',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesResponse.FromString,
+                _registered_method=True)
+        self.Unsilence = channel.unary_unary(
+                '/gpufleet.v1.Operator/Unsilence',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.UnsilenceRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.FromString,
+                _registered_method=True)
+        self.SetMaintenance = channel.unary_unary(
+                '/gpufleet.v1.Operator/SetMaintenance',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SetMaintenanceRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Record = channel.unary_stream(
+                '/gpufleet.v1.Operator/Record',
+                request_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordRequest.SerializeToString,
+                response_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordedMessage.FromString,
                 _registered_method=True)
 
 
@@ -227,6 +258,52 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckFinding(self, request, context):
+        """Acknowledge a finding (audited): NOT_FOUND for an unknown id. Returns the finding with its ack.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Silence(self, request, context):
+        """Silence a node's findings (all, or of one cause) for a while (audited). INVALID_ARGUMENT for a
+        duration <= 0 or over 30 days, NOT_FOUND for an unknown node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSilences(self, request, context):
+        """Silences, newest first: active ones, and expired ones with include_expired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unsilence(self, request, context):
+        """End a silence now (audited): NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMaintenance(self, request, context):
+        """Put a node under maintenance, or take it out (audited): its findings are silenced and no
+        action (probe schedule, retune, drain policy) is taken on it meanwhile. NOT_FOUND if unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Record(self, request, context):
+        """The fleet's stream as the controller ingests it: first the current Hello of every known node,
+        then each accepted agent message as it arrives, until the caller hangs up. A reader too slow
+        to keep up loses messages (counted in RecordedMessage.dropped_before), never the controller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +376,36 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.FromString,
                     response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.SerializeToString,
+            ),
+            'AckFinding': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckFinding,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.AckFindingRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_findings__pb2.Finding.SerializeToString,
+            ),
+            'Silence': grpc.unary_unary_rpc_method_handler(
+                    servicer.Silence,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.SerializeToString,
+            ),
+            'ListSilences': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSilences,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesResponse.SerializeToString,
+            ),
+            'Unsilence': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unsilence,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.UnsilenceRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.SerializeToString,
+            ),
+            'SetMaintenance': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMaintenance,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.SetMaintenanceRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Record': grpc.unary_stream_rpc_method_handler(
+                    servicer.Record,
+                    request_deserializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordRequest.FromString,
+                    response_serializer=protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordedMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -680,6 +787,168 @@ class Operator:
             '/gpufleet.v1.Operator/Drain',
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
             protos_dot_gpufleet_dot_v1_dot_operator__pb2.DrainStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckFinding(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/AckFinding',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.AckFindingRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_findings__pb2.Finding.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Silence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Silence',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSilences(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/ListSilences',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.ListSilencesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unsilence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Unsilence',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.UnsilenceRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.SilenceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMaintenance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Operator/SetMaintenance',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.SetMaintenanceRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Record(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpufleet.v1.Operator/Record',
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordRequest.SerializeToString,
+            protos_dot_gpufleet_dot_v1_dot_operator__pb2.RecordedMessage.FromString,
             options,
             channel_credentials,
             insecure,

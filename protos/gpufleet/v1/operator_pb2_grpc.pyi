@@ -5,6 +5,7 @@ Operator API: what the `gpufleet` CLI (and later a UI) reads from the controller
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from protos.gpufleet.v1 import findings_pb2 as _findings_pb2
 from protos.gpufleet.v1 import operator_pb2 as _operator_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -87,6 +88,25 @@ class OperatorStub:
     With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
     a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
     """
+    AckFinding: _grpc.UnaryUnaryMultiCallable[_operator_pb2.AckFindingRequest, _findings_pb2.Finding]
+    """Acknowledge a finding (audited): NOT_FOUND for an unknown id. Returns the finding with its ack."""
+    Silence: _grpc.UnaryUnaryMultiCallable[_operator_pb2.SilenceRequest, _operator_pb2.SilenceInfo]
+    """Silence a node's findings (all, or of one cause) for a while (audited). INVALID_ARGUMENT for a
+    duration <= 0 or over 30 days, NOT_FOUND for an unknown node.
+    """
+    ListSilences: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListSilencesRequest, _operator_pb2.ListSilencesResponse]
+    """Silences, newest first: active ones, and expired ones with include_expired."""
+    Unsilence: _grpc.UnaryUnaryMultiCallable[_operator_pb2.UnsilenceRequest, _operator_pb2.SilenceInfo]
+    """End a silence now (audited): NOT_FOUND for an unknown id."""
+    SetMaintenance: _grpc.UnaryUnaryMultiCallable[_operator_pb2.SetMaintenanceRequest, _operator_pb2.NodeActionResponse]
+    """Put a node under maintenance, or take it out (audited): its findings are silenced and no
+    action (probe schedule, retune, drain policy) is taken on it meanwhile. NOT_FOUND if unknown.
+    """
+    Record: _grpc.UnaryStreamMultiCallable[_operator_pb2.RecordRequest, _operator_pb2.RecordedMessage]
+    """The fleet's stream as the controller ingests it: first the current Hello of every known node,
+    then each accepted agent message as it arrives, until the caller hangs up. A reader too slow
+    to keep up loses messages (counted in RecordedMessage.dropped_before), never the controller.
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -146,6 +166,25 @@ class OperatorAsyncStub(OperatorStub):
     are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
     With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
     a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
+    """
+    AckFinding: _aio.UnaryUnaryMultiCallable[_operator_pb2.AckFindingRequest, _findings_pb2.Finding]  # type: ignore[assignment]
+    """Acknowledge a finding (audited): NOT_FOUND for an unknown id. Returns the finding with its ack."""
+    Silence: _aio.UnaryUnaryMultiCallable[_operator_pb2.SilenceRequest, _operator_pb2.SilenceInfo]  # type: ignore[assignment]
+    """Silence a node's findings (all, or of one cause) for a while (audited). INVALID_ARGUMENT for a
+    duration <= 0 or over 30 days, NOT_FOUND for an unknown node.
+    """
+    ListSilences: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListSilencesRequest, _operator_pb2.ListSilencesResponse]  # type: ignore[assignment]
+    """Silences, newest first: active ones, and expired ones with include_expired."""
+    Unsilence: _aio.UnaryUnaryMultiCallable[_operator_pb2.UnsilenceRequest, _operator_pb2.SilenceInfo]  # type: ignore[assignment]
+    """End a silence now (audited): NOT_FOUND for an unknown id."""
+    SetMaintenance: _aio.UnaryUnaryMultiCallable[_operator_pb2.SetMaintenanceRequest, _operator_pb2.NodeActionResponse]  # type: ignore[assignment]
+    """Put a node under maintenance, or take it out (audited): its findings are silenced and no
+    action (probe schedule, retune, drain policy) is taken on it meanwhile. NOT_FOUND if unknown.
+    """
+    Record: _aio.UnaryStreamMultiCallable[_operator_pb2.RecordRequest, _operator_pb2.RecordedMessage]  # type: ignore[assignment]
+    """The fleet's stream as the controller ingests it: first the current Hello of every known node,
+    then each accepted agent message as it arrives, until the caller hangs up. A reader too slow
+    to keep up loses messages (counted in RecordedMessage.dropped_before), never the controller.
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -287,6 +326,61 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         are refused (FAILED_PRECONDITION naming them) unless the config allows them. Breaker-counted.
         With wait, returns when it ended (drained, blocked, timed_out, failed) or timeout_seconds (plus
         a little) passed; without, at once (outcome running). dry_run: the plan, nothing changed.
+        """
+
+    @_abc_1.abstractmethod
+    def AckFinding(
+        self,
+        request: _operator_pb2.AckFindingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_findings_pb2.Finding, _abc.Awaitable[_findings_pb2.Finding]]:
+        """Acknowledge a finding (audited): NOT_FOUND for an unknown id. Returns the finding with its ack."""
+
+    @_abc_1.abstractmethod
+    def Silence(
+        self,
+        request: _operator_pb2.SilenceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.SilenceInfo, _abc.Awaitable[_operator_pb2.SilenceInfo]]:
+        """Silence a node's findings (all, or of one cause) for a while (audited). INVALID_ARGUMENT for a
+        duration <= 0 or over 30 days, NOT_FOUND for an unknown node.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSilences(
+        self,
+        request: _operator_pb2.ListSilencesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListSilencesResponse, _abc.Awaitable[_operator_pb2.ListSilencesResponse]]:
+        """Silences, newest first: active ones, and expired ones with include_expired."""
+
+    @_abc_1.abstractmethod
+    def Unsilence(
+        self,
+        request: _operator_pb2.UnsilenceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.SilenceInfo, _abc.Awaitable[_operator_pb2.SilenceInfo]]:
+        """End a silence now (audited): NOT_FOUND for an unknown id."""
+
+    @_abc_1.abstractmethod
+    def SetMaintenance(
+        self,
+        request: _operator_pb2.SetMaintenanceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.NodeActionResponse, _abc.Awaitable[_operator_pb2.NodeActionResponse]]:
+        """Put a node under maintenance, or take it out (audited): its findings are silenced and no
+        action (probe schedule, retune, drain policy) is taken on it meanwhile. NOT_FOUND if unknown.
+        """
+
+    @_abc_1.abstractmethod
+    def Record(
+        self,
+        request: _operator_pb2.RecordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_operator_pb2.RecordedMessage], _abc.AsyncIterator[_operator_pb2.RecordedMessage]]:
+        """The fleet's stream as the controller ingests it: first the current Hello of every known node,
+        then each accepted agent message as it arrives, until the caller hangs up. A reader too slow
+        to keep up loses messages (counted in RecordedMessage.dropped_before), never the controller.
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

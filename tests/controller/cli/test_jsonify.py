@@ -132,10 +132,13 @@ def test_finding_gpu_is_null_when_node_level_and_zero_when_gpu_0() -> None:
             "reasons": [],
             "peers": 0,
             "detail": "",
+            "baseline_source": "",
         },
         "supporting": [],
         "first_seen": "2027-01-15T08:00:00Z",
         "active": True,
         "detectors": ["nvlink"],
+        "remediation": "",
+        "silenced_by": "",
     }
     json.dumps(node_level, allow_nan=False)

@@ -131,7 +131,7 @@ def test_node_table(controller: ControllerThread, capsys: Capture, wide: None) -
     assert "sw_power_cap, hw_thermal_slowdown" in out
     for cause in ("nvlink_down", "ecc_row_remap_pending", "thermal_throttle"):
         assert cause in out
-    assert "power_cap " not in out  # b-degraded's finding is not c-critical's
+    assert "│ power_cap " not in out  # b-degraded's finding is not c-critical's (its CAUSE cell)
 
 
 def test_node_json_shows_the_bmc_sample(controller: ControllerThread, capsys: Capture) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from controller.demo.catalogue import AgentFault
 from controller.demo.plan import Injected, node_names, plan_faults
-from controller.demo.tuning import fixable, outcome, settled, summary
+from controller.demo.tuning import drains, fixable, outcome, settled, summary
 from protos.gpufleet.v1 import findings_pb2, operator_pb2
 from protos.names import cause_value
 
@@ -52,6 +52,22 @@ def test_hardware_faults_end_with_a_drain_recommended() -> None:
         "drain_recommended": 1,
         "outcomes": {"fixed": 1, "recommended_drain": 1},
     }
+
+
+def test_faults_no_profile_fixes_online_end_with_their_causes_action_recommended() -> None:
+    drift = Injected("n3", None, "bios_drift", "bios_drift")
+    inlet = Injected("n4", None, "inlet_temperature_high", "inlet_temperature_high")
+    recs = [
+        rec("n3", "bios_drift", "set_fleet_value", "proposed"),
+        rec("n4", "inlet_temperature_high", "investigate", "proposed"),
+    ]
+    assert [outcome(i, recs, []) for i in (drift, inlet)] == [
+        "recommended_set_fleet_value",
+        "recommended_investigate",
+    ]
+    assert settled([drift, inlet], recs, [], [])
+    assert not settled([drift, inlet], recs[:1], [], [])
+    assert drains([CAP, HOT, drift, inlet]) == [HOT]  # only a drain's node is followed through Kubernetes
 
 
 def test_the_plan_puts_the_fixable_kinds_first_and_keeps_old_seeds() -> None:

@@ -1,6 +1,7 @@
-"""BMC faults: a failed fan or PSU, a BIOS attribute or BMC firmware that differs from the fleet.
-Each changes the simulated BMC's condition (sim/bmc.py); the chassis physics (bmc_chassis.py) turns
-a stopped fan or a lost PSU into airflow, temperatures and power sharing."""
+"""BMC faults: a failed fan or PSU, a hot inlet, a BIOS attribute or BMC firmware that differs from
+the fleet. Each changes the simulated BMC's condition (sim/bmc.py); the chassis physics
+(bmc_chassis.py) turns a stopped fan, a lost PSU or hot intake air into airflow, temperatures and
+power sharing."""
 
 from __future__ import annotations
 
@@ -70,6 +71,20 @@ def _fan_failure(bmc: SimBmc, target: str | None, rng: random.Random) -> None:
 )
 def _psu_failure(bmc: SimBmc, target: str | None, rng: random.Random) -> None:
     bmc.condition.failed_psus.add(_number(target, bmc.chassis.psus, rng, "PSU"))
+
+
+@register(
+    "inlet_temperature_high",
+    "bmc",
+    cause="inlet_temperature_high",
+    description="the air reaching the node is hot (failed room cooling): intake above its caution "
+    "threshold, exhaust and the GPU baseboard's sensors warmer with it",
+    shows_in=("temperatures.intake", "temperatures.exhaust", "temperatures.gpu", "chassis_health"),
+)
+def _inlet_temperature_high(bmc: SimBmc, _: str | None, rng: random.Random) -> None:
+    # Above the intake's caution threshold (sensor offset and noise included), below its critical one.
+    caution, critical = bmc.chassis.intake.caution, bmc.chassis.intake.critical
+    bmc.condition.inlet_celsius = round(rng.uniform(caution + 1.5, min(critical - 1.0, caution + 3.5)), 1)
 
 
 @register(

@@ -96,7 +96,7 @@ def _nvlink_down(gpu: SimGpu, _: str | None, rng: random.Random) -> None:
 @register(
     "nvlink_crc_errors",
     "gpu",
-    cause="nvlink_down",
+    cause="nvlink_errors",
     description="1-3 NVLinks up but marginal: CRC and replay errors keep rising",
     shows_in=("nvlinks.crc_errors_total", "nvlinks.replay_errors_total"),
     target=GPU,

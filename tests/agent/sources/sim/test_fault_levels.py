@@ -42,6 +42,13 @@ MOVES: dict[str, tuple[set[str], set[str], set[str]]] = {
         {"power_supplies", "power_supply_redundancy_health", "chassis_health", "system_health"},
         {"temperatures"},
     ),
+    # Hot intake air: every temperature follows it, the fans speed up for the warmer GPUs, and the
+    # host and PSUs draw and lose a little more with them.
+    "inlet_temperature_high": (
+        set(),
+        {"temperatures", "gpus", "chassis_health", "system_health"},
+        {"fans", "power_consumed_watts", "power_supplies"},
+    ),
     "bios_drift": (set(), {"bios_attributes"}, set()),
     "bmc_firmware_drift": (set(), {"bmc_firmware_version", "firmware"}, set()),
 }
@@ -208,3 +215,19 @@ def where(fault: str, seed: int) -> str:
 def test_an_untargeted_fault_lands_where_the_seed_says(fault: str) -> None:
     assert where(fault, 3) == where(fault, 3)
     assert len({where(fault, seed) for seed in range(8)}) > 1
+
+
+def test_inlet_temperature_high_puts_the_intake_over_caution_and_warms_the_rest() -> None:
+    for (_, _, bmc), (_, _, healthy) in zip(
+        history([FaultSpec("inlet_temperature_high")]), history([]), strict=True
+    ):
+        hot = {t.context: t for t in bmc.temperatures if t.context in ("intake", "exhaust")}
+        cool = {t.context: t for t in healthy.temperatures if t.context in ("intake", "exhaust")}
+        intake = hot["intake"]
+        assert (intake.upper_caution_celsius or 0) <= (intake.reading_celsius or 0)
+        assert (intake.reading_celsius or 0) < (intake.upper_critical_celsius or 0)
+        assert intake.health == "warning" and bmc.chassis_health == "warning"
+        assert (cool["intake"].reading_celsius or 0) < (cool["intake"].upper_caution_celsius or 0)
+        assert (hot["exhaust"].reading_celsius or 0) > (cool["exhaust"].reading_celsius or 0) + 5
+        for board, twin in zip(bmc.gpus, healthy.gpus, strict=True):
+            assert (board.temperature_celsius or 0) > (twin.temperature_celsius or 0) + 5

@@ -36,7 +36,7 @@ REQUIRED = {
     },
     "host": {"cpu_governor_powersave", "numa_balancing_on", "thp_disabled"},
     "network": {"ib_port_down", "ib_port_degraded"},
-    "bmc": {"fan_failure", "psu_failure", "bios_drift", "bmc_firmware_drift"},
+    "bmc": {"fan_failure", "psu_failure", "inlet_temperature_high", "bios_drift", "bmc_firmware_drift"},
 }
 
 

@@ -1,0 +1,186 @@
+"""Drift: firmware, driver and BIOS settings that differ from what most of a node's peers run.
+
+Within a peer group, the value a strict majority holds is the fleet's; a node (or GPU) holding
+another value has drifted:
+
+- firmware_drift: the VBIOS of each GPU (Hello inventory), the driver (Hello inventory), the BIOS
+  version and the BMC's own firmware (BMC sample).
+- bios_drift: each BIOS attribute separately (BMC sample); a node's drifted attributes make one
+  finding, the first as its evidence and the others as supporting evidence.
+
+Groups: GPU-side values within the GPU peer group (fleet/peers.py node_group: model and GPU count),
+the VBIOS also by board part number (boards of another SKU carry a VBIOS of their own); BMC-side
+values within that group and the server model the BMC reports (two server vendors legitimately run
+two BIOSes). No finding without a strict majority: a group split in two camps (halfway through a
+roll-out, say) has no fleet value to drift from, so it raises nothing. Nor with fewer than
+detect.min_peers nodes reporting the value. A value not reported (empty, or its BMC section failed
+in the latest poll) counts neither way.
+
+Severity: warning for the VBIOS, the BIOS version and the BMC firmware (a missed update, which
+changes behaviour and is fixed only by a flash); info for the driver (rolling driver upgrades are
+routine) and for BIOS attributes (a setting worth aligning, not a fault of the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from controller.detect.base import DetectContext, register
+from controller.fleet.finding import SEVERITIES, Evidence, Finding
+from controller.fleet.majority import majority
+from controller.fleet.model import NodeState
+from controller.fleet.peers import node_group
+from protos.gpufleet.v1 import bmc_pb2
+
+NAME = "drift"
+
+
+@dataclass(frozen=True, slots=True)
+class _Drift:
+    node: str
+    gpu: int | None
+    cause: str
+    severity: str
+    label: str  # what drifted, for the summary ("VBIOS", "BIOS attribute TurboMode")
+    evidence: Evidence
+
+
+def _section_ok(bmc: bmc_pb2.BmcSample, section: str) -> bool:
+    """False when the BMC sample says `section` failed (a value it left empty is not a value)."""
+    return not any(s.name == section and not s.success for s in bmc.sections)
+
+
+def _bmc_values(
+    nodes: Iterable[NodeState], section: str, read: Callable[[bmc_pb2.BmcSample], str]
+) -> dict[str, str]:
+    """node -> read(its latest BMC sample), where there is a sample, a value and `section` read."""
+    return {
+        n.name: value
+        for n in nodes
+        if n.bmc is not None and _section_ok(n.bmc, section) and (value := read(n.bmc))
+    }
+
+
+def _node_of(key: str) -> tuple[str, int | None]:
+    return key, None
+
+
+def _gpu_of(key: str) -> tuple[str, int | None]:
+    node, _, index = key.rpartition("/")
+    return node, int(index)
+
+
+def _compare(
+    values: dict[str, str],
+    nodes: int,
+    min_peers: int,
+    what: tuple[str, str, str, str],
+    *,
+    where: Callable[[str], tuple[str, int | None]] = _node_of,
+    unit_of_peers: str = "peers",
+) -> list[_Drift]:
+    """Drifts among `values` (an id -> value; `where(id)` says which node and GPU it is), reported by
+    `nodes` distinct nodes, against their strict majority. `what`: (metric, label, cause, severity)."""
+    metric, label, cause, severity = what
+    if nodes < min_peers:
+        return []
+    common, count, total = majority(values)
+    if common is None:
+        return []
+    verb = "run" if metric.endswith("version") else "have"
+    out = []
+    for key, value in sorted(values.items()):
+        if value == common:
+            continue
+        node, gpu = where(key)
+        on_gpu = "" if gpu is None else f" on GPU {gpu}"
+        evidence = Evidence(
+            metric=metric,
+            reasons=(f"{label} {value}", f"majority {common}"),
+            peers=count,
+            detail=f"{label} {value}{on_gpu}; {count} of {total} {unit_of_peers} {verb} {common}",
+            baseline_source="fleet_majority",
+        )
+        out.append(_Drift(node, gpu, cause, severity, label, evidence))
+    return out
+
+
+def _gpu_side(members: list[NodeState], min_peers: int) -> list[_Drift]:
+    """VBIOS per GPU (by board part number) and the driver, from the nodes' Hello inventories."""
+    out: list[_Drift] = []
+    boards: dict[str, dict[str, str]] = {}
+    for node in members:
+        for info in node.hello.inventory.gpus:
+            if info.vbios_version:
+                boards.setdefault(info.board_part_number, {})[f"{node.name}/{info.index}"] = (
+                    info.vbios_version
+                )
+    for values in boards.values():
+        reporting = len({_gpu_of(key)[0] for key in values})
+        vbios = ("vbios_version", "VBIOS", "firmware_drift", "warning")
+        out += _compare(values, reporting, min_peers, vbios, where=_gpu_of, unit_of_peers="GPUs")
+    driver = {n.name: n.hello.inventory.driver_version for n in members if n.hello.inventory.driver_version}
+    out += _compare(driver, len(driver), min_peers, ("driver_version", "driver", "firmware_drift", "info"))
+    return out
+
+
+def _bmc_side(members: list[NodeState], min_peers: int) -> list[_Drift]:
+    """BIOS version, BMC firmware and BIOS attributes, per server model, from the BMC samples."""
+    out: list[_Drift] = []
+    servers: dict[str, list[NodeState]] = {}
+    for node in members:
+        if node.bmc is not None:
+            servers.setdefault(f"{node.bmc.manufacturer} {node.bmc.model}", []).append(node)
+    for nodes in servers.values():
+        bios = _bmc_values(nodes, "systems", lambda b: b.bios_version)
+        out += _compare(bios, len(bios), min_peers, ("bios_version", "BIOS", "firmware_drift", "warning"))
+        bmc = _bmc_values(nodes, "managers", lambda b: b.bmc_firmware_version)
+        what = ("bmc_firmware_version", "BMC firmware", "firmware_drift", "warning")
+        out += _compare(bmc, len(bmc), min_peers, what)
+        attributes: dict[str, dict[str, str]] = {}
+        for node in nodes:
+            if node.bmc is None or not _section_ok(node.bmc, "bios"):
+                continue
+            for name, value in node.bmc.bios_attributes.items():
+                if value:
+                    attributes.setdefault(name, {})[node.name] = value
+        for name, values in sorted(attributes.items()):
+            what = (f"bios_attributes.{name}", f"BIOS attribute {name}", "bios_drift", "info")
+            out += _compare(values, len(values), min_peers, what)
+    return out
+
+
+def _finding(drifts: list[_Drift]) -> Finding:
+    """One finding from the drifts of one (node, gpu, cause): the most severe first."""
+    drifts = sorted(drifts, key=lambda d: (-SEVERITIES.index(d.severity), d.evidence.metric))
+    first = drifts[0]
+    where = "" if first.gpu is None else f"GPU {first.gpu} "
+    if len(drifts) == 1:
+        summary = f"{where}{first.evidence.detail}"
+    else:
+        summary = f"{where}{len(drifts)} settings differ from the peer group's majority: " + ", ".join(
+            d.label for d in drifts
+        )
+    return Finding(
+        first.node,
+        first.gpu,
+        first.cause,
+        first.severity,
+        summary,
+        first.evidence,
+        [d.evidence for d in drifts[1:]],
+        [NAME],
+    )
+
+
+@register(NAME)
+def detect(ctx: DetectContext) -> list[Finding]:
+    groups: dict[str, list[NodeState]] = {}
+    for node in ctx.fleet.nodes.values():
+        groups.setdefault(node_group(node), []).append(node)
+    keyed: dict[tuple[str, int | None, str], list[_Drift]] = {}
+    for members in groups.values():
+        for drift in _gpu_side(members, ctx.config.min_peers) + _bmc_side(members, ctx.config.min_peers):
+            keyed.setdefault((drift.node, drift.gpu, drift.cause), []).append(drift)
+    return [_finding(drifts) for _, drifts in sorted(keyed.items(), key=lambda kv: str(kv[0]))]

@@ -1,0 +1,205 @@
+"""Host OS settings that starve the GPUs: a powersave CPU governor, NUMA balancing, THP off.
+
+Each node's setting is compared with the fleet majority of its peer group (fleet/majority.py), so a
+site that runs every node one way on purpose raises nothing:
+
+- cpu_governor_powersave: the node's governor (HostSample.cpu_governor, else the one most of its
+  CPUs run) is powersave while the group's majority is not. A group whose majority runs powersave
+  raises nothing: with intel_pstate, "powersave" is the dynamic default, not a frequency floor.
+- host_tuning_drift: numa_balancing or transparent_hugepage differs from the group's majority, one
+  finding per node with each drifted setting as its own evidence. Severity warning when the node's
+  value hurts GPU jobs (NUMA balancing on, THP never), info otherwise (an odd node, harmless as set).
+
+A node whose value is the one that profile sets (NUMA balancing off, THP always) is tuned, not
+drifted, whatever its peers run: otherwise the profile's own apply would raise the finding it was
+meant to clear, and the closed loop would recommend the same profile again forever.
+
+With no majority to compare with (fewer than detect.min_peers nodes of the group report the setting,
+or no value held by more than half of them), the node is held to what the shipped profile
+os-accelerator-performance wants, and only its harmful values are findings: governor powersave
+(the profile wants performance), NUMA balancing on (it wants 0), THP never (it wants huge pages;
+madvise and always both give them). Those evidences say baseline_source "expected".
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.detect.base import DetectContext, register
+from controller.fleet.finding import Evidence, Finding
+from controller.fleet.majority import groups, majority, values_of
+from controller.fleet.model import NodeState
+from controller.profiles.catalogue import SHIPPED_DIR, load_profile
+
+NAME = "host_tuning"
+
+POWERSAVE = "powersave"
+PROFILE = "os-accelerator-performance"
+# The profile's wishes, as the values a node must not have (see the module docstring).
+HARMFUL = {"numa_balancing": "on", "transparent_hugepage": "never"}
+
+
+def governor(node: NodeState) -> str | None:
+    """The node's cpufreq governor: the host's, else the one most CPUs run; None when not reported."""
+    host = node.host
+    if host is None:
+        return None
+    if host.HasField("cpu_governor") and host.cpu_governor:
+        return host.cpu_governor
+    counts = Counter(cpu.governor for cpu in host.cpus if cpu.governor)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def numa_balancing(node: NodeState) -> str | None:
+    host = node.host
+    if host is None or not host.HasField("numa_balancing"):
+        return None
+    return "on" if host.numa_balancing else "off"
+
+
+def transparent_hugepage(node: NodeState) -> str | None:
+    host = node.host
+    if host is None or not host.HasField("transparent_hugepage") or not host.transparent_hugepage:
+        return None
+    return host.transparent_hugepage
+
+
+def cpu_frequency(node: NodeState) -> float | None:
+    host = node.host
+    if host is None or not host.HasField("cpu_frequency_hz") or host.cpu_frequency_hz <= 0:
+        return None
+    return host.cpu_frequency_hz
+
+
+@functools.cache
+def tuned() -> dict[str, str]:
+    """The values the shipped profile sets, as the readers above spell them."""
+    settings = load_profile(SHIPPED_DIR / f"{PROFILE}.yaml").os
+    values: dict[str, str] = {}
+    if settings is None:
+        return values
+    numa = settings.sysctls.get("kernel.numa_balancing")
+    if numa is not None:
+        values["numa_balancing"] = "on" if numa.target else "off"
+    thp = settings.transparent_hugepages
+    if thp is not None and thp.enabled is not None:
+        values["transparent_hugepage"] = thp.enabled.target
+    return values
+
+
+SETTINGS: dict[str, Callable[[NodeState], str | None]] = {
+    "numa_balancing": numa_balancing,
+    "transparent_hugepage": transparent_hugepage,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Norm:
+    """What a node's setting is compared with: the group's majority, else the profile."""
+
+    value: str | None  # the majority value; None: no majority (the profile decides)
+    count: int
+    total: int
+
+    @property
+    def source(self) -> str:
+        return "fleet_majority" if self.value is not None else "expected"
+
+    def says(self) -> str:
+        if self.value is None:
+            return f"no peer-group majority, profile {PROFILE}"
+        return f"{self.count} of {self.total} in the peer group {self.value}"
+
+
+def norm(values: dict[str, str], min_peers: int) -> Norm:
+    value, count, total = majority(values)
+    return Norm(value if total >= min_peers else None, count, total)
+
+
+def _ghz(hz: float) -> str:
+    return f"{hz / 1e9:.2f} GHz"
+
+
+def powersave_finding(node: NodeState, group: list[NodeState], min_peers: int) -> Finding | None:
+    own = governor(node)
+    if own != POWERSAVE:
+        return None
+    n = norm(values_of(group, governor), min_peers)
+    if n.value == POWERSAVE:
+        return None  # the group runs powersave on purpose (intel_pstate's dynamic default)
+    primary = Evidence(
+        metric="cpu_governor",
+        reasons=(POWERSAVE,),
+        peers=n.total,
+        detail=f"CPU governor {POWERSAVE}; {n.says()}",
+        baseline_source=n.source,
+    )
+    supporting = []
+    freq = cpu_frequency(node)
+    others = [f for f in (cpu_frequency(p) for p in group if governor(p) != POWERSAVE) if f is not None]
+    if freq is not None and others:
+        median = statistics.median(others)
+        supporting.append(
+            Evidence(
+                metric="cpu_frequency_hz",
+                value=freq,
+                baseline=median,
+                deviation=freq / median - 1.0,
+                unit="Hz",
+                peers=len(others),
+                detail=f"CPUs at {_ghz(freq)}, peers' median {_ghz(median)}",
+                baseline_source="peers",
+            )
+        )
+    summary = primary.detail + (f"; {supporting[0].detail}" if supporting else "")
+    return Finding(node.name, None, "cpu_governor_powersave", "warning", summary, primary, supporting, [NAME])
+
+
+def drift_finding(node: NodeState, group: list[NodeState], min_peers: int) -> Finding | None:
+    drifted: list[tuple[str, Evidence]] = []
+    for setting, read in SETTINGS.items():
+        own = read(node)
+        if own is None or own == tuned().get(setting):
+            continue
+        n = norm(values_of(group, read), min_peers)
+        harmful = HARMFUL[setting] == own
+        if n.value is None and not harmful:
+            continue  # no majority, and the profile has nothing against this value
+        if n.value is not None and own == n.value:
+            continue
+        severity = "warning" if harmful else "info"
+        drifted.append(
+            (
+                severity,
+                Evidence(
+                    metric=setting,
+                    reasons=(setting, own),
+                    peers=n.total,
+                    detail=f"{setting} {own}; {n.says()}",
+                    baseline_source=n.source,
+                ),
+            )
+        )
+    if not drifted:
+        return None
+    drifted.sort(key=lambda d: d[0] != "warning")  # the harmful setting first
+    severity = drifted[0][0]
+    evidence = [e for _, e in drifted]
+    summary = "host tuning drift: " + "; ".join(e.detail for e in evidence)
+    return Finding(node.name, None, "host_tuning_drift", severity, summary, evidence[0], evidence[1:], [NAME])
+
+
+@register(NAME)
+def detect(ctx: DetectContext) -> list[Finding]:
+    min_peers = ctx.config.min_peers
+    findings = []
+    for group in groups(ctx.fleet.nodes.values()).values():
+        for node in group:
+            for found in (powersave_finding(node, group, min_peers), drift_finding(node, group, min_peers)):
+                if found is not None:
+                    findings.append(found)
+    return findings

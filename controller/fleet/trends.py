@@ -1,0 +1,173 @@
+"""What one reading cannot show: how fast a node's error counters rise, and its recent XID events.
+
+Kept in memory per node (NodeState.trends), fed by apply_frame from the readings it applies; not
+stored, so after a controller restart rates start afresh from the next frames. A counter keeps only
+the points where its total changed (and the time of its latest reading), so a quiet counter costs
+one tuple comparison per reading however long it is watched; counters read together (a GPU's
+NVLinks, an IB port's) share their change points. A total that goes down is a reset (driver reload,
+agent restart): the window starts over. Unset counters read as 0.
+
+Counter keys name the reading, e.g. "gpu3.nvlink7.crc_errors_total" or
+"ib.mlx5_0/1.symbol_error_total" (see gpu_key / nvlink_key / ib_key).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+WINDOW_SECONDS = 600.0  # rates and increases are over this much of the newest readings
+MAX_XIDS = 256  # XID events kept per node (newest)
+XID_KEEP_SECONDS = 3600.0  # ...and for at most this long after the node's newest reading
+
+NVLINK_COUNTERS = ("crc_errors_total", "replay_errors_total", "recovery_errors_total")
+IB_COUNTERS = (
+    "link_downed_total",
+    "symbol_error_total",
+    "port_rcv_errors_total",
+    "link_error_recovery_total",
+)
+GPU_COUNTERS = ("ecc_uncorrected_volatile_total", "pcie_replay_errors_total")
+
+
+def gpu_key(gpu: int, counter: str) -> str:
+    return f"gpu{gpu}.{counter}"
+
+
+def nvlink_key(gpu: int, link: int, counter: str) -> str:
+    return f"gpu{gpu}.nvlink{link}.{counter}"
+
+
+def ib_key(device: str, port: int, counter: str) -> str:
+    return f"ib.{device}/{port}.{counter}"
+
+
+@dataclass(slots=True)
+class _Group:
+    """Counters read together (one GPU's NVLinks, one IB port): one change point per reading that
+    changed any of them, so a quiet GPU costs one tuple comparison per frame."""
+
+    points: deque[tuple[float, tuple[float, ...]]]  # (time first seen, totals), oldest first
+    last: float  # time of the newest reading
+    names: tuple[str, ...]  # the counter keys, in the order of the totals
+
+
+@dataclass(frozen=True, slots=True)
+class XidSeen:
+    time: float  # when the driver logged it (the event's time; the frame's when it had none)
+    gpu: int
+    code: int
+
+
+@dataclass(slots=True)
+class Trends:
+    window_seconds: float = WINDOW_SECONDS
+    groups: dict[str, _Group] = field(default_factory=dict)
+    where: dict[str, tuple[str, int]] = field(default_factory=dict)  # counter key -> (group, position)
+    xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
+
+    def observe(self, key: str, time: float, total: float) -> None:
+        """One counter's reading (a group of its own)."""
+        self.observe_group(key, (key,), time, (total,))
+
+    def observe_group(
+        self, group: str, names: tuple[str, ...], time: float, totals: tuple[float, ...]
+    ) -> None:
+        g = self.groups.get(group)
+        if g is None or g.names != names:  # new, or the set of counters changed (a link appeared)
+            for name in g.names if g is not None else ():
+                self.where.pop(name, None)
+            self.groups[group] = _Group(deque([(time, totals)]), time, names)
+            for position, name in enumerate(names):
+                self.where[name] = (group, position)
+            return
+        if time < g.last:
+            return  # an older reading (a replayed spool): the window already moved past it
+        newest = g.points[-1][1]
+        if totals != newest:
+            if any(t < n for t, n in zip(totals, newest, strict=True)):
+                g.points.clear()  # a reset (driver reload, agent restart): count from here
+            g.points.append((time, totals))
+        g.last = time
+        start = time - self.window_seconds
+        while len(g.points) >= 2 and g.points[1][0] <= start:
+            g.points.popleft()  # points[0] stays the totals as the window starts
+
+    def increase(self, key: str) -> float:
+        """How much the counter rose over the window (0 for an unknown counter)."""
+        found = self.where.get(key)
+        if found is None:
+            return 0.0
+        g, position = self.groups[found[0]], found[1]
+        return g.points[-1][1][position] - g.points[0][1][position]
+
+    def span(self, key: str) -> float:
+        """Seconds of readings the window holds for the counter (0 with a single reading)."""
+        found = self.where.get(key)
+        if found is None:
+            return 0.0
+        g = self.groups[found[0]]
+        return max(0.0, g.last - max(g.points[0][0], g.last - self.window_seconds))
+
+    def rate(self, key: str) -> float | None:
+        """Per second over the window; None until two readings apart in time were seen."""
+        span = self.span(key)
+        return self.increase(key) / span if span > 0 else None
+
+    def recent_xids(self, since: float) -> list[XidSeen]:
+        return [x for x in self.xids if x.time >= since]
+
+    def observe_gpu(self, sample: pb.GpuSample, time: float) -> None:
+        """A GPU's error counters (unset ones read as 0) and its new XID events."""
+        index = sample.index
+        self.observe_group(
+            f"gpu{index}",
+            _gpu_names(index),
+            time,
+            (float(sample.ecc_uncorrected_volatile_total), float(sample.pcie_replay_errors_total)),
+        )
+        links = sample.nvlinks
+        if links:
+            totals = tuple(
+                float(v)
+                for link in links
+                for v in (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total)
+            )
+            self.observe_group(
+                f"gpu{index}.nvlink", _link_names(index, tuple(link.link for link in links)), time, totals
+            )
+        for event in sample.xid_events:
+            at = event.unix_time_seconds or time
+            self.xids.append(XidSeen(at, index, event.code))
+        while self.xids and self.xids[0].time < time - XID_KEEP_SECONDS:
+            self.xids.popleft()
+
+    def observe_host(self, host: pb.HostSample, time: float) -> None:
+        for port in host.infiniband:
+            totals = (
+                float(port.link_downed_total),
+                float(port.symbol_error_total),
+                float(port.port_rcv_errors_total),
+                float(port.link_error_recovery_total),
+            )
+            self.observe_group(
+                f"ib.{port.device}/{port.port}", _ib_names(port.device, port.port), time, totals
+            )
+
+
+@lru_cache(maxsize=4096)
+def _gpu_names(gpu: int) -> tuple[str, ...]:
+    return tuple(gpu_key(gpu, name) for name in GPU_COUNTERS)
+
+
+@lru_cache(maxsize=4096)
+def _link_names(gpu: int, links: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(nvlink_key(gpu, link, name) for link in links for name in NVLINK_COUNTERS)
+
+
+@lru_cache(maxsize=4096)
+def _ib_names(device: str, port: int) -> tuple[str, ...]:
+    return tuple(ib_key(device, port, name) for name in IB_COUNTERS)

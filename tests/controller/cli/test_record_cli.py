@@ -1,0 +1,220 @@
+"""`gpufleet analyze` over recordings of a simulated fleet (the same findings a live controller
+raises from the same messages), and `gpufleet record` against a real controller on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from agent.sources.sim import FaultSpec
+from controller.app import ControllerApp
+from controller.cli.jsonify import finding_to_dict
+from controller.config import DetectConfig
+from controller.detect.offline import OfflineDetector
+from controller.main import main
+from controller.operator.wire import finding_to_proto
+from controller.recording import Accepted, to_json_line
+from protos.gpufleet.v1 import operator_pb2
+from tests.controller.harness import Clock, ControllerThread, config, frame, hello
+from tests.simfleet import SimFleet
+
+Capture = pytest.CaptureFixture[str]
+DETECT = {"interval_seconds": 2.0, "throttle_window_seconds": 5.0}
+START = 1_800_000_000.0
+
+
+def simulated(faults: dict[str, list[FaultSpec]], nodes: int = 6, seconds: int = 14) -> list[Accepted]:
+    """What a controller would accept from simulated agents: each node's Hello, then a frame from
+    every node each second (probe results in the first)."""
+    sim = SimFleet(nodes, faults, start=START)
+    out = [Accepted(sim.now, name, hello=sim.hello(name)) for name in sim.sims]
+    for step in range(seconds):
+        sim.now += 1.0
+        out += [Accepted(sim.now, n, frame=sim.frame(n, probes=step == 0)) for n in sim.sims]
+    return out
+
+
+def write(path: Path, messages: list[Accepted], *, shuffle: bool = False) -> Path:
+    lines = [to_json_line(m.to_proto()) for m in messages]
+    if shuffle:  # analyze orders by receive time, not by line
+        lines = lines[1::2] + lines[::2]
+    path.write_text("".join(lines))
+    return path
+
+
+def analyze_json(path: Path, capsys: Capture, *extra: str) -> tuple[int, list[dict[str, Any]], str]:
+    code = main(["analyze", str(path), "-o", "json", *extra])
+    out, err = capsys.readouterr()
+    return code, json.loads(out)["findings"] if code == 0 else [], err
+
+
+def config_file(tmp_path: Path) -> str:
+    path = tmp_path / "controller.yaml"
+    path.write_text(json.dumps({"detect": DETECT}))  # JSON is YAML
+    return str(path)
+
+
+def test_analyze_finds_the_fault_as_the_live_controller_does(tmp_path: Path, capsys: Capture) -> None:
+    messages = simulated({"node-03": [FaultSpec("thermal_throttle", 2)]})
+    path = write(tmp_path / "rec.jsonl", messages, shuffle=True)
+    code, found, err = analyze_json(path, capsys, "--config", config_file(tmp_path))
+    assert code == 0, err
+    assert {(f["node"], f["gpu"], f["cause"]) for f in found} == {("node-03", 2, "thermal_throttle")}
+    assert all(f["active"] for f in found)
+    assert "90 messages (6 hellos, 84 frames) from 6 nodes over 14 s" in err
+    live = asyncio.run(live_findings(messages))
+    assert {(f["node"], f["gpu"], f["cause"], f["severity"], f["first_seen"]) for f in found} == live
+
+
+async def live_findings(messages: list[Accepted]) -> set[tuple[str, int | None, str, str, str]]:
+    """The same messages through a real ControllerApp's ingest, passes at the times analyze ran them."""
+    offline = OfflineDetector(config=DetectConfig(**DETECT))  # type: ignore[arg-type]
+    for m in messages:
+        offline.message(m.to_proto().message, m.received)
+    offline.finish()
+    passes = [p.time for p in offline.passes]
+    clock = Clock(START)
+    app = ControllerApp(config(detect=DetectConfig(**DETECT)), clock=clock)  # type: ignore[arg-type]
+    await app.start()
+    try:
+        for m in messages:
+            while passes and passes[0] <= m.received:
+                clock.now = passes.pop(0)
+                await app.detection_pass()
+            clock.now = m.received
+            if m.hello is not None:
+                await app.ingest.hello(m.hello)
+            else:
+                assert m.frame is not None
+                await app.ingest.frame(m.node, m.frame)
+        for t in passes:
+            clock.now = t
+            await app.detection_pass()
+        dicts = [finding_to_dict(finding_to_proto(s)) for s in app.active.values()]
+    finally:
+        app.close()
+    return {(f["node"], f["gpu"], f["cause"], f["severity"], f["first_seen"]) for f in dicts}
+
+
+def test_analyze_of_a_healthy_fleet_finds_nothing(tmp_path: Path, capsys: Capture) -> None:
+    path = write(tmp_path / "rec.jsonl", simulated({}, nodes=8, seconds=20))
+    code, found, err = analyze_json(path, capsys, "--config", config_file(tmp_path))
+    assert (code, found) == (0, []), err
+
+
+def test_analyze_includes_resolved_findings_and_prints_a_table(tmp_path: Path, capsys: Capture) -> None:
+    faulty = simulated({"node-01": [FaultSpec("power_cap", 0)]}, seconds=12)
+    healed = simulated({}, seconds=12)  # the same fleet, fixed: frames go on 12 s later
+    later = [Accepted(m.received + 12, m.node, frame=m.frame) for m in healed if m.frame is not None]
+    for m in later:
+        assert m.frame is not None
+        m.frame.seq += 12
+        m.frame.time.FromNanoseconds(m.frame.time.ToNanoseconds() + 12 * 10**9)
+    path = write(tmp_path / "rec.jsonl", faulty + later)
+    code, found, err = analyze_json(path, capsys, "--config", config_file(tmp_path))
+    assert code == 0, err
+    assert [(f["node"], f["cause"], f["active"]) for f in found] == [("node-01", "power_cap", False)]
+    assert "1 findings (0 active at the end)" in err
+    assert main(["analyze", str(path), "--config", config_file(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "node-01" in out and "power_cap" in out and "resolved" in out
+
+
+def test_analyze_skips_malformed_lines_naming_them(tmp_path: Path, capsys: Capture) -> None:
+    path = write(tmp_path / "rec.jsonl", simulated({"node-03": [FaultSpec("thermal_throttle", 2)]}))
+    lines = path.read_text().splitlines(keepends=True)
+    lines.insert(3, '{"received": "2027-01-15T08:00:00Z", "node": "n", "mess\n')  # cut short by a full disk
+    lines.insert(5, '{"received": "2027-01-15T08:00:00Z", "node": "n"}\n')  # no message
+    lines.insert(7, "\n")  # blank lines are no error
+    path.write_text("".join(lines))
+    code, found, err = analyze_json(path, capsys, "--config", config_file(tmp_path))
+    assert code == 0
+    assert {(f["node"], f["cause"]) for f in found} == {("node-03", "thermal_throttle")}
+    assert f"{path}:4: not a recorded message, skipped" in err
+    assert f"{path}:6: not a recorded message, skipped: the message is neither a hello nor a frame" in err
+    assert "2 malformed lines skipped" in err
+
+
+def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
+    assert main(["analyze", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("detect: {margin: 2}\n")
+    path = write(tmp_path / "rec.jsonl", [])
+    assert main(["analyze", str(path), "--config", str(bad)]) == 2
+    assert "detect.margin" in capsys.readouterr().err
+
+
+def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Capture) -> None:
+    out = tmp_path / "rec.jsonl"
+    with ControllerThread(config(), Clock()) as c:
+
+        async def before(app: ControllerApp) -> None:
+            await app.ingest.hello(hello("n1"))
+            await app.ingest.hello(hello("n2"))
+
+        c.call(before)
+        stop = threading.Event()
+
+        def feed() -> None:  # frames arrive while recording
+            seq = 0
+            while not stop.is_set() and seq < 50:
+                seq += 1
+
+                async def one(app: ControllerApp, seq: int = seq) -> None:
+                    await app.ingest.frame("n1", frame(seq))
+
+                c.call(one)
+                time.sleep(0.02)
+
+        feeder = threading.Thread(target=feed)
+        started = time.monotonic()
+        feeder.start()
+        try:
+            code = main(
+                ["record", "--controller", c.address, "--out", str(out), "--duration", "1.5", "-o", "json"]
+            )
+        finally:
+            stop.set()
+            feeder.join()
+        took = time.monotonic() - started
+    assert code == 0
+    assert 1.4 < took < 5
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    msgs = []
+    for line in out.read_text().splitlines():
+        msg = operator_pb2.RecordedMessage()
+        json_format.Parse(line, msg)
+        msgs.append(msg)
+    assert [(m.node, m.message.WhichOneof("msg")) for m in msgs[:2]] == [("n1", "hello"), ("n2", "hello")]
+    seqs = [m.message.frame.seq for m in msgs[2:]]
+    assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # in order, none lost
+    assert summary["messages"] == len(msgs) and summary["hellos"] == 2 and summary["dropped"] == 0
+    assert f"wrote {len(msgs)} messages (2 hellos" in captured.err
+
+
+def test_record_without_a_controller_says_so(tmp_path: Path, capsys: Capture) -> None:
+    from tests.support import free_port
+
+    code = main(["record", "--controller", f"127.0.0.1:{free_port()}", "--out", str(tmp_path / "r.jsonl")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "cannot reach controller" in err and "wrote 0 messages" in err
+
+
+def test_the_controller_record_flag_sets_the_config_key() -> None:
+    from controller.cli.run_controller import _overrides
+    from controller.config import load
+    from controller.main import build_parser
+
+    args = build_parser().parse_args(["controller", "--record", "fleet.jsonl"])
+    assert load(None, _overrides(args)).record == "fleet.jsonl"
+    assert load(None, _overrides(build_parser().parse_args(["controller"]))).record == ""

@@ -1,0 +1,147 @@
+"""Host OS settings against the peer group's majority (or the profile, in a small group): simulated
+nodes with hosts and BMCs through the real wire (hostsim.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.sources.sim import FaultSpec
+from controller.config import DetectConfig
+from controller.fleet.finding import Finding
+from tests.controller.detect.hostsim import HostSimFleet
+
+HOST_AND_BMC = ("host_tuning", "infiniband", "bmc_health")
+
+
+def found(fleet: HostSimFleet, detector: str = "host_tuning") -> dict[tuple[str, str], Finding]:
+    return {(f.node, f.cause): f for f in fleet.detect(detector)}
+
+
+def test_a_healthy_fleet_raises_no_host_network_or_bmc_cause_over_an_hour() -> None:
+    # Frames every 2 minutes, each with a BMC poll, and a detection pass every 6 (frames every 10 s
+    # and polls every minute would say the same, at six times the cost).
+    fleet = HostSimFleet(16, bmc_every=120.0)
+    for _ in range(10):
+        fleet.run(360, step=120.0)
+        for detector in HOST_AND_BMC:
+            assert fleet.detect(detector) == [], detector
+    assert all(n.bmc is not None and n.host is not None for n in fleet.fleet.nodes.values())
+
+
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_healthy_fleets_of_other_seeds_raise_nothing(seed: int) -> None:
+    fleet = HostSimFleet(8, seed=seed)
+    fleet.run(660, step=30.0)  # eleven minutes: past the IB counters' window
+    for detector in HOST_AND_BMC:
+        assert fleet.detect(detector) == [], detector
+
+
+def test_powersave_governor_is_found_against_the_majority_and_clears_when_set_back() -> None:
+    fleet = HostSimFleet(16, {"node-03": [FaultSpec("cpu_governor_powersave")]})
+    fleet.run(60)
+    findings = found(fleet)
+    assert list(findings) == [("node-03", "cpu_governor_powersave")]
+    f = findings[("node-03", "cpu_governor_powersave")]
+    assert (f.gpu, f.severity, f.detectors) == (None, "warning", ["host_tuning"])
+    assert f.evidence.metric == "cpu_governor" and f.evidence.reasons == ("powersave",)
+    assert f.evidence.baseline_source == "fleet_majority" and f.evidence.peers == 16
+    assert "15 of 16 in the peer group performance" in f.evidence.detail
+    (freq,) = f.supporting
+    assert (freq.metric, freq.unit, freq.baseline_source, freq.peers) == (
+        "cpu_frequency_hz",
+        "Hz",
+        "peers",
+        15,
+    )
+    assert freq.value is not None and freq.baseline is not None
+    assert freq.value < 0.5 * freq.baseline and freq.deviation is not None and freq.deviation < -0.5
+    fleet.add("node-03", [])  # the governor set back (the node rebuilt without the fault)
+    fleet.run(20)
+    assert found(fleet) == {}
+
+
+def test_a_group_that_runs_powersave_on_purpose_raises_nothing() -> None:
+    # intel_pstate's "powersave" is its dynamic default: a fleet running it everywhere is no fault.
+    faults = {f"node-{i:02d}": [FaultSpec("cpu_governor_powersave")] for i in range(10)}
+    fleet = HostSimFleet(16, faults)
+    fleet.run(30)
+    assert found(fleet) == {}
+
+
+def test_numa_balancing_and_thp_drift_are_one_finding_with_each_setting_named() -> None:
+    faults = {
+        "node-01": [FaultSpec("numa_balancing_on")],
+        "node-02": [FaultSpec("thp_disabled")],
+        "node-05": [FaultSpec("numa_balancing_on"), FaultSpec("thp_disabled")],
+    }
+    fleet = HostSimFleet(16, faults)
+    fleet.run(30)
+    findings = found(fleet)
+    assert set(findings) == {(n, "host_tuning_drift") for n in faults}
+    numa, thp, both = (findings[(n, "host_tuning_drift")] for n in ("node-01", "node-02", "node-05"))
+    assert numa.evidence.reasons == ("numa_balancing", "on") and numa.supporting == []
+    assert thp.evidence.reasons == ("transparent_hugepage", "never") and thp.supporting == []
+    assert [e.metric for e in (both.evidence, *both.supporting)] == ["numa_balancing", "transparent_hugepage"]
+    for f in (numa, thp, both):
+        assert (f.gpu, f.severity) == (None, "warning")
+        assert all(e.baseline_source == "fleet_majority" for e in (f.evidence, *f.supporting))
+    assert "in the peer group madvise" in thp.evidence.detail
+    assert "in the peer group off" in numa.evidence.detail
+    for name in faults:
+        fleet.add(name, [])
+    fleet.run(20)
+    assert found(fleet) == {}
+
+
+def test_a_harmless_odd_value_is_info_drift() -> None:
+    fleet = HostSimFleet(8)
+    for name, (_, host, _) in fleet.sims.items():
+        host.condition.transparent_hugepage = "madvise" if name == "node-04" else "always"
+    fleet.run(20)
+    (f,) = fleet.detect("host_tuning")
+    assert (f.node, f.cause, f.severity) == ("node-04", "host_tuning_drift", "info")
+    assert f.evidence.reasons == ("transparent_hugepage", "madvise")
+
+
+def test_a_node_at_the_profiles_values_is_tuned_not_drifted() -> None:
+    """os-accelerator-performance sets THP always and NUMA balancing off: a node it tuned differs
+    from a madvise fleet, and must not raise the finding its retune was meant to clear."""
+    fleet = HostSimFleet(8, {"node-04": [FaultSpec("numa_balancing_on")]})
+    fleet.run(20)
+    assert set(found(fleet)) == {("node-04", "host_tuning_drift")}
+    condition = fleet.sims["node-04"][1].condition
+    condition.numa_balancing, condition.transparent_hugepage = False, "always"  # as the profile sets them
+    fleet.run(20)
+    assert found(fleet) == {}
+
+
+def test_a_small_group_falls_back_to_the_profile_and_flags_only_harmful_values() -> None:
+    faults = {
+        "node-00": [FaultSpec("cpu_governor_powersave"), FaultSpec("thp_disabled")],
+        "node-01": [FaultSpec("numa_balancing_on")],
+    }
+    fleet = HostSimFleet(3, faults)  # below detect.min_peers (4): no majority to compare with
+    fleet.sims["node-02"][1].condition.transparent_hugepage = "always"  # odd, but harmless
+    fleet.run(20)
+    findings = found(fleet)
+    assert set(findings) == {
+        ("node-00", "cpu_governor_powersave"),
+        ("node-00", "host_tuning_drift"),
+        ("node-01", "host_tuning_drift"),
+    }
+    for f in findings.values():
+        assert f.evidence.baseline_source == "expected"
+        assert "profile os-accelerator-performance" in f.evidence.detail
+    assert findings[("node-00", "host_tuning_drift")].evidence.reasons == ("transparent_hugepage", "never")
+    # With min_peers lowered to the group's size, the majority decides again.
+    relaxed = {(f.node, f.cause) for f in fleet.detect("host_tuning", DetectConfig(min_peers=3))}
+    assert relaxed == set(findings)
+
+
+def test_the_governor_falls_back_to_the_cpus_when_the_host_field_is_missing() -> None:
+    fleet = HostSimFleet(6, {"node-02": [FaultSpec("cpu_governor_powersave")]})
+    fleet.run(20)
+    for node in fleet.fleet.nodes.values():
+        assert node.host is not None
+        node.host.ClearField("cpu_governor")
+    assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
