@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -330,6 +332,7 @@ class ControllerConfig(_Config):
 
     def __post_init__(self) -> None:
         check_address(self.listen, "listen")
+        check_db(self.db)
         if self.metrics_address is not None and self.metrics_address.lower() == "none":
             self.metrics_address = None
         if self.metrics_address is not None:
@@ -355,6 +358,34 @@ class ControllerConfig(_Config):
     @property
     def plaintext(self) -> bool:
         return not self.tls.enabled
+
+
+def redact_url(text: str) -> str:
+    """A URL with its password (and any query, which may carry one) replaced by ***, for messages."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.password is None and not parts.query:
+        return text
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (
+            f":{parts.port}" if parts.port else ""
+        )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+
+
+def check_db(text: str) -> str:
+    """The store: an SQLite file path or ":memory:". A URL (postgresql://..., sqlite://...) is refused
+    rather than taken as a file name, and the message never carries its password."""
+    if not text:
+        raise ValueError("db must name an SQLite file (or :memory:)")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) or text.lower().startswith(
+        ("postgres:", "postgresql:")
+    ):
+        raise ValueError(
+            f"db {redact_url(text)}: this controller stores in SQLite only; give a file path "
+            "(PostgreSQL URLs are not supported yet)"
+        )
+    return text
 
 
 def check_address(text: str, what: str) -> str:

@@ -8,11 +8,8 @@ rolled_back), outcome_time (null while requested) and detail.
 from __future__ import annotations
 
 import json
-import re
 import sys
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from rich.table import Table
@@ -21,28 +18,11 @@ from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
+from controller.cli.since import set_since
 from controller.cli.tables import age
 from protos.gpufleet.v1 import operator_pb2
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 OUTCOME_STYLE = {"refused": "bold red", "failed": "red", "rolled_back": "yellow", "succeeded": "green"}
-
-
-def parse_since(text: str, now: float | None = None) -> float:
-    """A duration back from now (30m, 2h, 3d, 1w) or an ISO date/time (UTC unless it says otherwise)."""
-    text = text.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text)
-    if match:
-        return (time.time() if now is None else now) - float(match[1]) * UNITS[match[2]]
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"--since must be a duration (30m, 2h, 3d) or an ISO date/time, not {text!r}"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
 
 
 def entry_to_dict(e: operator_pb2.AuditEntry) -> dict[str, Any]:
@@ -83,12 +63,8 @@ def history_table(entries: Sequence[operator_pb2.AuditEntry], *, wide: bool = Fa
 
 def history(target: str, output: str, node: str = "", since: str = "", limit: int = 0) -> int:
     request = operator_pb2.ListAuditRequest(node=node, limit=limit)
-    if since:
-        try:
-            request.since.FromNanoseconds(int(parse_since(since) * 1e9))
-        except ValueError as exc:
-            print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
-            return 2
+    if since and not set_since(request.since, since):
+        return 2
     try:
         resp = call_operator(target, lambda s: s.ListAudit(request, timeout=TIMEOUT_S))
     except OperatorError as exc:

@@ -23,11 +23,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rich.table import Table
 
 from controller.cli import finding_view, tables
-from controller.cli.history import entry_to_dict, parse_since
+from controller.cli.history import entry_to_dict
 from controller.cli.jsonify import finding_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, all_pages, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
+from controller.cli.since import set_since
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 
 AUDIT_LIMIT = 1000  # newest audit entries asked for; more is said on stderr
@@ -152,11 +153,8 @@ def node_history(target: str, name: str, output: str, since: str = "") -> int:
     """Print the node's history; exit 0, 1 (no controller, unknown node) or 2 (a bad --since)."""
     start: Timestamp | None = None
     if since:
-        try:
-            start = Timestamp()
-            start.FromNanoseconds(int(parse_since(since) * 1e9))
-        except ValueError as exc:
-            print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
+        start = Timestamp()
+        if not set_since(start, since):
             return 2
     try:
         found, entries = fetch(target, name, start)

@@ -202,12 +202,9 @@ def findings(
         node=node, include_resolved=include_resolved or bool(since), include_silenced=include_silenced
     )
     if since:
-        from controller.cli.history import parse_since  # history imports this module
+        from controller.cli.since import set_since
 
-        try:
-            request.since.FromNanoseconds(int(parse_since(since) * 1e9))
-        except ValueError as exc:
-            print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
+        if not set_since(request.since, since):
             return 2
 
     def action() -> None:

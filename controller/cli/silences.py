@@ -19,11 +19,11 @@ from typing import Any
 
 from rich.table import Table
 
-from controller.cli.history import UNITS
 from controller.cli.jsonify import finding_to_dict, message_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
 from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, add_operator_arguments, print_document
+from controller.cli.since import UNITS
 from controller.cli.tables import age, cause_name
 from protos.gpufleet.v1 import operator_pb2
 

@@ -127,14 +127,15 @@ def explain_gpu(probe: str, sample: pb.GpuSample | None) -> Explanation:
     if probe == "membw":
         # HBM bandwidth does not follow the SM clock: a slow copy with normal memory clocks is the
         # memory itself.
+        # A reading without both clocks shows nothing: the cause stays unknown, never a guess.
         mem, mem_max = sample.memory_clock_hz, sample.max_memory_clock_hz
-        if mem and mem_max and mem < 0.95 * mem_max:
+        if not mem or not mem_max or mem < 0.95 * mem_max:
             return UNKNOWN
         return "hbm_degraded", [
             Evidence(
                 metric="memory_clock_hz",
-                value=mem or None,
-                baseline=mem_max or None,
+                value=mem,
+                baseline=mem_max,
                 unit="Hz",
                 detail="memory clock at its maximum: the bandwidth loss is in the memory itself",
             )

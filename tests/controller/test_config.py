@@ -150,3 +150,29 @@ def test_unknown_detector_is_refused_at_start_with_the_registered_names() -> Non
     config = ControllerConfig(db=":memory:", detect=DetectConfig(detectors={"nope": DetectorConfig()}))
     with pytest.raises(ConfigError, match=r"unknown detector\(s\) nope; registered: .*throttle"):
         ControllerApp(config)
+
+
+@pytest.mark.parametrize(
+    ("db", "shown"),
+    [
+        ("postgresql://gf:s3cret@db.example:5432/gpufleet", "postgresql://gf:***@db.example:5432/gpufleet"),
+        ("postgres://gf@db.example/gpufleet?password=s3cret", "postgres://gf@db.example/gpufleet?***"),
+        ("sqlite:///var/lib/gpufleet.db", "sqlite:///var/lib/gpufleet.db"),
+        ("postgresql:///gpufleet", "postgresql:///gpufleet"),
+    ],
+)
+def test_a_db_url_is_refused_and_its_password_never_shown(db: str, shown: str) -> None:
+    """A URL used to be taken as an SQLite file name (a file called 'postgresql:' made in the working
+    directory); now it is a config error that names the URL without its credentials."""
+    with pytest.raises(ConfigError) as caught:
+        load(None, {"db": db})
+    message = str(caught.value)
+    assert f"db {shown}: this controller stores in SQLite only" in message
+    assert "s3cret" not in message
+
+
+def test_a_db_path_or_memory_is_taken(tmp_path: Path) -> None:
+    assert load(None, {"db": str(tmp_path / "fleet.db")}).db == str(tmp_path / "fleet.db")
+    assert load(None, {"db": ":memory:"}).db == ":memory:"
+    with pytest.raises(ConfigError, match="db must name an SQLite file"):
+        load(None, {"db": ""})

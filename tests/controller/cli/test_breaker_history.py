@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controller.app import ControllerApp
-from controller.cli.history import parse_since
+from controller.cli.since import parse_since
 from controller.main import main
 from tests.controller.harness import H100, ControllerThread, config, hello
 

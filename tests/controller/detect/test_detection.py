@@ -9,6 +9,7 @@ from agent.sources.sim import FAULTS, FaultSpec
 from controller.config import DetectConfig, DetectorConfig
 from controller.detect import DETECTED
 from controller.detect.base import DetectContext
+from controller.detect.explain import explain_gpu
 from controller.detect.runner import run_detectors
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import CAUSES
@@ -133,3 +134,18 @@ def test_an_empty_during_counts_as_absent(during: pb.GpuSample) -> None:
     latest = sim.fleet.nodes["node-05"].gpus[2].sample
     latest.memory_clock_hz = latest.max_memory_clock_hz / 2  # the latest reading: memory clocks down
     assert [(n, g, c) for n, g, c, _ in detect(sim)] == [("node-05", 2, "slow_unknown")]
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        pb.GpuSample(index=0, max_memory_clock_hz=2_619_000_000),  # no memory clock read
+        pb.GpuSample(index=0, memory_clock_hz=2_619_000_000),  # no maximum known
+    ],
+)
+def test_a_slow_copy_without_both_memory_clocks_is_not_blamed_on_hbm(sample: pb.GpuSample) -> None:
+    """Blaming HBM needs the memory clock seen at its maximum; a missing clock used to read as 0,
+    i.e. "at max", and guessed hbm_degraded."""
+    assert explain_gpu("membw", sample)[0] == "slow_unknown"
+    at_max = pb.GpuSample(index=0, memory_clock_hz=2_619_000_000, max_memory_clock_hz=2_619_000_000)
+    assert explain_gpu("membw", at_max)[0] == "hbm_degraded"
