@@ -129,43 +129,83 @@ def clear_implausible(msg: Message) -> list[str]:
 def screen(msg: Message) -> tuple[int, list[str]]:
     """One walk over `msg` and its nested messages (ingest's hot path: one walk, not two): clear each
     NaN/Inf float (counted) and each impossible reading (labelled "GpuSample.temperature_celsius");
-    return (non-finite count, labels)."""
+    return (non-finite count, labels). Nested message types with nothing to screen (no float, no
+    range, no part/whole pair, none below: NvLinkSample, most of a frame's messages) are not walked."""
     non_finite = 0
     cleared: list[str] = []
-    ranges, within = _rules(msg.DESCRIPTOR)
+    rules = _rules(msg.DESCRIPTOR)
     for field, value in msg.ListFields():
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type is not None and field.message_type.GetOptions().map_entry:
-                continue
-            for item in value if field.is_repeated else [value]:
+        name = field.name
+        if name in rules.walk:
+            for item in value if field.is_repeated else (value,):
                 n, labels = screen(item)
                 non_finite += n
                 cleared += labels
-        elif field.type in _FLOATS and not field.is_repeated and not math.isfinite(value):
-            msg.ClearField(field.name)
+        elif name in rules.floats and not math.isfinite(value):
+            msg.ClearField(name)
             non_finite += 1
         else:
-            bounds = ranges.get(field.name)
+            bounds = rules.ranges.get(name)
             if bounds is not None and not bounds.holds(value):
-                msg.ClearField(field.name)
-                cleared.append(f"{msg.DESCRIPTOR.name}.{field.name}")
-    for part, whole in within:
+                msg.ClearField(name)
+                cleared.append(f"{rules.type_name}.{name}")
+    for part, whole in rules.within:
         if _present(msg, part) and _present(msg, whole) and getattr(msg, part) > getattr(msg, whole):
             msg.ClearField(part)
-            cleared.append(f"{msg.DESCRIPTOR.name}.{part}")
+            cleared.append(f"{rules.type_name}.{part}")
     return non_finite, cleared
 
 
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What screening a message type takes, worked out once per type."""
+
+    type_name: str
+    floats: frozenset[str]  # singular float/double fields: NaN and Inf are cleared
+    ranges: dict[str, Range]  # ranged singular number fields
+    within: tuple[tuple[str, str], ...]  # (part, whole) pairs
+    walk: frozenset[str]  # message fields whose type has something to screen (map entries never)
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.floats or self.ranges or self.within or self.walk)
+
+
 @cache
-def _rules(descriptor: Descriptor) -> tuple[dict[str, Range], tuple[tuple[str, str], ...]]:
-    """A message type's ranged scalar fields and part/whole pairs, worked out once per type."""
+def _rules(descriptor: Descriptor) -> _Rules:
     ranges: dict[str, Range] = {}
+    floats: set[str] = set()
+    walk: set[str] = set()
     for field in descriptor.fields:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            child = field.message_type
+            if child is not None and not child.GetOptions().map_entry and _needed(child):
+                walk.add(field.name)
+            continue
+        if field.is_repeated:
+            continue
+        if field.type in _FLOATS:
+            floats.add(field.name)
         bounds = range_of(field.name)
-        if field.type in _NUMBERS and not field.is_repeated and bounds is not None:
+        if field.type in _NUMBERS and bounds is not None:
             ranges[field.name] = bounds
     names = set(descriptor.fields_by_name)
-    return ranges, tuple((part, whole) for part, whole in WITHIN if part in names and whole in names)
+    within = tuple((part, whole) for part, whole in WITHIN if part in names and whole in names)
+    return _Rules(descriptor.name, frozenset(floats), ranges, within, frozenset(walk))
+
+
+_SEEN: set[str] = set()  # types whose need is being worked out (a recursive type needs no second look)
+
+
+def _needed(descriptor: Descriptor) -> bool:
+    """Whether a message type, or any type below it, has something to screen."""
+    if descriptor.full_name in _SEEN:
+        return True  # a recursive type, being worked out higher up: walk it (walking is always safe)
+    _SEEN.add(descriptor.full_name)
+    try:
+        return _rules(descriptor).needed
+    finally:
+        _SEEN.discard(descriptor.full_name)
 
 
 def probe_value_plausible(result: pb.ProbeResult) -> bool:
