@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from controller.app import ControllerApp
 from controller.fleet.finding import SEVERITIES
+from controller.fleet.findings import by_node
 from controller.fleet.health import node_health
 from controller.metrics_record import SecondsHistogram
 from protos.gpufleet.v1 import operator_pb2
@@ -157,9 +158,11 @@ class ControllerCollector(Collector):
             "Unix time of the newest frame stored for the node.",
             labels=["node"],
         )
+        grouped, now = by_node(self.app.active), self.app.clock()
         for name in sorted(self.app.fleet.nodes):
             node = self.app.fleet.nodes[name]
-            findings = [s for key, s in self.app.active.items() if key[0] == name]
+            # As `gpufleet nodes` shows it: silenced findings (a node under maintenance) left out.
+            findings = self.app.silencing.unsilenced(grouped.get(name, []), now)
             current = health_name(
                 node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds)
             )

@@ -16,7 +16,7 @@ import grpc
 from controller.app import ControllerApp
 from controller.commands.kinds import CommandKind
 from controller.errors import InvalidMessage, NotFound
-from controller.fleet.findings import StoredFinding
+from controller.fleet.findings import StoredFinding, by_node
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
 from controller.kube.wire import drain_to_proto, kube_view
@@ -64,10 +64,14 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
     def _findings_of(self, node: str) -> list[StoredFinding]:
         return [s for key, s in self.app.active.items() if key[0] == node]
 
-    def _summary(self, node: NodeState) -> operator_pb2.NodeSummary:
-        # Health and the count leave silenced findings out (and so every finding of a node under
-        # maintenance): what needs an operator's attention; `node NAME` still lists them, marked.
-        findings = self.app.silencing.unsilenced(self._findings_of(node.name), self.app.clock())
+    def _summary(
+        self, node: NodeState, active: list[StoredFinding] | None = None
+    ) -> operator_pb2.NodeSummary:
+        """`active`: the node's active findings when the caller has them grouped (else looked up).
+        Health and the count leave silenced findings out (and so every finding of a node under
+        maintenance): what needs an operator's attention; `node NAME` still lists them, marked."""
+        mine = self._findings_of(node.name) if active is None else active
+        findings = self.app.silencing.unsilenced(mine, self.app.clock())
         maintenance = self.app.silencing.maintenance.get(node.name)
         return operator_pb2.NodeSummary(
             name=node.name,
@@ -94,8 +98,9 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
         known = self.app.fleet.nodes
         names = heapq.nsmallest(size + 1, (n for n in known if after is None or n > after))
         page, token = take(names, size, lambda n: (n,), NODES)
+        grouped = by_node(self.app.active)
         return operator_pb2.ListNodesResponse(
-            nodes=[self._summary(known[n]) for n in page],
+            nodes=[self._summary(known[n], grouped.get(n, [])) for n in page],
             next_page_token=token,
             total=len(known),
             warning=security_warning(self.app.config),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.config import DetectConfig
@@ -22,6 +23,15 @@ class StoredFinding:
     first_seen: float
     last_seen: float
     active: bool = True
+
+
+def by_node(active: Mapping[FindingKey, StoredFinding]) -> dict[str, list[StoredFinding]]:
+    """Findings grouped by node in one pass (ListNodes and /metrics want every node's: asking per node
+    cost nodes x findings)."""
+    out: dict[str, list[StoredFinding]] = {}
+    for key, stored in active.items():
+        out.setdefault(key[0], []).append(stored)
+    return out
 
 
 def finding_id(key: FindingKey, first_seen: float) -> str:

@@ -280,6 +280,31 @@ def test_node_health_agrees_with_gpufleet_nodes() -> None:
     run(body)
 
 
+def test_node_health_leaves_silenced_findings_out_as_gpufleet_nodes_does() -> None:
+    async def body() -> None:
+        from controller.fleet.silencing import Maintenance
+        from controller.operator_api import OperatorServicer
+        from protos.gpufleet.v1 import operator_pb2
+        from protos.names import health_name
+
+        clock = Clock()
+        async with scraped(clock, stale_after_seconds=STALE_AFTER) as (app, scrape):
+            await populate(app, clock)
+            servicer = OperatorServicer(app)
+            before = await servicer.ListNodes(operator_pb2.ListNodesRequest(), None)  # type: ignore[arg-type]
+            flagged = [n for n in before.nodes if n.active_findings and n.connected]
+            assert flagged
+            name = flagged[0].name
+            app.silencing.maintenance[name] = Maintenance(name, "alice", "PSU swap", clock.now)
+            page = await scrape.page()
+            after = await servicer.ListNodes(operator_pb2.ListNodesRequest(), None)  # type: ignore[arg-type]
+            summary = next(n for n in after.nodes if n.name == name)
+            assert summary.health != flagged[0].health and summary.active_findings == 0
+            assert page.value(P + "node_health", node=name, state=health_name(summary.health)) == 1
+
+    run(body)
+
+
 def test_connected_agents_follow_streams_opening_and_closing() -> None:
     async def body() -> None:
         async with scraped() as (app, scrape):
