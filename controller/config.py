@@ -130,7 +130,7 @@ class ProbeConfig(_Config):
     interval_seconds: float = 1800.0  # how often each GPU is probed
     jitter_ratio: float = 0.1  # a fixed per-node shift of up to +-this share of the interval
     idle_utilization: float = 0.1  # a GPU at or below this utilisation, with no compute process, is idle
-    max_fleet_share: float = 0.1  # at most this share of connected nodes probing at once (at least 1)
+    max_fleet_share: float = 0.1  # this share of connected nodes may probe at once (>= 1), on connect too
     timeout_seconds: float = 600.0  # a command unanswered this long is given up
     check_every_seconds: float = 10.0  # how often the scheduler looks for due, idle GPUs
     # Periodic runs ask for these probes; empty: the agent's default suite.

@@ -216,6 +216,11 @@ class ControllerCollector(Collector):
             "Nodes with a probe command sent and not yet answered (nor timed out).",
             value=len(commands.in_flight),
         )
+        yield GaugeMetricFamily(
+            PREFIX + "probes_waiting",
+            "Nodes whose probe on connect waits for a slot (probes.max_fleet_share of connected nodes).",
+            value=len(self.app.probing.waiting),
+        )
         sent = CounterMetricFamily(
             PREFIX + "probe_commands",
             "Probe commands sent to agents, by why: periodic (the scheduler), on_connect, operator.",

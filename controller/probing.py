@@ -4,6 +4,12 @@ The thin adapter around the pure scheduler (controller/fleet/probe_schedule.py):
 commands through the command channel (controller/commands/: stored, sent, re-sent, timed out) and
 books what is particular to probing in ProbeCommands (one run per node, attempts, results by
 command id, the metrics' counters). Runs on the event loop, like the rest of the app.
+
+On-connect runs obey probes.max_fleet_share as periodic ones do: when a fleet (re)connects at once,
+at most max(1, floor(share x connected nodes)) probe together, and the others wait their turn in
+connect order (a waiting node that disconnects, reboots or goes under maintenance is dropped; its
+next Hello asks again). A finished run frees its slot for the next waiting node at once, and every
+schedule pass gives waiting nodes the free slots before the periodic plan.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from controller.config import ControllerConfig
 from controller.errors import FailedPrecondition, InvalidMessage, NotFound
 from controller.fleet.model import Fleet, NodeState
 from controller.fleet.probe_info import node_level_probes, probe_infos
-from controller.fleet.probe_schedule import CAPABILITY, ProbePlan, ProbeTarget, plan_probes
+from controller.fleet.probe_schedule import CAPABILITY, ProbePlan, ProbeTarget, fleet_slots, plan_probes
 from controller.probe_commands import ProbeCommand, ProbeCommands
 from controller.store.commands import CommandRecord
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -47,6 +53,8 @@ class Probing:
         self.channel = channel
         self.commands = ProbeCommands()
         self._asked_on_connect: set[tuple[str, str]] = set()
+        self.waiting: dict[str, str] = {}  # on-connect runs held for a slot: node -> boot id, in order
+        self._draining: set[asyncio.Task[list[ProbeCommand]]] = set()
         # Nodes under maintenance (the app sets it): no probe on schedule or on connect; an
         # operator's probe-node still goes.
         self.paused: Callable[[], Collection[str]] = lambda: ()
@@ -76,6 +84,27 @@ class Probing:
         if command is not None:
             ok = record.state == "succeeded"
             self.commands.finish(command, ok=ok, error=record.error, failure="" if ok else record.failure)
+            if self.waiting:
+                self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        """Start the next waiting on-connect runs in a task (listeners are called synchronously)."""
+        try:
+            task = asyncio.get_running_loop().create_task(self.drain_waiting())
+        except RuntimeError:  # no loop (a synchronous caller): the next schedule pass drains
+            return
+        self._draining.add(task)
+        task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task[list[ProbeCommand]]) -> None:
+        self._draining.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("starting waiting probe runs failed", exc_info=task.exception())
+
+    def slots_left(self) -> int:
+        """How many more nodes may start probing now (probes.max_fleet_share of the connected ones)."""
+        allowed = fleet_slots(len(self.channel.streams), self.config.probes.max_fleet_share)
+        return allowed - len(self.commands.in_flight)
 
     def frame_results(self, node: str, frame: pb.TelemetryFrame) -> None:
         if frame.probes:
@@ -146,11 +175,46 @@ class Probing:
             log.info("node %s: no probe on connect: it is under maintenance", hello.node)
             return None
         self._asked_on_connect.add(key)
+        if self.slots_left() <= 0 or self.waiting:  # others waited first: they go first
+            self.waiting.pop(hello.node, None)  # a new boot of a waiting node joins at the end
+            self.waiting[hello.node] = hello.boot_id
+            log.debug(  # a storm would log a line per node: the waiting count is a metric
+                "node %s: probe on connect waits for a slot (%d waiting, %d probing, max_fleet_share %g)",
+                hello.node,
+                len(self.waiting),
+                len(self.commands.in_flight),
+                self.config.probes.max_fleet_share,
+            )
+            started = await self.drain_waiting()
+            return next((c for c in started if c.node == hello.node), None)
+        return await self._probe_on_connect(hello.node)
+
+    async def _probe_on_connect(self, node: str) -> ProbeCommand | None:
         try:
-            return await self.send(hello.node, pb.RunProbes(suite=self.config.probes.suite), "on_connect")
+            return await self.send(node, pb.RunProbes(suite=self.config.probes.suite), "on_connect")
         except FailedPrecondition as exc:  # e.g. a probe still in flight from before a reconnect
-            log.info("node %s: no probe on connect: %s", hello.node, exc)
+            log.info("node %s: no probe on connect: %s", node, exc)
             return None
+
+    async def drain_waiting(self) -> list[ProbeCommand]:
+        """Start waiting on-connect runs, oldest first, while slots are free."""
+        sent: list[ProbeCommand] = []
+        while self.waiting and self.slots_left() > 0:
+            node, boot_id = next(iter(self.waiting.items()))
+            del self.waiting[node]
+            state = self._fleet().nodes.get(node)
+            if (
+                state is None
+                or state.boot_id != boot_id
+                or not state.connected
+                or not self.channel.reachable(node)
+                or node in self.paused()
+            ):
+                continue  # gone, rebooted (its new Hello asks again) or under maintenance
+            command = await self._probe_on_connect(node)
+            if command is not None:
+                sent.append(command)
+        return sent
 
     # The schedule
 
@@ -158,8 +222,9 @@ class Probing:
         """Time out commands past their deadline, then start the runs the scheduler asks for."""
         cfg, now = self.config.probes, self.clock()
         self.channel.expire(now)
+        started = await self.drain_waiting()  # nodes that connected while every slot was taken
         if not cfg.periodic:
-            return []
+            return started
         plans = plan_probes(
             self._fleet(),
             in_flight=self.commands.in_flight.keys(),
@@ -169,7 +234,7 @@ class Probing:
             max_reading_age=self.config.stale_after_seconds,
             skip=self.paused(),
         )
-        sent = []
+        sent = started
         for plan in plans:
             run = pb.RunProbes(probes=plan.probes, gpus=plan.gpus, suite=cfg.suite)
             try:

@@ -202,10 +202,14 @@ def _probes(layout: Layout) -> None:
     layout.add(
         timeseries(
             "Probes in flight",
-            [target("gpufleet_controller_probes_in_flight", "nodes probing")],
+            [
+                target("gpufleet_controller_probes_in_flight", "nodes probing"),
+                target("gpufleet_controller_probes_waiting", "waiting (on connect)"),
+            ],
             "none",
             description="Nodes with a probe command sent and not yet answered; the scheduler keeps this "
-            "under probes.max_fleet_share of the connected nodes.",
+            "under probes.max_fleet_share of the connected nodes. Waiting: nodes that connected while "
+            "every slot was taken (a fleet reconnecting at once), probed in connect order.",
             min_value=0,
         ),
         8,
