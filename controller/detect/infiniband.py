@@ -15,8 +15,9 @@ A port is bad when
 
 from __future__ import annotations
 
+import bisect
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.detect.base import DetectContext, register
 from controller.fleet.finding import Evidence, Finding, worse
@@ -59,15 +60,47 @@ def _ports(node: NodeState) -> dict[PortKey, pb.InfinibandPortSample]:
     return {} if node.host is None else {(p.device, p.port): p for p in node.host.infiniband}
 
 
-def _down(
-    node: NodeState, port: pb.InfinibandPortSample, peers: list[pb.InfinibandPortSample]
-) -> Evidence | None:
+@dataclass(slots=True)
+class PortPeers:
+    """One device/port across a peer group, gathered once per pass (asking each node's peers port
+    by port cost the group's size squared)."""
+
+    total: int = 0  # nodes of the group that have the port
+    active: int = 0  # ...with it up
+    rates: list[float] = field(default_factory=list)  # the rates of those up that report one, sorted
+
+    def without(self, port: pb.InfinibandPortSample) -> tuple[int, int, list[float]]:
+        """(total, active, rates) of the node's peers: the group less this node's own port."""
+        up = is_up(port)
+        rates = self.rates
+        if up and port.HasField("rate_gbps"):
+            i = bisect.bisect_left(rates, port.rate_gbps)
+            rates = rates[:i] + rates[i + 1 :]
+        return self.total - 1, self.active - (1 if up else 0), rates
+
+
+def group_ports(group: list[NodeState]) -> dict[PortKey, PortPeers]:
+    out: dict[PortKey, PortPeers] = {}
+    for node in group:
+        for key, port in _ports(node).items():
+            peers = out.setdefault(key, PortPeers())
+            peers.total += 1
+            if is_up(port):
+                peers.active += 1
+                if port.HasField("rate_gbps"):
+                    peers.rates.append(port.rate_gbps)
+    for peers in out.values():
+        peers.rates.sort()
+    return out
+
+
+def _down(node: NodeState, port: pb.InfinibandPortSample, total: int, active: int) -> Evidence | None:
+    """`total`, `active`: the peers that have this port, and those with it up."""
     name = port_name(port)
-    if peers:
-        active = sum(1 for p in peers if is_up(p))
-        if 2 * active <= len(peers):
+    if total:
+        if 2 * active <= total:
             return None  # down on most of the group too: unused or uncabled
-        baseline, where = f"active on {active} of {len(peers)} peers", "peers"
+        baseline, where = f"active on {active} of {total} peers", "peers"
     else:
         same = [p for p in _ports(node).values() if p.link_layer == port.link_layer and p is not port]
         if len(same) < 2 or not all(is_up(p) for p in same):
@@ -77,18 +110,16 @@ def _down(
     return Evidence(
         metric="infiniband.state",
         reasons=(name, port.state, port.physical_state),
-        peers=len(peers),
+        peers=total,
         detail=f"{name} {state}, {baseline}",
         baseline_source=where,
     )
 
 
-def _slow(
-    node: NodeState, port: pb.InfinibandPortSample, peers: list[pb.InfinibandPortSample]
-) -> Evidence | None:
+def _slow(node: NodeState, port: pb.InfinibandPortSample, rates: list[float]) -> Evidence | None:
+    """`rates`: the peers' rates of this port where it is up (sorted)."""
     if not port.HasField("rate_gbps"):
         return None
-    rates = [p.rate_gbps for p in peers if is_up(p) and p.HasField("rate_gbps")]
     if rates:
         usual, where, whose = statistics.median(rates), "peers", "peers"
     else:
@@ -156,17 +187,17 @@ def _erroring(node: NodeState, port: pb.InfinibandPortSample, ctx: DetectContext
     return out
 
 
-def bad_ports(node: NodeState, group: list[NodeState], ctx: DetectContext) -> list[Bad]:
-    """The node's bad ports, worst first."""
+def bad_ports(node: NodeState, group: dict[PortKey, PortPeers], ctx: DetectContext) -> list[Bad]:
+    """The node's bad ports, worst first; `group`: its peer group's ports (group_ports)."""
     out = []
     for key, port in sorted(_ports(node).items()):
-        peers = [p for p in (_ports(n).get(key) for n in group if n is not node) if p is not None]
+        total, active, rates = group[key].without(port)
         if not is_up(port):
-            down = _down(node, port, peers)
+            down = _down(node, port, total, active)
             if down is not None:
                 out.append(Bad("critical", [down]))
             continue
-        evidence = [e for e in (_slow(node, port, peers),) if e is not None]
+        evidence = [e for e in (_slow(node, port, rates),) if e is not None]
         evidence += _erroring(node, port, ctx)
         if evidence:
             out.append(Bad("warning", evidence))
@@ -178,8 +209,9 @@ def bad_ports(node: NodeState, group: list[NodeState], ctx: DetectContext) -> li
 def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
     for group in groups(ctx.fleet.nodes.values()).values():
+        ports = group_ports(group)
         for node in group:
-            bad = bad_ports(node, group, ctx)
+            bad = bad_ports(node, ports, ctx)
             if not bad:
                 continue
             severity = "warning"

@@ -23,7 +23,7 @@ from controller.config import DetectConfig
 from controller.detect.base import DetectContext, register
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import GpuState, NodeState
-from controller.fleet.trends import NVLINK_COUNTERS, Trends, nvlink_key
+from controller.fleet.trends import NVLINK_COUNTERS, Trends, nvlink_group, nvlink_key
 
 NAME = "nvlink_errors"
 # counter -> (short reason name, what one count is)
@@ -60,6 +60,8 @@ def rises(trends: Trends, key: str) -> int:
 
 def link_errors(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[LinkErrors]:
     """The active links of `gpu` whose error counters rise at or above the warning rate."""
+    if not node.trends.changed(nvlink_group(gpu.index)):
+        return []  # no counter of any link rose within the window (most GPUs, most of the time)
     out = []
     for link in gpu.sample.nvlinks:
         if not link.active:

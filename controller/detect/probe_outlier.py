@@ -30,7 +30,7 @@ from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import Fleet, ProbeRecord
 from controller.fleet.peers import node_peer_key
-from controller.fleet.probe_info import higher_is_better
+from controller.fleet.probe_info import probe_infos
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
@@ -42,11 +42,32 @@ def peer_group(fleet: Fleet, record: ProbeRecord) -> tuple[str, ...] | None:
     node = fleet.nodes.get(record.node)
     if node is None:
         return None
-    better = "higher" if higher_is_better(node.hello, record.probe) else "lower"
-    what = (record.probe, record.variant, record.unit, better)
-    if record.gpu is None:
-        return (*node_peer_key(node), *what)
-    return (node.gpu_name(record.gpu), "gpu", *what)
+    return PeerGroups(fleet).of(record)
+
+
+class PeerGroups:
+    """peer_group for every result of a pass: each node's probe facts and GPU names read once, not
+    once per result."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self._nodes: dict[str, tuple[dict[str, pb.ProbeInfo], dict[int, str], tuple[str, ...]]] = {}
+
+    def of(self, record: ProbeRecord) -> tuple[str, ...] | None:
+        facts = self._nodes.get(record.node)
+        if facts is None:
+            node = self.fleet.nodes.get(record.node)
+            if node is None:
+                return None
+            gpus = {g.index: g.name for g in reversed(node.hello.inventory.gpus)}  # the first of an index
+            facts = self._nodes[record.node] = (probe_infos(node.hello), gpus, node_peer_key(node))
+        infos, gpus, node_key = facts
+        info = infos.get(record.probe)
+        better = "higher" if info is None or info.higher_is_better else "lower"
+        what = (record.probe, record.variant, record.unit, better)
+        if record.gpu is None:
+            return (*node_key, *what)
+        return (gpus.get(record.gpu, ""), "gpu", *what)
 
 
 def worse_by(deviation: float, higher_better: bool) -> float:
@@ -73,8 +94,9 @@ class Slow:
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
+    peers_of = PeerGroups(ctx.fleet)
     for record in ctx.fleet.probes.values():
-        group = peer_group(ctx.fleet, record)
+        group = peers_of.of(record)
         if group is not None:
             groups[group].append(record)
     usual = usual_peak_ratios(ctx.fleet.probes.values(), ctx.config.min_peers)

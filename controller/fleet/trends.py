@@ -41,6 +41,11 @@ def nvlink_key(gpu: int, link: int, counter: str) -> str:
     return f"gpu{gpu}.nvlink{link}.{counter}"
 
 
+def nvlink_group(gpu: int) -> str:
+    """The group of a GPU's NVLink counters (every link's, read together)."""
+    return f"gpu{gpu}.nvlink"
+
+
 def ib_key(device: str, port: int, counter: str) -> str:
     return f"ib.{device}/{port}.{counter}"
 
@@ -96,6 +101,12 @@ class Trends:
         while len(g.points) >= 2 and g.points[1][0] <= start:
             g.points.popleft()  # points[0] stays the totals as the window starts
 
+    def changed(self, group: str) -> bool:
+        """Whether any counter of the group changed within the window: a quiet group (the usual
+        case) has no counter with a rate, and its counters need no look one by one."""
+        g = self.groups.get(group)
+        return g is not None and len(g.points) >= 2
+
     def increase(self, key: str) -> float:
         """How much the counter rose over the window (0 for an unknown counter)."""
         found = self.where.get(key)
@@ -137,7 +148,7 @@ class Trends:
                 for v in (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total)
             )
             self.observe_group(
-                f"gpu{index}.nvlink", _link_names(index, tuple(link.link for link in links)), time, totals
+                nvlink_group(index), _link_names(index, tuple(link.link for link in links)), time, totals
             )
         for event in sample.xid_events:
             at = event.unix_time_seconds or time

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from agent.sources.sim import FaultSpec
 from controller.config import DetectConfig
+from controller.detect.infiniband import PortPeers
 from controller.fleet.finding import Finding
 from controller.fleet.model import NodeState
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.hostsim import HostSimFleet
 
 
@@ -129,3 +131,16 @@ def test_a_flapping_link_is_found_and_one_link_down_is_not() -> None:
     f = ib(fleet)["node-03"]
     assert (f.evidence.metric, f.evidence.value) == ("infiniband.link_downed_total", 2.0)
     assert f.evidence.detail == "mlx5_2/1: link went down 2 times in 120 s"
+
+
+def test_a_ports_peers_are_the_group_less_the_port_itself() -> None:
+    """The group's ports are gathered once per pass; each port's peers are that less itself."""
+    up = [
+        pb.InfinibandPortSample(device="mlx5_0", port=1, state="active", rate_gbps=r) for r in (400, 200, 400)
+    ]
+    down = pb.InfinibandPortSample(device="mlx5_0", port=1, state="down")
+    peers = PortPeers(total=4, active=3, rates=[200.0, 400.0, 400.0])
+    assert peers.without(up[1]) == (3, 2, [400.0, 400.0])  # the slow one sees two 400s
+    assert peers.without(up[0]) == (3, 2, [200.0, 400.0])  # one of two equal rates goes
+    assert peers.without(down) == (3, 3, [200.0, 400.0, 400.0])
+    assert peers.rates == [200.0, 400.0, 400.0]  # unchanged

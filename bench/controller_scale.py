@@ -1,0 +1,346 @@
+"""How one controller process scales with the fleet: simulated agents over real gRPC streams.
+
+Starts one real controller (`python -m controller controller`, plaintext on loopback, an SQLite
+file in a temporary directory) and a load generator of K worker processes, each an asyncio loop
+holding one real gRPC stream (and by default one connection) per simulated node: a Hello, then a
+frame every --interval seconds (10, the agent's default) as the agent sends it (8 H100 GPUs, host
+readings, the BMC every 60 s, a probe round in the first frame), phases spread over the interval.
+The fleet grows in --steps; each step is held --hold seconds once all its nodes are connected, and
+per step the bench prints: frames/s acked, the controller's CPU (cores, per 1,000 nodes, per
+frame; psutil on its pid), p50/p99 ack latency (a frame's send to its ack), the detection pass
+time (the controller's /metrics), one /metrics scrape and one full ListNodes (every page) at the
+end of the step, the controller's RSS and the bytes it wrote to storage per frame. Then the growth
+curve and verdicts against issue 17's targets. It stops at a step that saturates the controller.
+Figures only: it asserts nothing (tests/bench/test_controller_scale.py runs a small step of it).
+
+    .venv/bin/python bench/controller_scale.py [--steps 1000,2000,4000,8000,12500] [--hold 60]
+        [--workers 2] [--interval 10] [--reconnect-storm] [--json] [--dir DIR]
+
+The generator runs on the same machine: it shares the cores with the controller (the controller's
+CPU figures are its own pid's, the generator's are shown beside them). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from controller_scale_load import report, target
+from controller_scale_load.fleet import Fleet
+from controller_scale_load.templates import build_archetype, frame_message
+from controller_scale_load.worker import WorkerSpec
+
+DEFAULT_STEPS = "1000,2000,4000,8000,12500"
+STORM_TIMEOUT_S = 120.0
+
+
+def progress(message: str) -> None:
+    print(f"[controller_scale] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--steps", default=DEFAULT_STEPS, help="fleet sizes, comma separated, ascending")
+    parser.add_argument("--hold", type=float, default=60.0, help="seconds each step is measured")
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes")
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between a node's frames")
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=None,
+        help="seconds over which a step's new nodes connect (default: --interval)",
+    )
+    parser.add_argument(
+        "--archetypes", type=int, default=16, help="simulated nodes the others borrow frames from"
+    )
+    parser.add_argument(
+        "--shared-connection",
+        action="store_true",
+        help="one connection per worker for all its streams (default: one per node, as real agents)",
+    )
+    parser.add_argument(
+        "--detect-interval",
+        type=float,
+        default=None,
+        help="the controller's detect.interval_seconds (default 10)",
+    )
+    parser.add_argument(
+        "--disable-detector",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="turn one of the controller's detectors off (repeatable), to see what else limits",
+    )
+    parser.add_argument(
+        "--reconnect-storm",
+        action="store_true",
+        help="at the last step, drop every stream and reconnect all at once",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--dir", help="keep the controller's database, config and log here (default: a temporary one)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.step_sizes = [int(s) for s in args.steps.split(",") if s.strip()]
+    except ValueError:
+        parser.error("--steps must be integers, comma separated")
+    if (
+        not args.step_sizes
+        or any(n < 1 for n in args.step_sizes)
+        or args.step_sizes != sorted(args.step_sizes)
+    ):
+        parser.error("--steps must be ascending fleet sizes >= 1")
+    if args.hold <= 0 or args.interval <= 0 or args.workers < 1 or args.archetypes < 1:
+        parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
+    if args.ramp is None:
+        args.ramp = args.interval
+    return args
+
+
+def machine(args: argparse.Namespace) -> dict[str, Any]:
+    """The machine and the frames sent."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    archetype = build_archetype(0, args.seed, time.time() - 100 * args.interval, args.interval)
+    now = time.time()
+    sizes = [len(frame_message(archetype, "n", "b", seq=seq, floor=seq, now=now)) for seq in range(2, 8)]
+    first = len(frame_message(archetype, "n", "b", seq=1, floor=1, now=now))
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "frame_bytes": statistics.mean(sizes),
+        "first_frame_bytes": first,
+    }
+
+
+def wait_connected(fleet: Fleet, nodes: int, timeout: float) -> dict[str, Any]:
+    """Poll the workers until all `nodes` are connected or `timeout` passes; the summed status."""
+    deadline, last_said = time.monotonic() + timeout, 0.0
+    while True:
+        answers = fleet.ask("status")
+        connected = sum(a["connected"] for a in answers)
+        errors = sum(a["errors"] for a in answers)
+        if connected >= nodes or time.monotonic() > deadline:
+            return {"connected": connected, "errors": errors, "last_error": _last_error(answers)}
+        if time.monotonic() - last_said > 5.0:
+            progress(f"{nodes} nodes: {connected} connected, {errors} stream errors")
+            last_said = time.monotonic()
+        time.sleep(0.5)
+
+
+def _last_error(answers: list[dict[str, Any]]) -> str:
+    return next((a["last_error"] for a in answers if a.get("last_error")), "")
+
+
+def step_figures(
+    nodes: int,
+    args: argparse.Namespace,
+    *,
+    before: target.Sample,
+    after: target.Sample,
+    windows: list[dict[str, Any]],
+    generator_cpu: float,
+) -> dict[str, Any]:
+    """The step's figures from the controller's samples and the workers' windows."""
+    seconds = after.time - before.time
+    latencies = [x for w in windows for x in w["latencies"]]
+    lags = [x for w in windows for x in w["lags"]]
+    acked = sum(w["acked"] for w in windows)
+    cpu = after.cpu_seconds - before.cpu_seconds
+    written = after.write_bytes - before.write_bytes if before.write_bytes >= 0 else None
+    return {
+        "nodes": nodes,
+        "connected": sum(w["connected"] for w in windows),
+        "hold_seconds": seconds,
+        "frames_sent": sum(w["sent"] for w in windows),
+        "frames_acked": acked,
+        "frames_due": nodes * seconds / args.interval,
+        "frames_per_second": acked / seconds,
+        "outstanding": sum(w["outstanding"] for w in windows),
+        "errors": sum(w["window_errors"] for w in windows),
+        "commands": sum(w["commands"] for w in windows),
+        "cpu_cores": cpu / seconds,
+        "cpu_cores_per_1000_nodes": cpu / seconds / nodes * 1000.0,
+        "cpu_ms_per_frame": cpu / acked * 1e3 if acked else None,
+        "ack_p50_s": report.percentile(latencies, 50),
+        "ack_p99_s": report.percentile(latencies, 99),
+        "ack_max_s": max(latencies) if latencies else None,
+        "send_lag_p99_s": report.percentile(lags, 99),
+        "rss_bytes": after.rss_bytes,
+        "rss_mb": after.rss_bytes / 1e6,
+        "written_kb_per_frame": written / acked / 1e3 if written is not None and acked else None,
+        "db_bytes": after.db_bytes,
+        "db_kb_per_frame": (after.db_bytes - before.db_bytes) / acked / 1e3 if acked else None,
+        "generator_cpu_cores": generator_cpu / seconds,
+    }
+
+
+def measure_step(
+    controller: target.Controller, fleet: Fleet, nodes: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Grow the fleet to `nodes`, let it settle, hold it for --hold seconds; the step's figures."""
+    progress(f"{nodes} nodes: connecting (over {args.ramp:g} s)")
+    fleet.ask("grow", nodes)
+    status = wait_connected(fleet, nodes, timeout=max(60.0, 2 * args.ramp + nodes / 50.0))
+    if status["connected"] < nodes:
+        progress(f"{nodes} nodes: only {status['connected']} connected ({status['last_error']})")
+    time.sleep(1.2 * args.interval)  # every new node's first frame (with its probe round) is in
+    fleet.ask("window")  # the measurements so far are left out
+    first = target.scrape(controller)
+    before, generator = target.sample(controller), fleet.cpu_seconds()
+    progress(f"{nodes} nodes: holding {args.hold:g} s")
+    time.sleep(args.hold)
+    after, generator = target.sample(controller), fleet.cpu_seconds() - generator
+    windows = fleet.ask("window")
+    last = target.scrape(controller)
+    list_seconds, listed, pages = target.list_nodes(controller)
+    step = step_figures(nodes, args, before=before, after=after, windows=windows, generator_cpu=generator)
+    passes = last.pass_count - first.pass_count
+    step.update(
+        {
+            "detection_passes": int(passes),
+            "pass_mean_s": (last.pass_sum - first.pass_sum) / passes if passes else _overall_pass(last),
+            "pass_max_bound_s": report.pass_max_bound(first.pass_buckets, last.pass_buckets),
+            "controller_frames_per_second": (last.frames - first.frames) / (after.time - before.time),
+            "scrape_s": last.seconds,
+            "scrape_bytes": last.size,
+            "scrape_series": last.series,
+            "list_nodes_s": list_seconds,
+            "list_nodes_count": listed,
+            "list_nodes_pages": pages,
+            "findings": last.findings,
+        }
+    )
+    step["saturated"] = report.saturation(step)
+    return step
+
+
+def _overall_pass(scrape: target.Scrape) -> float | None:
+    """No pass within the hold: the mean of every pass so far."""
+    return scrape.pass_sum / scrape.pass_count if scrape.pass_count else None
+
+
+def reconnect_storm(fleet: Fleet, nodes: int) -> dict[str, Any]:
+    """Drop every stream and reconnect all at once; how long until each node's first frame is acked."""
+    progress(f"reconnect storm: dropping {nodes} streams")
+    began = time.monotonic()
+    fleet.ask("storm")
+    while True:
+        answers = fleet.ask("storm_status")
+        done = sum(a["done"] for a in answers)
+        if done >= nodes or time.monotonic() - began > STORM_TIMEOUT_S:
+            break
+        time.sleep(0.5)
+    seconds = time.monotonic() - began
+    series = {key: [x for a in answers for x in a[key]] for key in ("reconnect", "first_ack", "since_storm")}
+    storm: dict[str, Any] = {"nodes": nodes, "recovered": done, "seconds": seconds}
+    for key, values in series.items():
+        storm[f"{key}_p50_s"] = report.percentile(values, 50)
+        storm[f"{key}_p99_s"] = report.percentile(values, 99) if done >= nodes else None
+    if done < nodes:  # some nodes never recovered: their p99 is at least the time waited
+        storm["since_storm_p99_s"] = seconds
+    progress(f"reconnect storm: {done} of {nodes} recovered in {seconds:.1f} s")
+    return storm
+
+
+def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """Every step (until one saturates) and the optional storm; the report's document."""
+    document: dict[str, Any] = {
+        "bench": "controller_scale",
+        "machine": machine(args),
+        "settings": {
+            key: getattr(args, key)
+            for key in (
+                "step_sizes",
+                "hold",
+                "workers",
+                "interval",
+                "ramp",
+                "archetypes",
+                "shared_connection",
+                "disable_detector",
+            )
+        },
+        "steps": [],
+        "storm": None,
+        "stopped_early": None,
+    }
+    progress(f"{os.cpu_count()} cores, shared by the controller and {args.workers} generator processes")
+    controller = target.start(directory, max(args.step_sizes), args.detect_interval, args.disable_detector)
+    fleet: Fleet | None = None
+    try:
+        specs = [_spec(i, args, controller.address) for i in range(args.workers)]
+        fleet = Fleet(specs)
+        for nodes in args.step_sizes:
+            step = measure_step(controller, fleet, nodes, args)
+            document["steps"].append(step)
+            progress(_summary(step))
+            if step["saturated"]:
+                document["stopped_early"] = f"the controller saturated at {nodes} nodes: {step['saturated']}"
+                break
+        if args.reconnect_storm and document["steps"]:
+            document["storm"] = reconnect_storm(fleet, document["steps"][-1]["nodes"])
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        target.stop(controller.process)
+    document["growth"] = report.growth(document["steps"])
+    document["verdicts"] = report.verdicts(document["steps"], document["storm"])
+    return document
+
+
+def _spec(index: int, args: argparse.Namespace, address: str) -> WorkerSpec:
+    return WorkerSpec(
+        index=index,
+        workers=args.workers,
+        target=address,
+        interval=args.interval,
+        seed=args.seed,
+        run=f"run{os.getpid()}t{int(time.time())}",
+        archetypes=args.archetypes,
+        ramp_seconds=args.ramp,
+        shared_channel=args.shared_connection,
+    )
+
+
+def _summary(step: dict[str, Any]) -> str:
+    p99 = step["ack_p99_s"]
+    return (
+        f"{step['nodes']} nodes: {step['frames_per_second']:.1f} frames/s, controller "
+        f"{step['cpu_cores']:.2f} cores, ack p99 {'n/a' if p99 is None else f'{p99:.3f}'} s, "
+        f"RSS {step['rss_mb']:.0f} MB"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dir:
+        directory = Path(args.dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        document = run(args, directory)
+    else:
+        with tempfile.TemporaryDirectory(prefix="controller_scale-") as tmp:
+            document = run(args, Path(tmp))
+    print(json.dumps(document, indent=2) if args.json else report.text(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

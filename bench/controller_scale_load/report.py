@@ -1,0 +1,247 @@
+"""Figures per step, the growth curve and the verdicts against issue 17's targets, as a document
+(JSON-ready dicts) and as text. Figures only: nothing here asserts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+# Issue 17's targets.
+CPU_MS_PER_FRAME = 0.8
+WRITTEN_KB_PER_FRAME = 20.0
+ACK_P99_AT_2000_S = 0.25
+ACK_P99_AT_12500_S = 1.0
+PASS_AT_12500_S = 5.0
+SCRAPE_AT_12500_S = 1.0
+LIST_AT_12500_S = 1.0
+STORM_P99_S = 5.0
+FULL_FLEET = 12_500
+# A step saturates the controller when its p99 ack passes this, or it acks too few of the frames due.
+SATURATED_P99_S = 5.0
+MIN_ACKED_SHARE = 0.9
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100, nearest rank) of `values`; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, math.ceil(q / 100.0 * len(ordered)) - 1)
+    return ordered[rank]
+
+
+def pass_max_bound(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The smallest histogram bound holding every detection pass between two scrapes (inf: beyond
+    the last finite bound); None when no pass ran."""
+    for bound in sorted(after):
+        if after[bound] - before.get(bound, 0.0) >= after[math.inf] - before.get(math.inf, 0.0) > 0:
+            return bound
+    return None
+
+
+def saturation(step: dict[str, Any]) -> str | None:
+    """Why the step shows a saturated controller, or None."""
+    if step["connected"] < step["nodes"]:
+        return f"only {step['connected']} of {step['nodes']} nodes connected"
+    p99 = step["ack_p99_s"]
+    if p99 is None or p99 > SATURATED_P99_S:
+        return f"p99 ack {'none' if p99 is None else f'{p99:.2f} s'} (over {SATURATED_P99_S:.0f} s)"
+    if step["frames_acked"] < MIN_ACKED_SHARE * step["frames_due"]:
+        return (
+            f"frames falling behind: {step['frames_acked']} acked of {step['frames_due']:.0f} due "
+            f"(under {MIN_ACKED_SHARE:.0%})"
+        )
+    return None
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:
+    """Least-squares line y = intercept + slope * x; None with fewer than two distinct xs."""
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return {"slope": b, "intercept": my - b * mx}
+
+
+def growth(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Controller CPU (cores) and RSS (MB) fitted against thousands of nodes."""
+    xs = [s["nodes"] / 1000.0 for s in steps]
+    cpu = slope(xs, [s["cpu_cores"] for s in steps])
+    rss = slope(xs, [s["rss_bytes"] / 1e6 for s in steps])
+    projection: dict[str, float] = {}
+    if cpu is not None and rss is not None:
+        k = FULL_FLEET / 1000.0
+        projection = {
+            "cpu_cores": cpu["intercept"] + cpu["slope"] * k,
+            "rss_mb": rss["intercept"] + rss["slope"] * k,
+        }
+    return {"cpu_cores_per_1000_nodes": cpu, "rss_mb_per_1000_nodes": rss, f"at_{FULL_FLEET}": projection}
+
+
+def _verdict(
+    target: str, value: float | None, limit: float, at: int | None, note: str = ""
+) -> dict[str, Any]:
+    verdict = "not measured" if value is None else "within" if value <= limit else "over"
+    return {
+        "target": target,
+        "value": value,
+        "limit": limit,
+        "at_nodes": at,
+        "verdict": verdict,
+        "note": note,
+    }
+
+
+def _at_full_fleet(target: str, steps: Sequence[dict[str, Any]], key: str, limit: float) -> dict[str, Any]:
+    """A one-host target for 12,500 nodes, judged on the largest step measured: within there only
+    counts when that step had the full fleet (a smaller fleet that is already over is over)."""
+    if not steps:
+        return _verdict(target, None, limit, None)
+    largest = max(steps, key=lambda s: s["nodes"])
+    entry = _verdict(target, largest[key], limit, largest["nodes"])
+    if largest["nodes"] < FULL_FLEET and entry["verdict"] == "within":
+        entry["verdict"] = "not reached"
+        entry["note"] = f"the largest step measured had {largest['nodes']} nodes"
+    return entry
+
+
+def verdicts(steps: Sequence[dict[str, Any]], storm: dict[str, Any] | None) -> list[dict[str, Any]]:
+    unsaturated = [s for s in steps if s["saturated"] is None] or list(steps)
+    cpu = [s for s in unsaturated if s["cpu_ms_per_frame"] is not None]
+    worst_cpu = max(cpu, key=lambda s: s["cpu_ms_per_frame"]) if cpu else None
+    written = [s for s in unsaturated if s["written_kb_per_frame"] is not None]
+    worst_written = max(written, key=lambda s: s["written_kb_per_frame"]) if written else None
+    at_2000 = next((s for s in steps if s["nodes"] == 2000), None)
+    out = [
+        _verdict(
+            "controller CPU per frame (ms, worst unsaturated step)",
+            worst_cpu["cpu_ms_per_frame"] if worst_cpu else None,
+            CPU_MS_PER_FRAME,
+            worst_cpu["nodes"] if worst_cpu else None,
+        ),
+        _verdict(
+            "written to storage per frame (KB, worst unsaturated step)",
+            worst_written["written_kb_per_frame"] if worst_written else None,
+            WRITTEN_KB_PER_FRAME,
+            worst_written["nodes"] if worst_written else None,
+        ),
+        _verdict(
+            "p99 ack at 2,000 nodes (s)",
+            at_2000["ack_p99_s"] if at_2000 else None,
+            ACK_P99_AT_2000_S,
+            2000 if at_2000 else None,
+        ),
+        _at_full_fleet("one host: p99 ack at 12,500 nodes (s)", steps, "ack_p99_s", ACK_P99_AT_12500_S),
+        _at_full_fleet("one host: detection pass at 12,500 nodes (s)", steps, "pass_mean_s", PASS_AT_12500_S),
+        _at_full_fleet("one host: /metrics scrape at 12,500 nodes (s)", steps, "scrape_s", SCRAPE_AT_12500_S),
+        _at_full_fleet("one host: ListNodes at 12,500 nodes (s)", steps, "list_nodes_s", LIST_AT_12500_S),
+    ]
+    if storm is not None:
+        out.append(
+            _verdict(
+                "reconnect storm: p99 ack of the first frames (s, from the drop)",
+                storm["since_storm_p99_s"],
+                STORM_P99_S,
+                storm["nodes"],
+            )
+        )
+    return out
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+COLUMNS = (
+    ("nodes", "nodes", "{:.0f}"),
+    ("frames/s", "frames_per_second", "{:.1f}"),
+    ("CPU cores", "cpu_cores", "{:.3f}"),
+    ("/1k nodes", "cpu_cores_per_1000_nodes", "{:.3f}"),
+    ("ms/frame", "cpu_ms_per_frame", "{:.2f}"),
+    ("ack p50", "ack_p50_s", "{:.3f}"),
+    ("ack p99", "ack_p99_s", "{:.3f}"),
+    ("pass s", "pass_mean_s", "{:.3f}"),
+    ("scrape s", "scrape_s", "{:.3f}"),
+    ("ListNodes s", "list_nodes_s", "{:.3f}"),
+    ("RSS MB", "rss_mb", "{:.0f}"),
+    ("KB wr/frame", "written_kb_per_frame", "{:.1f}"),
+    ("KB db/frame", "db_kb_per_frame", "{:.1f}"),
+    ("gen CPU", "generator_cpu_cores", "{:.2f}"),
+)
+
+
+def _cell(value: Any, form: str) -> str:
+    return "n/a" if value is None else form.format(value)
+
+
+def table(steps: Sequence[dict[str, Any]]) -> list[str]:
+    rows = [[title for title, _, _ in COLUMNS]]
+    rows += [[_cell(s[key], form) for _, key, form in COLUMNS] for s in steps]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    return ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def _fit(line: dict[str, float] | None, unit: str) -> str:
+    if line is None:
+        return "n/a (one step)"
+    return f"{line['slope']:+.3f} {unit} per 1,000 nodes (intercept {line['intercept']:.3f})"
+
+
+def text(document: dict[str, Any]) -> str:
+    meta, steps = document["machine"], document["steps"]
+    lines = [
+        f"controller_scale: {meta['cores']} cores ({meta['cpu']}); the load generator's "
+        f"{document['settings']['workers']} processes share them (the controller's CPU is its own pid's)",
+        f"frames: {meta['frame_bytes']:.0f} bytes each on average ({meta['first_frame_bytes']} for a node's "
+        f"first, with its probe round), one per node every {document['settings']['interval']:g} s; "
+        f"hold {document['settings']['hold']:g} s per step",
+        "",
+        *table(steps),
+        "",
+    ]
+    for s in steps:
+        extra = (
+            f"  {s['nodes']} nodes: {s['frames_acked']} frames acked of {s['frames_due']:.0f} due, "
+            f"controller counted {s['controller_frames_per_second']:.1f}/s, send lag p99 "
+            f"{_cell(s['send_lag_p99_s'], '{:.3f}')} s, max ack {_cell(s['ack_max_s'], '{:.3f}')} s, "
+            f"{s['detection_passes']} passes (slowest <= {_cell(s['pass_max_bound_s'], '{:g}')} s), "
+            f"ListNodes {s['list_nodes_count']} nodes in {s['list_nodes_pages']} pages, scrape "
+            f"{s['scrape_bytes'] / 1e6:.1f} MB / {s['scrape_series']} series, {s['findings']:.0f} findings, "
+            f"stream errors {s['errors']}"
+        )
+        lines.append(extra)
+        if s["saturated"]:
+            lines.append(f"  -> saturated at {s['nodes']} nodes: {s['saturated']}")
+    curve = document["growth"]
+    lines += [
+        "",
+        "growth curve (least squares over the steps):",
+        f"  controller CPU: {_fit(curve['cpu_cores_per_1000_nodes'], 'cores')}",
+        f"  controller RSS: {_fit(curve['rss_mb_per_1000_nodes'], 'MB')}",
+    ]
+    projected = curve[f"at_{FULL_FLEET}"]
+    if projected:
+        lines.append(
+            f"  projected at {FULL_FLEET} nodes: {projected['cpu_cores']:.2f} cores, "
+            f"{projected['rss_mb']:.0f} MB"
+        )
+    storm = document["storm"]
+    if storm is not None:
+        lines += [
+            "",
+            f"reconnect storm at {storm['nodes']} nodes: {storm['recovered']} recovered in "
+            f"{storm['seconds']:.1f} s; reconnect p50/p99 {_cell(storm['reconnect_p50_s'], '{:.2f}')}/"
+            f"{_cell(storm['reconnect_p99_s'], '{:.2f}')} s; first frame ack p50/p99 "
+            f"{_cell(storm['first_ack_p50_s'], '{:.2f}')}/{_cell(storm['first_ack_p99_s'], '{:.2f}')} s "
+            f"(from the drop: {_cell(storm['since_storm_p50_s'], '{:.2f}')}/"
+            f"{_cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
+        ]
+    if document["stopped_early"]:
+        lines += ["", f"stopped early: {document['stopped_early']}"]
+    lines += ["", "verdicts:"]
+    for v in document["verdicts"]:
+        value = _cell(v["value"], "{:.3f}")
+        at = f" at {v['at_nodes']} nodes" if v["at_nodes"] else ""
+        note = f" ({v['note']})" if v["note"] else ""
+        lines.append(f"  {v['verdict']:>12}: {v['target']}: {value}{at}, limit {v['limit']:g}{note}")
+    return "\n".join(lines)

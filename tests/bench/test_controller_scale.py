@@ -1,0 +1,94 @@
+"""A small step of bench/controller_scale.py, so that it cannot rot: 50 simulated nodes over real gRPC
+streams into a real controller process, a frame a second each for 5 s, then a reconnect storm. The
+report's structure and sane values are checked, not its figures against the targets."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+# bench/ is a folder of scripts; the bench and its helper package are imported from there (and the
+# generator's worker processes, spawned, find them on the same sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import controller_scale
+from controller_scale_load import report
+
+NODES = 50
+ARGS = [
+    *("--steps", str(NODES), "--hold", "5", "--interval", "1", "--ramp", "1"),
+    *("--workers", "1", "--archetypes", "2", "--detect-interval", "1", "--reconnect-storm"),
+]
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    args = controller_scale.parse_args(ARGS)
+    return controller_scale.run(args, tmp_path_factory.mktemp("controller_scale"))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, float | int) and math.isfinite(value) and value >= 0
+
+
+def test_every_node_streams_and_is_listed(document: dict[str, Any]) -> None:
+    [step] = document["steps"]
+    assert step["nodes"] == step["connected"] == NODES
+    assert step["list_nodes_count"] == NODES and step["list_nodes_pages"] == 1
+    assert step["frames_acked"] > 0.5 * step["frames_due"], step
+    assert step["errors"] == 0 and step["commands"] == 0
+    assert step["frames_per_second"] > 0 and step["controller_frames_per_second"] > 0
+    assert _finite(step["ack_p50_s"]) and _finite(step["ack_p99_s"])
+    assert step["ack_p50_s"] <= step["ack_p99_s"] <= step["ack_max_s"]
+
+
+def test_controller_figures_are_measured(document: dict[str, Any]) -> None:
+    [step] = document["steps"]
+    assert step["cpu_cores"] > 0 and step["cpu_ms_per_frame"] > 0
+    assert step["rss_bytes"] > 10_000_000
+    assert step["detection_passes"] >= 1 and _finite(step["pass_mean_s"])
+    assert _finite(step["scrape_s"]) and step["scrape_series"] > NODES
+    assert _finite(step["list_nodes_s"])
+    assert step["written_kb_per_frame"] is None or step["written_kb_per_frame"] >= 0
+    assert document["machine"]["frame_bytes"] > 8_000  # 8 GPUs, the host, the BMC now and then
+
+
+def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
+    storm = document["storm"]
+    assert storm["nodes"] == storm["recovered"] == NODES
+    assert _finite(storm["since_storm_p99_s"]) and _finite(storm["reconnect_p99_s"])
+    assert storm["first_ack_p50_s"] <= storm["first_ack_p99_s"]
+
+
+def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
+    verdicts = {v["target"]: v["verdict"] for v in document["verdicts"]}
+    assert len(verdicts) == 8
+    assert set(verdicts.values()) <= {"within", "over", "not measured", "not reached"}
+    assert verdicts["p99 ack at 2,000 nodes (s)"] == "not measured"
+    assert document["growth"]["cpu_cores_per_1000_nodes"] is None  # one step: no slope
+    text = report.text(document)
+    assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
+    assert "reconnect storm at 50 nodes" in text
+    json.dumps(document, allow_nan=False)
+
+
+def test_no_process_is_left_behind(document: dict[str, Any]) -> None:
+    assert document["steps"]
+    # multiprocessing's resource tracker (started by spawn) lives as long as this process: not ours.
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
+    assert left == []
+
+
+def test_bad_steps_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        controller_scale.parse_args(["--steps", "2000,1000"])
