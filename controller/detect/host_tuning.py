@@ -124,11 +124,24 @@ def _ghz(hz: float) -> str:
     return f"{hz / 1e9:.2f} GHz"
 
 
-def powersave_finding(node: NodeState, group: list[NodeState], min_peers: int) -> Finding | None:
+def group_norms(group: list[NodeState], min_peers: int) -> dict[str, Norm]:
+    """The group's norm of the governor and of each setting, worked out once per group (per node,
+    it cost the group's size squared)."""
+    readers = {"cpu_governor": governor, **SETTINGS}
+    return {name: norm(values_of(group, read), min_peers) for name, read in readers.items()}
+
+
+def busy_frequencies(group: list[NodeState]) -> list[float]:
+    """The CPU frequencies of the group's nodes not on powersave (once per group)."""
+    return [f for f in (cpu_frequency(p) for p in group if governor(p) != POWERSAVE) if f is not None]
+
+
+def powersave_finding(node: NodeState, others: list[float], norms: dict[str, Norm]) -> Finding | None:
+    """`others`: busy_frequencies of the node's group; `norms`: group_norms."""
     own = governor(node)
     if own != POWERSAVE:
         return None
-    n = norm(values_of(group, governor), min_peers)
+    n = norms["cpu_governor"]
     if n.value == POWERSAVE:
         return None  # the group runs powersave on purpose (intel_pstate's dynamic default)
     primary = Evidence(
@@ -140,7 +153,6 @@ def powersave_finding(node: NodeState, group: list[NodeState], min_peers: int) -
     )
     supporting = []
     freq = cpu_frequency(node)
-    others = [f for f in (cpu_frequency(p) for p in group if governor(p) != POWERSAVE) if f is not None]
     if freq is not None and others:
         median = statistics.median(others)
         supporting.append(
@@ -159,13 +171,13 @@ def powersave_finding(node: NodeState, group: list[NodeState], min_peers: int) -
     return Finding(node.name, None, "cpu_governor_powersave", "warning", summary, primary, supporting, [NAME])
 
 
-def drift_finding(node: NodeState, group: list[NodeState], min_peers: int) -> Finding | None:
+def drift_finding(node: NodeState, norms: dict[str, Norm]) -> Finding | None:
     drifted: list[tuple[str, Evidence]] = []
     for setting, read in SETTINGS.items():
         own = read(node)
         if own is None or own == tuned().get(setting):
             continue
-        n = norm(values_of(group, read), min_peers)
+        n = norms[setting]
         harmful = HARMFUL[setting] == own
         if n.value is None and not harmful:
             continue  # no majority, and the profile has nothing against this value
@@ -195,11 +207,11 @@ def drift_finding(node: NodeState, group: list[NodeState], min_peers: int) -> Fi
 
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    min_peers = ctx.config.min_peers
     findings = []
     for group in groups(ctx.fleet.nodes.values()).values():
+        norms, others = group_norms(group, ctx.config.min_peers), busy_frequencies(group)
         for node in group:
-            for found in (powersave_finding(node, group, min_peers), drift_finding(node, group, min_peers)):
+            for found in (powersave_finding(node, others, norms), drift_finding(node, norms)):
                 if found is not None:
                     findings.append(found)
     return findings
