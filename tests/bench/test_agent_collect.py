@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "agent_collect.py"
+from tests.bench.scripts import bench_script
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: load the file itself.
-    spec = importlib.util.spec_from_file_location("agent_collect", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench() -> Iterator[ModuleType]:
+    with bench_script("agent_collect") as module:
+        yield module
 
 
 def _positive_summary(figures: dict[str, float]) -> None:

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.bench.scripts import bench_script
 from tests.support import require
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "exporter_scrape.py"
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: load the file itself.
-    spec = importlib.util.spec_from_file_location("exporter_scrape", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+def bench() -> Iterator[ModuleType]:
+    with bench_script("exporter_scrape") as module:
+        yield module
 
 
 def test_a_few_scrapes_print_every_figure(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -12,25 +11,15 @@ from typing import Any
 
 import pytest
 
+from tests.bench.scripts import bench_script
 from tests.support import require
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "probe_quality.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
     require(importlib.util.find_spec("torch") is not None, "torch (the CPU build `make test` installs)")
-    # bench/ is a folder of scripts, not a package: load the file itself (listed in sys.modules while
-    # it runs, as dataclasses look their module up there).
-    spec = importlib.util.spec_from_file_location("probe_quality", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with bench_script("probe_quality") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_coefficient_of_variation(bench: ModuleType) -> None:

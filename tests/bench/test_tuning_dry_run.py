@@ -3,32 +3,22 @@ the project's fake NVML (on a lent GPU it runs on the real one)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from tests.agent.sources.test_nvml_fake import FakeNvml
+from tests.bench.scripts import bench_script
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "tuning_dry_run.py"
 READS = ("nvmlInit", "nvmlShutdown", "nvmlErrorString", "nvmlDeviceGet", "nvmlSystemGet")
 
 
 @pytest.fixture
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("tuning_dry_run", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with bench_script("tuning_dry_run") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_the_dry_run_plans_every_profile_and_writes_nothing(
