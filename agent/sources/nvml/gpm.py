@@ -37,6 +37,7 @@ class GpmSampler:
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
         self._gpus: dict[int, _Samples] = {}
+        self._said: set[tuple[str, int]] = set()  # (metric, NVML return) already logged
 
     def query(self) -> Query:
         """The query that fills the gpm_* reading fields; asked every cycle with the GPU's handle."""
@@ -84,8 +85,7 @@ class GpmSampler:
             raise
         return _Samples(first, second)
 
-    @staticmethod
-    def _metrics(nvml: Any, samples: _Samples) -> tuple[float | None, ...]:
+    def _metrics(self, nvml: Any, samples: _Samples) -> tuple[float | None, ...]:
         if samples.request is None:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
@@ -98,7 +98,23 @@ class GpmSampler:
         request.sample2 = samples.current
         nvml.nvmlGpmMetricsGet(request)
         values: list[float | None] = []
-        for slot in request.metrics[: len(METRICS)]:
-            ok = int(slot.nvmlReturn) == nvml.NVML_SUCCESS
+        for slot, (name, _) in zip(request.metrics[: len(METRICS)], METRICS, strict=True):
+            code = int(slot.nvmlReturn)
+            ok = code == nvml.NVML_SUCCESS
             values.append(float(slot.value) / 100.0 if ok else None)
+            if not ok and (name, code) not in self._said:  # once per metric and error: it repeats
+                self._said.add((name, code))
+                log.info(
+                    "nvml: GPM metric %s not read (NVML error %d: %s); left empty",
+                    name,
+                    code,
+                    _says(nvml, code),
+                )
         return tuple(values)
+
+
+def _says(nvml: Any, code: int) -> str:
+    try:
+        return str(nvml.nvmlErrorString(code))
+    except Exception:  # noqa: BLE001 - a message is a nicety; the code is logged anyway
+        return "unknown error"

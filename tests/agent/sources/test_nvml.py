@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import sys
 import uuid
@@ -16,7 +17,15 @@ from agent.sources.errors import SourceError
 from agent.sources.gpu import ComputeProcess, GpuReading
 from agent.sources.nvml import source as nvml_module
 from agent.sources.nvml.source import NvmlSource
-from tests.agent.sources.test_nvml_fake import CLUSTER_UUID, DOWN_LINK, H100_LINKS, FakeNvml, fast_xid_thread
+from tests.agent.sources import test_nvml_fake as nvml_fake
+from tests.agent.sources.test_nvml_fake import (
+    CLUSTER_UUID,
+    DOWN_LINK,
+    GPM_PERCENT,
+    H100_LINKS,
+    FakeNvml,
+    fast_xid_thread,
+)
 
 ROW_REMAP_FIELDS = [
     "row_remap_correctable_total",
@@ -185,6 +194,21 @@ def test_rates_and_gpm_come_from_the_previous_read(fake: FakeNvml, source: NvmlS
     assert (second.gpm_tensor_activity_ratio, second.gpm_dram_activity_ratio) == (0.41, 0.55)
     assert second.gpm_graphics_activity_ratio == 0.9
     assert source.last_errors() == []
+
+
+def test_a_gpm_metric_the_driver_refuses_is_empty_and_said_once(
+    fake: FakeNvml, source: NvmlSource, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the H200 of 2026-11-28 showed for DRAM bandwidth: one metric failing leaves the others."""
+    percent = {k: v for k, v in GPM_PERCENT.items() if k != pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL}
+    monkeypatch.setattr(nvml_fake, "GPM_PERCENT", percent)
+    with caplog.at_level(logging.INFO, logger="agent.sources.nvml.gpm"):
+        readings = [source.read()[0] for _ in range(4)]
+    assert [r.gpm_dram_activity_ratio for r in readings] == [None] * 4
+    assert readings[-1].gpm_sm_activity_ratio == 0.625
+    said = [r.getMessage() for r in caplog.records if "GPM metric" in r.getMessage()]
+    assert len(said) == 1  # once per metric and error: not per read, nor per GPU
+    assert "gpm_dram_activity_ratio not read (NVML error 3" in said[0]
 
 
 def test_inventory_primes_rates_so_the_first_read_has_them(fake: FakeNvml, source: NvmlSource) -> None:
