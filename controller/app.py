@@ -19,7 +19,7 @@ from collections.abc import Callable
 from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.detect.base import DetectContext, discover
-from controller.detect.runner import PassReport, run_detectors
+from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
@@ -67,6 +67,7 @@ class ControllerApp:
             max_nodes=config.limits.max_nodes,
             max_clock_skew_seconds=config.limits.max_clock_skew_seconds,
             hub=self.recording,
+            state_every_seconds=config.db_state_seconds,
         )
         self.active: dict[FindingKey, StoredFinding] = {}
         self.finding_tracker = FindingTracker.for_config(config.detect)  # hysteresis: pending findings
@@ -188,7 +189,9 @@ class ControllerApp:
     async def detection_pass(self) -> PassReport:
         started = time.perf_counter()
         now = self.clock()
-        report = run_detectors(DetectContext(self.fleet, self.config.detect, now), self.detectors)
+        report = await run_detectors_yielding(
+            DetectContext(self.fleet, self.config.detect, now), self.detectors
+        )
         upserts, resolved = self.finding_tracker.reconcile(self.active, report.findings, now)
         await self.store.save_findings(upserts, resolved)
         for stored in upserts:

@@ -318,6 +318,10 @@ class ControllerConfig(_Config):
     metrics_address: str | None = "0.0.0.0:9401"
     db: str = "gpufleet.db"  # SQLite file; ":memory:" for tests
     db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
+    # A node's latest readings are written at most this often (0: with every frame; the next frame
+    # replaces them, so a crash loses at most this much of them). Ack positions, probe results and
+    # findings are written as they come, whatever this says.
+    db_state_seconds: float = 60.0
     max_message_bytes: int = 4 * 1024 * 1024
     stale_after_seconds: float = 60.0  # a node silent this long is shown stale
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -337,6 +341,8 @@ class ControllerConfig(_Config):
             self.metrics_address = None
         if self.metrics_address is not None:
             check_address(self.metrics_address, "metrics_address")
+        if not 0 <= self.db_state_seconds <= 3600:
+            raise ValueError("db_state_seconds must be between 0 and 3600")
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
         if self.operator_listen is not None:

@@ -40,6 +40,7 @@ class Ingest:
         *,
         max_clock_skew_seconds: float = 300.0,  # limits.max_clock_skew_seconds
         hub: RecordHub | None = None,
+        state_every_seconds: float = 60.0,  # db_state_seconds
     ) -> None:
         self.fleet = fleet
         self.max_clock_skew_seconds = max_clock_skew_seconds
@@ -51,6 +52,14 @@ class Ingest:
         self._locks: dict[str, asyncio.Lock] = {}
         self.node_limit = NodeLimit(max_nodes, clock)  # limits.max_nodes
         self.hub = hub or RecordHub()  # accepted Hellos and stored frames go to its readers (Record)
+        # A node's latest readings are written at most every state_every_seconds (0: with every
+        # frame), queued beside the frames, not waited for: the next frame replaces them anyway, so a
+        # crash loses at most that much of the newest readings (never an ack position, a probe result
+        # or a finding). state_saved: node -> when they were last queued; unsaved: memory is newer.
+        self.state_every_seconds = state_every_seconds
+        self.state_saved: dict[str, float] = {}
+        self.unsaved: set[str] = set()
+        self.state_failures = 0
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
@@ -71,6 +80,43 @@ class Ingest:
             apply_hello(self.fleet, hello, acked, now)
             self.hub.hello(hello, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
+
+    def _state_changed(self, node: str, now: float) -> None:
+        self.unsaved.add(node)
+        if now - self.state_saved.get(node, float("-inf")) >= self.state_every_seconds:
+            self.save_state([node], now)
+
+    def save_state(self, names: list[str], now: float) -> asyncio.Future[None]:
+        """Queue these nodes' latest readings as memory holds them now; a failed write leaves them
+        due again (logged, counted in state_failures)."""
+        nodes = [self.fleet.nodes[n] for n in names if n in self.fleet.nodes]
+        for node in nodes:
+            self.state_saved[node.name] = now
+            self.unsaved.discard(node.name)
+        future = self.store.queue_latest(nodes)
+
+        def settled(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is None:
+                return
+            self.state_failures += 1
+            log.warning(
+                "latest readings of %d nodes not stored (next frame tries again): %s",
+                len(nodes),
+                done.exception(),
+            )
+            for node in nodes:
+                self.state_saved.pop(node.name, None)
+                self.unsaved.add(node.name)
+
+        future.add_done_callback(settled)
+        return future
+
+    async def flush_state(self) -> int:
+        """Write every node's latest readings the store does not hold yet (at shutdown); return how many."""
+        names = sorted(self.unsaved)
+        if names:
+            await self.save_state(names, self.clock())
+        return len(names)
 
     async def frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
         """Store one frame; return the seq to ack (the frame's, or the current position for a duplicate).
@@ -105,8 +151,11 @@ class Ingest:
                 raise SequenceGap(f"boot {frame.boot_id}: expected frame {expected}, got {frame.seq}")
             now = self.clock()
             write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, now)
+            write.state = self.state_every_seconds <= 0
             await self.store.save_frame(write)
             apply_frame(self.fleet, write)
+            if not write.state and (write.gpus or write.host is not None):
+                self._state_changed(stream_node, now)
             self.hub.frame(frame, now)
             self.counters.frames += 1
             if frame.HasField("time"):

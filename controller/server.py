@@ -15,6 +15,7 @@ import grpc
 
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
+from controller.errors import StoreUnavailable
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -184,4 +185,8 @@ async def serve(
     await _stop_grpc(servers, 2.0)
     await detection
     await scheduling
+    try:  # the newest readings not written yet (db_state_seconds); the next frames bring them again
+        log.info("stored the latest readings of %d nodes", await app.ingest.flush_state())
+    except StoreUnavailable as exc:
+        log.error("the latest readings of %d nodes not stored: %s", len(app.ingest.unsaved), exc)
     app.close()

@@ -7,6 +7,7 @@ these so a name means the same on both sides of the wire.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, telemetry_pb2
@@ -71,6 +72,13 @@ def clock_event_reason_names(bits: int) -> list[str]:
 
     Bits the contract does not name are reported as "bit_0x...", so nothing is silently dropped.
     """
+    return list(_reason_names(bits))
+
+
+@lru_cache(maxsize=1024)
+def _reason_names(bits: int) -> tuple[str, ...]:
+    """clock_event_reason_names, worked out once per bitmask (every GPU of every frame asks; a
+    fleet shows a handful of masks)."""
     names = [name for bit, name in _REASON_BITS if bits & bit]
     unknown = bits & ~sum(bit for bit, _ in _REASON_BITS)
     bit = 1
@@ -79,7 +87,7 @@ def clock_event_reason_names(bits: int) -> list[str]:
             names.append(f"bit_{bit:#x}")
             unknown &= ~bit
         bit <<= 1
-    return names
+    return tuple(names)
 
 
 def clock_event_reason_bit(name: str) -> int:

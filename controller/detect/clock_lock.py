@@ -43,19 +43,26 @@ def _util(sample: pb.GpuSample) -> float:
     return sample.gpu_utilization_ratio if sample.HasField("gpu_utilization_ratio") else 0.0
 
 
-def _peer_key(node: NodeState, gpu: GpuState) -> PeerKey:
+def _peer_key(names: dict[int, str], gpu: GpuState) -> PeerKey:
+    """`names`: the node's GPU names by index (_gpu_names), read once per node, not once per GPU."""
     s = gpu.sample
-    return (node.gpu_name(gpu.index), s.max_sm_clock_hz, s.default_power_limit_watts)
+    return (names.get(gpu.index, ""), s.max_sm_clock_hz, s.default_power_limit_watts)
+
+
+def _gpu_names(node: NodeState) -> dict[int, str]:
+    return {g.index: g.name for g in reversed(node.hello.inventory.gpus)}  # the first of an index
 
 
 def _busy_clocks(fleet: Fleet, utilization: float) -> dict[PeerKey, list[tuple[str, int, float]]]:
     """(node, gpu, SM clock) of every GPU at or above `utilization`, by peer key."""
     out: dict[PeerKey, list[tuple[str, int, float]]] = {}
     for node in fleet.nodes.values():
+        names: dict[int, str] | None = None
         for index, gpu in node.gpus.items():
             s = gpu.sample
             if s.HasField("sm_clock_hz") and s.max_sm_clock_hz and _util(s) >= utilization:
-                out.setdefault(_peer_key(node, gpu), []).append((node.name, index, s.sm_clock_hz))
+                names = _gpu_names(node) if names is None else names
+                out.setdefault(_peer_key(names, gpu), []).append((node.name, index, s.sm_clock_hz))
     return out
 
 
@@ -165,7 +172,8 @@ def detect(ctx: DetectContext) -> list[Finding]:
             if state is None or gpu.held_for(state) < window:
                 continue
             held = gpu.held_for(state)
-            others = [c for n, i, c in busy.get(_peer_key(node, gpu), []) if (n, i) != (node.name, index)]
+            key = _peer_key(_gpu_names(node), gpu)
+            others = [c for n, i, c in busy.get(key, []) if (n, i) != (node.name, index)]
             peers = _peer_evidence(gpu.sample, others, config.clock_peer_utilization, config.min_peers)
             if state == "clocks_locked":
                 found = _locked(node, gpu, held, peers, config.clock_busy_utilization)

@@ -93,6 +93,28 @@ class Slow:
 
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
+    findings: list[Finding] = []
+    for record, slow, higher_better in judged(ctx):
+        findings.extend(_explain(ctx, record, slow, higher_better))
+    return findings
+
+
+def judged(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
+    """The results judged slow. The judgement reads only probe results, their history, the Hellos and
+    the config, so it is reused until one of them changes (Fleet.probe_version); the cause is named
+    from the current telemetry every pass (_explain)."""
+    fleet = ctx.fleet
+    key = (fleet.probe_version, len(fleet.probes), len(fleet.nodes))
+    cached = fleet.derived.get(NAME)
+    # The config by identity: the entry holds it, so another config cannot take its id.
+    if cached is not None and cached[0] == key and cached[1] is ctx.config:
+        return cached[2]  # type: ignore[return-value]
+    slow = _judge_all(ctx)
+    fleet.derived[NAME] = (key, ctx.config, slow)
+    return slow
+
+
+def _judge_all(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
     groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
     peers_of = PeerGroups(ctx.fleet)
     for record in ctx.fleet.probes.values():
@@ -100,15 +122,15 @@ def detect(ctx: DetectContext) -> list[Finding]:
         if group is not None:
             groups[group].append(record)
     usual = usual_peak_ratios(ctx.fleet.probes.values(), ctx.config.min_peers)
-    findings: list[Finding] = []
+    slow_ones: list[tuple[ProbeRecord, Slow, bool]] = []
     for group, records in groups.items():
         higher_better = group[-1] == "higher"
         peers = baseline([r.value for r in records]) if len(records) >= ctx.config.min_peers else None
         for record in records:
             slow = _judge(ctx, record, peers, usual.get((record.probe, record.variant)), higher_better)
             if slow is not None:
-                findings.extend(_explain(ctx, record, slow, higher_better))
-    return findings
+                slow_ones.append((record, slow, higher_better))
+    return slow_ones
 
 
 def usual_peak_ratios(records: Iterable[ProbeRecord], min_results: int) -> dict[tuple[str, str], Baseline]:

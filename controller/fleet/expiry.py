@@ -24,6 +24,7 @@ def gone_nodes(fleet: Fleet, now: float, forget_after_seconds: float) -> list[st
 def forget(fleet: Fleet, names: Collection[str]) -> None:
     """Drop the nodes, their boots' ack positions and their probe results from `fleet`."""
     gone = set(names)
+    fleet.probe_version += 1
     for name in gone:
         fleet.nodes.pop(name, None)
     for key in [k for k in fleet.acked if k[0] in gone]:

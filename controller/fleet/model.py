@@ -90,6 +90,11 @@ class Fleet:
     # Each probe key's recent results, (time, value) oldest first, for own-history baselines: fed
     # by apply_frame, loaded from the store's probe_history at start.
     history: dict[ProbeKey, deque[tuple[float, float]]] = field(default_factory=dict)
+    # Bumped whenever probe results, their history or the nodes' Hellos change (fleet/state.py,
+    # fleet/expiry.py): what a detector derives from those alone is kept in `derived` and reused
+    # while the version stands (probe_outlier's judgement of every result).
+    probe_version: int = 0
+    derived: dict[str, tuple[object, ...]] = field(default_factory=dict)  # name -> (key..., value)
 
 
 HISTORY_POINTS = 64  # results kept per probe key in Fleet.history
@@ -110,3 +115,4 @@ class FrameWrite:
     bmc_time: float = 0.0  # the BMC poll's start, which is not the frame's time
     implausible: dict[str, int] = field(default_factory=dict)  # "Message.field" -> readings cleared
     received: float = 0.0  # the controller's clock when the frame arrived
+    state: bool = True  # write gpus and host to the store too (False: memory only, until the next due)

@@ -32,6 +32,8 @@ and otherwise bounded per unit by 100x the fastest figure of any model (PROBE_CE
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -127,33 +129,70 @@ def clear_implausible(msg: Message) -> list[str]:
 
 
 def screen(msg: Message) -> tuple[int, list[str]]:
-    """One walk over `msg` and its nested messages (ingest's hot path: one walk, not two): clear each
-    NaN/Inf float (counted) and each impossible reading (labelled "GpuSample.temperature_celsius");
-    return (non-finite count, labels). Nested message types with nothing to screen (no float, no
-    range, no part/whole pair, none below: NvLinkSample, most of a frame's messages) are not walked."""
-    non_finite = 0
-    cleared: list[str] = []
-    rules = _rules(msg.DESCRIPTOR)
-    for field, value in msg.ListFields():
+    """Clear each NaN/Inf float (counted) and each impossible reading (labelled
+    "GpuSample.temperature_celsius") of `msg` and its nested messages; return (non-finite count,
+    labels). Ingest's hot path: each message type's fields are known, so its check is worked out once
+    (_screener) and reads the fields by name, rather than walking ListFields; nested types with
+    nothing to screen (NvLinkSample, most of a frame's messages) are not visited."""
+    labels: list[str] = []
+    return _screener(msg.DESCRIPTOR)(msg, labels), labels
+
+
+Screener = Callable[[Message, list[str]], int]
+_FLOAT_MAX = sys.float_info.max
+
+
+@cache
+def _screener(descriptor: Descriptor) -> Screener:
+    """The check of one message type: every singular number field with a rule, read by name, tested
+    against bounds that a finite in-range value passes in one comparison (a float's bounds are
+    finite, so NaN and Inf fail too); only a value that fails is looked at again."""
+    rules = _rules(descriptor)
+    checks: list[tuple[str, float, float, bool, bool]] = []
+    for field in sorted(descriptor.fields, key=lambda f: f.number):
         name = field.name
-        if name in rules.walk:
-            for item in value if field.is_repeated else (value,):
-                n, labels = screen(item)
-                non_finite += n
-                cleared += labels
-        elif name in rules.floats and not math.isfinite(value):
+        is_float = name in rules.floats
+        bounds = rules.ranges.get(name)
+        if not is_float and bounds is None:
+            continue
+        low, high = (bounds.low, bounds.high) if bounds is not None else (-math.inf, math.inf)
+        if is_float:
+            low, high = max(low, -_FLOAT_MAX), min(high, _FLOAT_MAX)
+        checks.append((name, low, high, is_float, field.has_presence))
+    walks = [
+        (f.name, f.is_repeated, f.message_type)
+        for f in sorted(descriptor.fields, key=lambda f: f.number)
+        if f.name in rules.walk and f.message_type is not None
+    ]
+    type_name, within = rules.type_name, rules.within
+
+    def check(msg: Message, labels: list[str]) -> int:
+        non_finite = 0
+        for name, low, high, is_float, has_presence in checks:
+            value = getattr(msg, name)
+            if low <= value <= high:
+                continue
+            if not (msg.HasField(name) if has_presence else value != 0):
+                continue  # unset: the default is no reading
             msg.ClearField(name)
-            non_finite += 1
-        else:
-            bounds = rules.ranges.get(name)
-            if bounds is not None and not bounds.holds(value):
-                msg.ClearField(name)
-                cleared.append(f"{rules.type_name}.{name}")
-    for part, whole in rules.within:
-        if _present(msg, part) and _present(msg, whole) and getattr(msg, part) > getattr(msg, whole):
-            msg.ClearField(part)
-            cleared.append(f"{rules.type_name}.{part}")
-    return non_finite, cleared
+            if is_float and not math.isfinite(value):
+                non_finite += 1
+            else:
+                labels.append(f"{type_name}.{name}")
+        for name, repeated, child in walks:
+            inner = _screener(child)
+            if repeated:
+                for item in getattr(msg, name):
+                    non_finite += inner(item, labels)
+            elif msg.HasField(name):
+                non_finite += inner(getattr(msg, name), labels)
+        for part, whole in within:
+            if _present(msg, part) and _present(msg, whole) and getattr(msg, part) > getattr(msg, whole):
+                msg.ClearField(part)
+                labels.append(f"{type_name}.{part}")
+        return non_finite
+
+    return check
 
 
 @dataclass(frozen=True, slots=True)

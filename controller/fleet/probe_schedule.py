@@ -57,11 +57,22 @@ def jitter_offset(node: str, interval: float, jitter_ratio: float) -> float:
 
 
 def last_probed(fleet: Fleet, attempts: Mapping[ProbeTarget, float]) -> dict[ProbeTarget, float]:
-    """When each target was last probed: its newest stored result or the last command asking for it."""
-    last: dict[ProbeTarget, float] = dict(attempts)
-    for record in fleet.probes.values():
-        key = (record.node, record.gpu)
-        last[key] = max(last.get(key, record.time), record.time)
+    """When each target was last probed: its newest stored result or the last command asking for it.
+    The results' part is worked out again only when a result (or a Hello) came in since
+    (Fleet.probe_version): a scheduling pass runs every few seconds over every stored result."""
+    version = (fleet.probe_version, len(fleet.probes))
+    cached = fleet.derived.get("last_probed")
+    if cached is not None and cached[0] == version:
+        results: dict[ProbeTarget, float] = cached[1]  # type: ignore[assignment]
+    else:
+        results = {}
+        for record in fleet.probes.values():
+            key = (record.node, record.gpu)
+            results[key] = max(results.get(key, record.time), record.time)
+        fleet.derived["last_probed"] = (version, results)
+    last = dict(results)
+    for key, when in attempts.items():
+        last[key] = max(last.get(key, when), when)
     return last
 
 

@@ -92,6 +92,8 @@ def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
         node.trends.observe_host(write.host, write.time)
     if write.bmc is not None:
         node.bmc, node.bmc_time = write.bmc, write.bmc_time
+    if write.probes:
+        fleet.probe_version += 1
     for record in write.probes:
         current = fleet.probes.get(record.key)
         if current is None or current.time <= record.time:
@@ -122,6 +124,7 @@ def _count_implausible(fleet: Fleet, node: NodeState, counts: dict[str, int]) ->
 
 
 def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeState:
+    fleet.probe_version += 1  # its probe facts and inventory may differ from the last Hello's
     node = fleet.nodes.get(hello.node)
     if node is None:
         node = NodeState(hello.node, hello, now, now)

@@ -49,6 +49,7 @@ OPERATIONS = (
     "load",
     "save_hello",
     "save_frame",
+    "save_latest",
     "save_findings",
     "list_findings",
     "prune_history",
@@ -105,6 +106,20 @@ class Store:
 
     async def save_frame(self, write: FrameWrite) -> None:
         await self._call("save_frame", lambda c: _save_frame(c, write))
+
+    def queue_latest(self, nodes: Sequence[NodeState]) -> asyncio.Future[None]:
+        """Queue these nodes' latest readings as memory holds them now (Ingest.save_state); the
+        future settles once they are committed."""
+        rows = [(n.name, list(n.gpus.values()), n.host, n.host_time) for n in nodes]
+
+        def save(conn: sqlite3.Connection) -> None:
+            for row in rows:
+                _save_latest(conn, *row)
+
+        start = perf_counter()
+        future = self._thread.submit(save)
+        future.add_done_callback(lambda _: self.latency.observe("save_latest", perf_counter() - start))
+        return future
 
     async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:
         await self._call("save_findings", lambda c: _save_findings(c, upserts + resolved))
@@ -260,26 +275,23 @@ def _save_hello(conn: sqlite3.Connection, hello: pb.Hello, now: float) -> int:
 
 
 def _save_frame(conn: sqlite3.Connection, w: FrameWrite) -> None:
+    """The frame's ack position and probe results always; its latest readings when w.state says so
+    (Ingest writes a node's readings at most every db_state_seconds: the next frame replaces them)."""
     conn.execute(
         "INSERT INTO boots (node, boot_id, acked_seq, updated) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT(node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, updated = excluded.updated",
+        "ON CONFLICT(node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, "
+        "updated = max(boots.updated, excluded.updated)",
         (w.node, w.boot_id, w.seq, w.time),
     )
-    conn.execute("UPDATE nodes SET last_seen = max(last_seen, ?) WHERE name = ?", (w.time, w.node))
-    conn.executemany(
-        "INSERT OR REPLACE INTO gpu_state (node, gpu, time, sample, held) VALUES (?, ?, ?, ?, ?)",
-        [(w.node, g.index, g.time, g.sample.SerializeToString(), json.dumps(g.held)) for g in w.gpus],
-    )
-    if w.host is not None:
-        conn.execute(
-            "INSERT OR REPLACE INTO host_state (node, time, sample) VALUES (?, ?, ?)",
-            (w.node, w.time, w.host.SerializeToString()),
-        )
+    if w.state:
+        _save_latest(conn, w.node, w.gpus, w.host, w.time)
     if w.bmc is not None:
         conn.execute(
             "INSERT OR REPLACE INTO bmc_state (node, time, sample) VALUES (?, ?, ?)",
             (w.node, w.bmc_time, w.bmc.SerializeToString()),
         )
+    if not w.probes:
+        return
     rows = [(p.node, -1 if p.gpu is None else p.gpu, p.probe, p.variant, p.time, p.value) for p in w.probes]
     conn.executemany(
         "INSERT OR REPLACE INTO probe_results (node, gpu, probe, variant, time, value, unit, result) "
@@ -289,6 +301,26 @@ def _save_frame(conn: sqlite3.Connection, w: FrameWrite) -> None:
     conn.executemany(
         "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", rows
     )
+
+
+def _save_latest(
+    conn: sqlite3.Connection,
+    node: str,
+    gpus: Sequence[GpuState],
+    host: pb.HostSample | None,
+    host_time: float,
+) -> None:
+    """A node's latest GPU and host readings (nodes.last_seen is not touched: boots.updated says when
+    its newest frame was, and load() takes the later of the two)."""
+    conn.executemany(
+        "INSERT OR REPLACE INTO gpu_state (node, gpu, time, sample, held) VALUES (?, ?, ?, ?, ?)",
+        [(node, g.index, g.time, g.sample.SerializeToString(), json.dumps(g.held)) for g in gpus],
+    )
+    if host is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO host_state (node, time, sample) VALUES (?, ?, ?)",
+            (node, host_time, host.SerializeToString()),
+        )
 
 
 def _finding_row(s: StoredFinding) -> tuple[object, ...]:
@@ -358,8 +390,10 @@ def _load(conn: sqlite3.Connection) -> tuple[Fleet, list[StoredFinding]]:
         "SELECT name, hello, first_seen, last_seen FROM nodes"
     ):
         fleet.nodes[name] = NodeState(name, pb.Hello.FromString(hello_bytes), first_seen, last_seen)
-    for node, boot_id, acked in conn.execute("SELECT node, boot_id, acked_seq FROM boots"):
+    for node, boot_id, acked, updated in conn.execute("SELECT node, boot_id, acked_seq, updated FROM boots"):
         fleet.acked[(node, boot_id)] = int(acked)
+        if node in fleet.nodes:  # a frame's time moves boots.updated, not nodes.last_seen
+            fleet.nodes[node].last_seen = max(fleet.nodes[node].last_seen, updated)
     for node, gpu, time, sample, held in conn.execute("SELECT node, gpu, time, sample, held FROM gpu_state"):
         if node in fleet.nodes:
             fleet.nodes[node].gpus[gpu] = GpuState(

@@ -165,6 +165,7 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "load": 1,
                 "save_hello": 1,
                 "save_frame": 3,
+                "save_latest": 1,  # the first frame's readings; the next two are not due (db_state_seconds)
                 "save_findings": 0,
                 "list_findings": 0,
                 "prune_history": 0,

@@ -9,15 +9,17 @@ import statistics
 import pytest
 
 from controller.config import ProbeConfig
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
 from controller.fleet.probe_schedule import (
     ProbePlan,
     ProbeTarget,
     fleet_slots,
     idle_gpus,
     jitter_offset,
+    last_probed,
     plan_probes,
 )
+from controller.fleet.state import apply_frame
 from controller.probe_commands import ProbeCommand, ProbeCommands
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import H100, T0
@@ -71,6 +73,7 @@ def probed(fleet: Fleet, node: str, gpu: int | None, at: float, probe: str = "ge
     fleet.probes[(node, gpu, probe, "bf16")] = ProbeRecord(
         node, gpu, probe, "bf16", 700.0, "TFLOP/s", at, result
     )
+    fleet.probe_version += 1  # as apply_frame does: what was worked out from the results is stale
 
 
 def probed_all(fleet: Fleet, node: str, at: float) -> None:
@@ -333,3 +336,26 @@ def test_a_command_never_sent_is_discarded() -> None:
     book.discard(c)
     assert book.in_flight == {} and book.get("c1") is None and book.sent["operator"] == 0
     book.start(command(cid="c2"), [])  # the node is free again
+
+
+def test_last_probed_follows_new_results_and_merges_attempts() -> None:
+    """The results' part is kept between passes until a result comes in (Fleet.probe_version)."""
+    fleet = Fleet()
+    gemm = pb.ProbeResult(probe="gemm", variant="bf16", unit="TFLOP/s", value=700.0)
+
+    def result(gpu: int, time: float) -> None:
+        write = FrameWrite("n1", "b1", 1, time)
+        write.probes = [ProbeRecord("n1", gpu, "gemm", "bf16", 700.0, "TFLOP/s", time, gemm)]
+        fleet.nodes.setdefault("n1", NodeState("n1", pb.Hello(node="n1"), T0, T0))
+        apply_frame(fleet, write)
+
+    result(0, T0)
+    assert last_probed(fleet, {}) == {("n1", 0): T0}
+    assert last_probed(fleet, {("n1", 0): T0 + 5, ("n1", 1): T0 + 1}) == {
+        ("n1", 0): T0 + 5,
+        ("n1", 1): T0 + 1,
+    }
+    assert last_probed(fleet, {}) == {("n1", 0): T0}  # an attempt does not stick to the kept part
+    result(0, T0 + 60)
+    result(2, T0 + 61)
+    assert last_probed(fleet, {("n1", 0): T0 + 5}) == {("n1", 0): T0 + 60, ("n1", 2): T0 + 61}

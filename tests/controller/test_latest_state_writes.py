@@ -1,0 +1,158 @@
+"""A node's latest readings reach the store at most every db_state_seconds (issue 17's write
+amplification), while ack positions and probe results are written with every frame; what memory holds
+beyond the store is written at shutdown, and a failed write leaves it due again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from controller.config import ControllerConfig
+from controller.errors import StoreUnavailable
+from controller.fleet.model import Fleet
+from controller.ingest import Ingest
+from controller.store.sqlite import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.test_ingest import E, frame, hello
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = E + 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def probed(seq: int) -> pb.TelemetryFrame:
+    msg = frame(seq)
+    msg.probes.add(probe="gemm", variant="bf16", unit="TFLOPS", value=700.0 + seq, gpu=0).time.FromSeconds(
+        int(E + 1000 + seq)
+    )
+    return msg
+
+
+def run(path: Path, body: Callable[[Ingest, Clock], Awaitable[None]], every: float = 60.0) -> None:
+    async def go() -> None:
+        store = Store(str(path))
+        await store.open()
+        clock = Clock()
+        try:
+            await body(Ingest(Fleet(), store, clock=clock, state_every_seconds=every), clock)
+        finally:
+            store.close()
+
+    asyncio.run(go())
+
+
+def stored(path: Path) -> Fleet:
+    async def go() -> Fleet:
+        store = Store(str(path))
+        await store.open()
+        try:
+            return (await store.load())[0]
+        finally:
+            store.close()
+
+    return asyncio.run(go())
+
+
+def power(fleet: Fleet) -> float:
+    return fleet.nodes["n1"].gpus[0].sample.power_watts
+
+
+def test_readings_are_written_at_most_every_db_state_seconds_but_positions_and_probes_always(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "s.db"
+
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        clock.now = E + 500  # the Hello comes before the frames' times
+        await ingest.hello(hello())
+        clock.now = E + 2000
+        await ingest.frame("n1", frame(1))  # a new node's first readings are due at once
+        for seq in (2, 3):
+            clock.now += 10
+            await ingest.frame("n1", probed(seq))
+        await asyncio.sleep(0.05)  # the queued write settles
+
+    run(db, body)
+    fleet = stored(db)
+    assert power(fleet) == 401.0  # frames 2 and 3 fell inside the 60 s
+    assert fleet.acked[("n1", "b1")] == 3  # every position is stored
+    assert fleet.probes[("n1", 0, "gemm", "bf16")].value == 703.0  # and every probe result
+    assert [v for _, v in fleet.history[("n1", 0, "gemm", "bf16")]] == [702.0, 703.0]
+    assert fleet.nodes["n1"].last_seen == E + 1003  # the newest frame's time, from its position
+
+    async def later(ingest: Ingest, clock: Clock) -> None:
+        ingest.fleet = (await ingest.store.load())[0]
+        clock.now += 200  # past db_state_seconds since anything this Ingest wrote
+        await ingest.frame("n1", frame(4))
+        await asyncio.sleep(0.05)
+        assert ingest.unsaved == set()
+
+    run(db, later)
+    assert power(stored(db)) == 404.0
+
+
+def test_flush_writes_what_memory_holds_beyond_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        await ingest.hello(hello())
+        for seq in (1, 2, 3):
+            await ingest.frame("n1", frame(seq))
+        assert ingest.unsaved == {"n1"}
+        assert await ingest.flush_state() == 1
+        assert ingest.unsaved == set() and await ingest.flush_state() == 0
+
+    run(db, body)
+    assert power(stored(db)) == 403.0
+
+
+def test_zero_writes_the_readings_with_every_frame(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        await ingest.hello(hello())
+        for seq in (1, 2):
+            await ingest.frame("n1", frame(seq))
+        assert ingest.unsaved == set()
+
+    run(db, body, every=0)
+    assert power(stored(db)) == 402.0
+
+
+def test_a_failed_write_is_counted_and_due_again_with_the_next_frame(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        await ingest.hello(hello())
+        real = ingest.store.queue_latest
+
+        def broken(nodes: object) -> asyncio.Future[None]:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future.set_exception(StoreUnavailable("store unavailable: disk I/O error"))
+            return future
+
+        ingest.store.queue_latest = broken  # type: ignore[method-assign]
+        await ingest.frame("n1", frame(1))  # acked: the position is stored, only the readings are not
+        await asyncio.sleep(0)
+        assert ingest.state_failures == 1 and ingest.unsaved == {"n1"}
+        ingest.store.queue_latest = real  # type: ignore[method-assign]
+        clock.now += 10  # well inside db_state_seconds: due again all the same
+        await ingest.frame("n1", frame(2))
+        await asyncio.sleep(0.05)
+        assert ingest.unsaved == set()
+
+    run(db, body)
+    assert power(stored(db)) == 402.0
+
+
+def test_db_state_seconds_is_bounded() -> None:
+    assert ControllerConfig().db_state_seconds == 60.0
+    with pytest.raises(ValueError, match="db_state_seconds"):
+        ControllerConfig(db_state_seconds=-1)
