@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.config import DetectConfig
 from controller.fleet.finding import Finding
-from controller.fleet.model import Fleet
+from controller.fleet.majority import groups
+from controller.fleet.model import Fleet, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,16 @@ class DetectContext:
     fleet: Fleet
     config: DetectConfig
     now: float
+    memo: dict[str, object] = field(default_factory=dict, compare=False)  # shared within one pass
+
+
+def peer_groups(ctx: DetectContext) -> dict[str, list[NodeState]]:
+    """The fleet's nodes by peer group (fleet/majority.py groups), worked out once per pass for the
+    detectors that compare a node with its group."""
+    found = ctx.memo.get("peer_groups")
+    if found is None:
+        found = ctx.memo["peer_groups"] = groups(ctx.fleet.nodes.values())
+    return found  # type: ignore[return-value]
 
 
 DetectFn = Callable[[DetectContext], list[Finding]]

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import statistics
 
-from controller.detect.base import DetectContext, register
+from controller.detect.base import DetectContext, peer_groups, register
 from controller.fleet.finding import Evidence, Finding
-from controller.fleet.majority import groups
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import bmc_pb2
 
@@ -216,7 +215,7 @@ def _finding(node: NodeState, cause: str, evidence: list[tuple[bool, Evidence]])
 def detect(ctx: DetectContext) -> list[Finding]:
     max_age, margin = ctx.config.bmc_max_age_seconds, ctx.config.inlet_margin_celsius
     findings: list[Finding | None] = []
-    for group in groups(ctx.fleet.nodes.values()).values():
+    for group in peer_groups(ctx).values():
         thermal = {n.name: section(n, "thermal", max_age) for n in group}
         # One intake per node for the group's median: the node's hottest, as its worst air.
         readings = [max(t.reading_celsius for t in intakes(s)) for s in thermal.values() if s and intakes(s)]

@@ -29,9 +29,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.detect.base import DetectContext, register
+from controller.detect.base import DetectContext, peer_groups, register
 from controller.fleet.finding import Evidence, Finding
-from controller.fleet.majority import groups, majority, values_of
+from controller.fleet.majority import majority, values_of
 from controller.fleet.model import NodeState
 from controller.profiles.catalogue import SHIPPED_DIR, load_profile
 
@@ -208,7 +208,7 @@ def drift_finding(node: NodeState, norms: dict[str, Norm]) -> Finding | None:
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
-    for group in groups(ctx.fleet.nodes.values()).values():
+    for group in peer_groups(ctx).values():
         norms, others = group_norms(group, ctx.config.min_peers), busy_frequencies(group)
         for node in group:
             for found in (powersave_finding(node, others, norms), drift_finding(node, norms)):

@@ -19,11 +19,10 @@ import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from controller.detect.base import DetectContext, register
+from controller.detect.base import DetectContext, peer_groups, register
 from controller.fleet.finding import Evidence, Finding, worse
-from controller.fleet.majority import groups
 from controller.fleet.model import NodeState
-from controller.fleet.trends import ib_key
+from controller.fleet.trends import ib_group, ib_key
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "infiniband"
@@ -166,7 +165,12 @@ def _slow(node: NodeState, port: pb.InfinibandPortSample, rates: PeerRates) -> E
 
 
 def _erroring(node: NodeState, port: pb.InfinibandPortSample, ctx: DetectContext) -> list[Evidence]:
-    trends, name, out = node.trends, port_name(port), []
+    trends = node.trends
+    if not trends.changed(ib_group(port.device, port.port)):
+        # No counter of the port rose within the window (the usual case): every increase is 0, under
+        # both thresholds (ib_errors_per_minute > 0, ib_link_downs_per_window >= 1).
+        return []
+    name, out = port_name(port), []
     for counter, words in ERROR_COUNTERS.items():
         key = ib_key(port.device, port.port, counter)
         span = trends.span(key)
@@ -226,7 +230,7 @@ def bad_ports(node: NodeState, group: dict[PortKey, PortPeers], ctx: DetectConte
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
-    for group in groups(ctx.fleet.nodes.values()).values():
+    for group in peer_groups(ctx).values():
         ports = group_ports(group)
         for node in group:
             bad = bad_ports(node, ports, ctx)

