@@ -233,7 +233,7 @@ class ControllerApp:
                 after,
             )
             self.connections.pop(name, None)
-            self.ingest.last_frame.pop(name, None)
+            self.ingest.forget(name)
         forget(self.fleet, names)
         gone = set(names)
         for key in [k for k in self.active if k[0] in gone]:

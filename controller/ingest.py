@@ -40,7 +40,7 @@ class Ingest:
         *,
         max_clock_skew_seconds: float = 300.0,  # limits.max_clock_skew_seconds
         hub: RecordHub | None = None,
-        state_every_seconds: float = 60.0,  # db_state_seconds
+        state_every_seconds: float = 300.0,  # db_state_seconds
     ) -> None:
         self.fleet = fleet
         self.max_clock_skew_seconds = max_clock_skew_seconds
@@ -99,17 +99,26 @@ class Ingest:
             if done.cancelled() or done.exception() is None:
                 return
             self.state_failures += 1
-            log.warning(
-                "latest readings of %d nodes not stored (next frame tries again): %s",
-                len(nodes),
-                done.exception(),
-            )
+            if self.state_failures == 1 or self.state_failures % 1000 == 0:  # a full disk fails them all
+                log.warning(
+                    "latest readings of %d nodes not stored (%d such writes failed so far; the next "
+                    "frame tries again): %s",
+                    len(nodes),
+                    self.state_failures,
+                    done.exception(),
+                )
             for node in nodes:
                 self.state_saved.pop(node.name, None)
                 self.unsaved.add(node.name)
 
         future.add_done_callback(settled)
         return future
+
+    def forget(self, node: str) -> None:
+        """Drop what ingest keeps about a node the controller forgets (limits.forget_after_seconds)."""
+        self.last_frame.pop(node, None)
+        self.state_saved.pop(node, None)
+        self.unsaved.discard(node)
 
     async def flush_state(self) -> int:
         """Write every node's latest readings the store does not hold yet (at shutdown); return how many."""

@@ -22,7 +22,7 @@ def gone_nodes(fleet: Fleet, now: float, forget_after_seconds: float) -> list[st
 
 
 def forget(fleet: Fleet, names: Collection[str]) -> None:
-    """Drop the nodes, their boots' ack positions and their probe results from `fleet`."""
+    """Drop the nodes, their boots' ack positions, their probe results and their history from `fleet`."""
     gone = set(names)
     fleet.probe_version += 1
     for name in gone:
@@ -31,3 +31,5 @@ def forget(fleet: Fleet, names: Collection[str]) -> None:
         del fleet.acked[key]
     for probe in [k for k in fleet.probes if k[0] in gone]:
         del fleet.probes[probe]
+    for probe in [k for k in fleet.history if k[0] in gone]:
+        del fleet.history[probe]

@@ -5,6 +5,7 @@ beyond the store is written at shutdown, and a failed write leaves it due again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -153,6 +154,32 @@ def test_a_failed_write_is_counted_and_due_again_with_the_next_frame(tmp_path: P
 
 
 def test_db_state_seconds_is_bounded() -> None:
-    assert ControllerConfig().db_state_seconds == 60.0
+    assert ControllerConfig().db_state_seconds == 300.0
     with pytest.raises(ValueError, match="db_state_seconds"):
         ControllerConfig(db_state_seconds=-1)
+
+
+def test_failed_writes_are_logged_once_then_every_thousandth(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        await ingest.hello(hello())
+
+        def broken(nodes: object) -> asyncio.Future[None]:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future.set_exception(StoreUnavailable("store unavailable: database or disk is full"))
+            return future
+
+        ingest.store.queue_latest = broken  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="gpufleet.controller.ingest"):
+            for seq in range(1, 1001):
+                await ingest.frame("n1", frame(seq))
+            await asyncio.sleep(0)
+        assert ingest.state_failures == 1000
+
+    run(tmp_path / "s.db", body)
+    lines = [r.getMessage() for r in caplog.records if "latest readings" in r.getMessage()]
+    assert [line.split(" (")[1].split(";")[0] for line in lines] == [
+        "1 such writes failed so far",
+        "1000 such writes failed so far",
+    ]

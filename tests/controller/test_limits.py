@@ -137,8 +137,10 @@ def test_nodes_gone_longer_than_forget_after_are_forgotten_once_audit_kept(
             assert sorted(app.fleet.nodes) == ["recent", "silent-but-connected"]
             assert not any(k[0] == "gone" for k in app.fleet.acked)
             assert not any(k[0] == "gone" for k in app.fleet.probes)
+            assert not any(k[0] == "gone" for k in app.fleet.history)
             assert not any(k[0] == "gone" for k in app.active)
             assert "gone" not in app.ingest.last_frame
+            assert "gone" not in app.ingest.state_saved and "gone" not in app.ingest.unsaved
             after = rows(db, "gone")
             assert {t: n for t, n in after.items() if n} == {"audit": 1}  # the audit log stays
             assert rows(db, "recent")["nodes"] == 1
