@@ -39,7 +39,7 @@ from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
 from controller.remediate.retune import Tuner
 from controller.security.identity import NodeIdentities
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller")
@@ -150,7 +150,10 @@ class ControllerApp:
             if newest > 0:
                 self.ingest.last_frame[node.name] = newest
         log.info(
-            "store %s: %d nodes, %d active findings", self.config.db, len(self.fleet.nodes), len(self.active)
+            "store %s: %d nodes, %d active findings",
+            self.store.description,
+            len(self.fleet.nodes),
+            len(self.active),
         )
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from controller.db_url import is_postgres_url, redact_url
 from controller.profiles import ProfileError, load_catalogue
 from protos.names import CAUSES
 from protos.transport import is_loopback
@@ -316,7 +317,7 @@ class ControllerConfig(_Config):
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
     metrics_address: str | None = "0.0.0.0:9401"
-    db: str = "gpufleet.db"  # SQLite file; ":memory:" for tests
+    db: str = "gpufleet.db"  # SQLite file (":memory:" for tests) or postgresql://USER:PASSWORD@HOST:PORT/DB
     db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
     # A node's latest readings are written at most this often (0: with every frame; the next frame
     # replaces them, so a crash loses at most this much of them). Ack positions, probe results and
@@ -367,30 +368,28 @@ class ControllerConfig(_Config):
         return not self.tls.enabled
 
 
-def redact_url(text: str) -> str:
-    """A URL with its password (and any query, which may carry one) replaced by ***, for messages."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.password is None and not parts.query:
-        return text
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (
-            f":{parts.port}" if parts.port else ""
-        )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
-
-
 def check_db(text: str) -> str:
-    """The store: an SQLite file path or ":memory:". A URL (postgresql://..., sqlite://...) is refused
+    """The store: an SQLite file path, ":memory:", or a postgresql:// URL. Any other URL is refused
     rather than taken as a file name, and the message never carries its password."""
     if not text:
-        raise ValueError("db must name an SQLite file (or :memory:)")
+        raise ValueError("db must name an SQLite file (or :memory:) or a postgresql:// URL")
+    if is_postgres_url(text):
+        parts = urllib.parse.urlsplit(text)
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError(f"db {redact_url(text)}: the port is not a number") from None
+        if not parts.path.strip("/"):
+            raise ValueError(
+                f"db {redact_url(text)}: name the database (postgresql://USER@HOST:PORT/DATABASE)"
+            )
+        return text
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) or text.lower().startswith(
         ("postgres:", "postgresql:")
     ):
         raise ValueError(
-            f"db {redact_url(text)}: this controller stores in SQLite only; give a file path "
-            "(PostgreSQL URLs are not supported yet)"
+            f"db {redact_url(text)}: give an SQLite file path or a "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL"
         )
     return text
 

@@ -15,7 +15,7 @@ from controller.fleet.state import apply_frame, apply_hello, plan_frame
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
 from controller.recording import RecordHub
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")

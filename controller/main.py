@@ -185,7 +185,12 @@ def _controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     """`gpufleet controller`'s flags; each beats the same key of --config."""
     ctl = sub.add_parser("controller", help="run the controller")
     ctl.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:50051)")
-    ctl.add_argument("--db", metavar="PATH", help="SQLite file (default gpufleet.db)")
+    ctl.add_argument(
+        "--db",
+        metavar="PATH|URL",
+        help="SQLite file (default gpufleet.db) or postgresql://USER:PASSWORD@HOST:PORT/DATABASE; "
+        "$GPUFLEET_DB gives it without showing the password in the process list",
+    )
     ctl.add_argument(
         "--metrics-address",
         metavar="HOST:PORT|none",

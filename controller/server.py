@@ -15,6 +15,7 @@ import grpc
 
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
+from controller.db_url import redact_url
 from controller.errors import StoreUnavailable
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
@@ -162,7 +163,7 @@ async def serve(
         "controller listening on %s (%s; store %s)",
         address,
         "plaintext" if tls is None else "mutual TLS: agents and operators present client certificates",
-        config.db,
+        redact_url(config.db),
     )
     _log_transport(tls, address, operator_address)
     probes = config.probes

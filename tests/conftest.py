@@ -1,10 +1,12 @@
-"""Fixtures for every test: the Redfish servers (tests/redfish_servers.py) are imported here so
-pytest sees them; `require` and `free_port` live in tests/support.py and are re-exported."""
+"""Fixtures for every test: the Redfish servers (tests/redfish_servers.py), Prometheus and PostgreSQL
+are imported here so pytest sees them; `require` and `free_port` live in tests/support.py and are
+re-exported."""
 
 from __future__ import annotations
 
 import os
 
+from tests.postgres_server import postgres_server  # noqa: F401 - imported to register the fixture
 from tests.prometheus_server import prometheus_server  # noqa: F401 - imported to register the fixture
 from tests.redfish_servers import (  # noqa: F401 - imported to register the fixtures
     dmtf_mockup,
@@ -16,6 +18,7 @@ from tests.redfish_servers import (  # noqa: F401 - imported to register the fix
     tls_files,
     unreachable_url,
 )
+from tests.store_backends import store_db  # noqa: F401 - imported to register the fixture
 from tests.support import IN_CI, free_port, require
 
 __all__ = ["IN_CI", "free_port", "require"]

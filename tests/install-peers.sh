@@ -2,6 +2,8 @@
 # Install the real programs the test suite runs beside gpufleet, from Debian's packages:
 #   prometheus                  prometheus, promtool (dashboards, alert rules, the e2e scrape)
 #   prometheus-node-exporter    prometheus-node-exporter (bench/exporter_scrape.py's yardstick)
+#   postgresql-15               initdb, postgres in /usr/lib/postgresql/15/bin, not on PATH
+#                               (tests/postgres_server.py; $GPUFLEET_PG_BINDIR names another)
 # Python peers (sushy-tools, trustme, CPU torch) come from pip in the Makefile.
 #
 # Run by `make test` (target `peers`). As root, or with password-less sudo, it installs what is
@@ -16,12 +18,17 @@ declare -A PACKAGE=(
   [prometheus-node-exporter]=prometheus-node-exporter
 )
 
+PG_BINDIR=${GPUFLEET_PG_BINDIR:-/usr/lib/postgresql/15/bin}
+
 missing=()
 for binary in "${!PACKAGE[@]}"; do
   if ! command -v "$binary" >/dev/null 2>&1; then
     missing+=("${PACKAGE[$binary]}")
   fi
 done
+if [[ ! -x $PG_BINDIR/postgres ]]; then
+  missing+=(postgresql-15)
+fi
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
@@ -48,7 +55,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
   if [[ ${CI:-} == true ]]; then
     exit 1
   fi
-  echo "  install Prometheus, promtool and the node exporter another way; until then those tests skip" >&2
+  echo "  install Prometheus, promtool, the node exporter and PostgreSQL 15 another way" \
+    "(GPUFLEET_PG_BINDIR: its bin directory); until then those tests skip" >&2
   exit 0
 fi
 
@@ -61,16 +69,20 @@ if ! "${install[@]}" >/dev/null; then
   "${install[@]}" >/dev/null
 fi
 
-# The packages enable and start their own servers (:9090, :9100) where an init system runs. In a
-# container without one nothing starts (invoke-rc.d finds no runlevel); elsewhere stop them: the
-# tests start their own on free loopback ports.
-for service in prometheus prometheus-node-exporter; do
+# The packages enable and start their own servers (:9090, :9100, and PostgreSQL's cluster 15/main
+# on :5432) where an init system runs. In a container without one nothing starts (invoke-rc.d finds
+# no runlevel); elsewhere stop them: the tests start their own on free loopback ports.
+for service in prometheus prometheus-node-exporter postgresql; do
   if [[ -d /run/systemd/system ]]; then
     "${sudo[@]}" systemctl disable --now "$service.service" >/dev/null 2>&1 || true
   elif [[ -x /etc/init.d/$service ]] && "${sudo[@]}" "/etc/init.d/$service" status >/dev/null 2>&1; then
     "${sudo[@]}" "/etc/init.d/$service" stop >/dev/null || true
   fi
 done
+# postgresql.service only fans out to postgresql@15-main.service; stop the cluster itself too.
+if command -v pg_ctlcluster >/dev/null 2>&1 && "${sudo[@]}" pg_ctlcluster 15 main status >/dev/null 2>&1; then
+  "${sudo[@]}" pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+fi
 
 for binary in "${!PACKAGE[@]}"; do
   if ! command -v "$binary" >/dev/null 2>&1; then
@@ -78,3 +90,7 @@ for binary in "${!PACKAGE[@]}"; do
     exit 1
   fi
 done
+if [[ ! -x $PG_BINDIR/postgres ]]; then
+  echo "installed ${packages[*]}, yet $PG_BINDIR/postgres is still missing" >&2
+  exit 1
+fi

@@ -1,5 +1,6 @@
 """Real processes: kill -9 the controller while an agent streams to it, start it again on the same
-store: no frame the controller acked is lost and none is stored twice.
+store (an SQLite file, then a PostgreSQL database): no frame the controller acked is lost and none
+is stored twice.
 
 The proof is the sequence: the restarted controller starts at the stored position, takes the agent's
 resent frames from exactly there (a frame the agent dropped as acked but the store lacked would be a
@@ -14,10 +15,13 @@ import os
 import signal
 import sqlite3
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -38,9 +42,17 @@ def metric(port: int, name: str) -> float:
     raise AssertionError(f"{name} not in the scrape")
 
 
-def stored_position(db: Path) -> int:
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute("SELECT acked_seq FROM boots WHERE node = ?", (NODE,)).fetchall()
+def positions(db: str) -> list[tuple[Any, ...]]:
+    """The node's stored ack positions, read from the side (SQLite file or PostgreSQL URL)."""
+    if db.startswith("postgresql://"):
+        with psycopg.connect(db, connect_timeout=5) as pg:
+            return pg.execute("SELECT acked_seq FROM boots WHERE node = %s", (NODE,)).fetchall()
+    with contextlib.closing(sqlite3.connect(db, timeout=1)) as conn:
+        return conn.execute("SELECT acked_seq FROM boots WHERE node = ?", (NODE,)).fetchall()
+
+
+def stored_position(db: str) -> int:
+    rows = positions(db)
     assert len(rows) == 1, rows  # one boot of the agent
     return int(rows[0][0])
 
@@ -53,16 +65,16 @@ def wait_for(what: str, check: Callable[[], bool], logs: list[Path]) -> None:
         time.sleep(0.1)
 
 
-def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: Path) -> None:
+def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: Path, store_db: str) -> None:
     grpc_port, metrics_port = free_port(), free_port()
-    db = tmp_path / "gpufleet.db"
+    db = store_db
     cfg = tmp_path / "controller.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "listen": f"127.0.0.1:{grpc_port}",
                 "metrics_address": f"127.0.0.1:{metrics_port}",
-                "db": str(db),
+                "db": db,
                 "probes": {"on_connect": False, "periodic": False},
             }
         )
@@ -90,7 +102,7 @@ def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: 
     controller = spawn(["controller", "controller", "--config", str(cfg)], clog)
     agent = spawn(["agent", "--config", str(agent_cfg)], alog)
     try:
-        wait_for("no frames ingested", lambda: db.exists() and _position_or_zero(db) >= 30, logs)
+        wait_for("no frames ingested", lambda: _position_or_zero(db) >= 30, logs)
         os.kill(controller.pid, signal.SIGKILL)  # mid-stream: frames in flight, acks unsent
         controller.wait(timeout=10)
         at_kill = stored_position(db)
@@ -112,15 +124,20 @@ def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: 
         assert duplicates >= 0
         text = clog.read_text()
         assert "OUT_OF_RANGE" not in text and "expected frame" not in text, text[-3000:]
+        password = urllib.parse.urlsplit(db).password
+        assert password is None or password not in text, "the store's password was logged"
+        assert db.startswith("postgresql://") is ("store postgresql://gpufleet:***@" in text), text[-3000:]
     finally:
         stop(agent)
         stop(controller)
 
 
-def _position_or_zero(db: Path) -> int:
-    try:
-        with contextlib.closing(sqlite3.connect(db, timeout=1)) as conn:
-            row = conn.execute("SELECT MAX(acked_seq) FROM boots WHERE node = ?", (NODE,)).fetchone()
-    except sqlite3.Error:
+def _position_or_zero(db: str) -> int:
+    """0 until the store and the node's row exist."""
+    if not db.startswith("postgresql://") and not Path(db).exists():
         return 0
-    return int(row[0] or 0) if row else 0
+    try:
+        rows = positions(db)
+    except (sqlite3.Error, psycopg.Error):
+        return 0
+    return max((int(r[0]) for r in rows), default=0)

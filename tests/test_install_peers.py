@@ -16,11 +16,17 @@ MAKEFILE = ROOT / "Makefile"
 CI_RUN = ROOT / ".ci" / "run"
 
 
-def _bin(tmp_path: Path, *, uid: int, present: tuple[str, ...] = ()) -> Path:
+def _bin(tmp_path: Path, *, uid: int, present: tuple[str, ...] = (), postgres: bool = True) -> Path:
     """A PATH holding bash and sort, an `id` that answers `uid`, no sudo, no apt-get, and stand-ins
-    for the peers in `present`."""
+    for the peers in `present`; beside it pg/, the $GPUFLEET_PG_BINDIR `_run` passes, holding a
+    stand-in `postgres` when `postgres`."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
+    bindir.mkdir(parents=True)
+    pg_bindir = tmp_path / "pg"
+    pg_bindir.mkdir()
+    if postgres:
+        (pg_bindir / "postgres").write_text(f"#!{shutil.which('bash')}\nexit 0\n")
+        (pg_bindir / "postgres").chmod(0o755)
     for tool in ("bash", "sort", "env"):
         found = shutil.which(tool)
         assert found is not None
@@ -35,7 +41,12 @@ def _bin(tmp_path: Path, *, uid: int, present: tuple[str, ...] = ()) -> Path:
 
 
 def _run(bindir: Path, ci: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": str(bindir), "CI": ci, "HOME": os.environ.get("HOME", "/")}
+    env = {
+        "PATH": str(bindir),
+        "CI": ci,
+        "HOME": os.environ.get("HOME", "/"),
+        "GPUFLEET_PG_BINDIR": str(bindir.parent / "pg"),
+    }
     return subprocess.run(
         [str(bindir / "bash"), str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -59,6 +70,17 @@ def test_only_the_missing_package_is_named(tmp_path: Path) -> None:
     assert "install -y --no-install-recommends prometheus-node-exporter\n" in proc.stderr
 
 
+def test_postgresql_15_is_named_when_its_postgres_is_missing(tmp_path: Path) -> None:
+    peers = ("prometheus", "promtool", "prometheus-node-exporter")
+    proc = _run(_bin(tmp_path, uid=1000, present=peers, postgres=False), "")
+    assert proc.returncode == 0, proc.stderr
+    assert "sudo apt-get install -y --no-install-recommends postgresql-15\n" in proc.stderr
+    # Its binaries are not on PATH: a `postgres` there does not count.
+    peers_and_a_stray_postgres = (*peers, "postgres")
+    proc = _run(_bin(tmp_path / "again", uid=1000, present=peers_and_a_stray_postgres, postgres=False), "")
+    assert "install -y --no-install-recommends postgresql-15\n" in proc.stderr
+
+
 def test_nothing_is_done_when_every_peer_is_there(tmp_path: Path) -> None:
     peers = ("prometheus", "promtool", "prometheus-node-exporter")
     proc = _run(_bin(tmp_path, uid=0, present=peers), "true")
@@ -66,8 +88,9 @@ def test_nothing_is_done_when_every_peer_is_there(tmp_path: Path) -> None:
 
 
 def test_root_without_apt_fails_in_ci(tmp_path: Path) -> None:
-    proc = _run(_bin(tmp_path, uid=0), "true")
+    proc = _run(_bin(tmp_path, uid=0, postgres=False), "true")
     assert proc.returncode == 1
+    assert "test peers missing: postgresql-15 prometheus prometheus-node-exporter (" in proc.stderr
     assert "no apt-get" in proc.stderr
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -14,6 +15,9 @@ from protos.logsafe import configure_logging
 from protos.transport import TransportError
 
 TLS_FLAGS = (("tls_cert", "cert"), ("tls_key", "key"), ("tls_client_ca", "client_ca"))
+# The store, from the environment (a Kubernetes Secret): beats the file's `db`, not --db. A
+# postgresql:// URL carries its password, which a flag would show to everyone who can run `ps`.
+DB_ENV = "GPUFLEET_DB"
 
 
 def run_controller(args: argparse.Namespace) -> int:
@@ -64,6 +68,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if getattr(args, flag, None):
             overrides[key] = getattr(args, flag)
+    if "db" not in overrides and os.environ.get(DB_ENV, "").strip():
+        overrides["db"] = os.environ[DB_ENV].strip()
     if args.metrics_address is not None:  # "none" turns the server off; the config reads it so
         overrides["metrics_address"] = args.metrics_address
     tls = {key: getattr(args, flag) for flag, key in TLS_FLAGS if getattr(args, flag, None)}

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from controller.commands.kinds import KINDS, CommandKind, kind_of
 from controller.errors import FailedPrecondition, InvalidMessage
 from controller.store.commands import CommandRecord
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 if TYPE_CHECKING:

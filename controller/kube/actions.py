@@ -28,7 +28,7 @@ from controller.remediate.applying import BreakerRefused
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
 from controller.store.drains import DrainRecord
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 
 class KubeActions(Draining):

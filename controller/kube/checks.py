@@ -17,7 +17,7 @@ from controller.kube.api import ApiError, KubeApi, Obj
 from controller.kube.cluster import Cluster
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller.store.audit import AuditEntry
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 
 class Auditor:

@@ -21,7 +21,7 @@ from controller.fleet.peers import group_sizes, node_group
 from controller.remediate import breaker
 from controller.remediate.audit import Auditor
 from controller.store.audit import AuditEntry
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 log = logging.getLogger("gpufleet.controller.breaker")
 

@@ -19,7 +19,7 @@ from controller.remediate.guard import Breaker, Verdict
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
 from controller.store.recommendations import Recommendation
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.tuning")

@@ -36,7 +36,7 @@ from controller.remediate.operator_requests import NO_CLUSTER, OperatorRequests
 from controller.remediate.recommend import Knowledge, Proposal, group_findings, profiles_for, propose_for
 from controller.store.audit import AuditEntry
 from controller.store.recommendations import Recommendation
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 log = logging.getLogger("gpufleet.controller.tuning")
 APPLIED_ACTIONS = ("tune", "set_fleet_value")  # the actions that change settings

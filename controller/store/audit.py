@@ -9,9 +9,10 @@ writer.py); Store in sqlite.py is their async face.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
+
+from controller.store.sql import Conn
 
 REQUESTED = "requested"
 OUTCOMES = (REQUESTED, "allowed", "refused", "succeeded", "failed", "rolled_back")
@@ -35,7 +36,7 @@ class AuditEntry:
 COLUMNS = "id, time, requester, action, node, parameters, reason, findings, outcome, outcome_time, detail"
 
 
-def add_entry(conn: sqlite3.Connection, e: AuditEntry) -> None:
+def add_entry(conn: Conn, e: AuditEntry) -> None:
     conn.execute(
         f"INSERT INTO audit ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
@@ -54,7 +55,7 @@ def add_entry(conn: sqlite3.Connection, e: AuditEntry) -> None:
     )
 
 
-def set_outcome(conn: sqlite3.Connection, entry_id: str, outcome: str, when: float, detail: str) -> None:
+def set_outcome(conn: Conn, entry_id: str, outcome: str, when: float, detail: str) -> None:
     if outcome not in OUTCOMES:
         raise ValueError(f"audit outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
     updated = conn.execute(
@@ -82,7 +83,7 @@ def _entry(row: tuple[Any, ...]) -> AuditEntry:
     )
 
 
-def list_entries(conn: sqlite3.Connection, node: str, since: float | None, limit: int) -> list[AuditEntry]:
+def list_entries(conn: Conn, node: str, since: float | None, limit: int) -> list[AuditEntry]:
     """Newest first; optionally one node's, and only those requested at or after `since`."""
     sql = f"SELECT {COLUMNS} FROM audit WHERE 1 = 1"
     args: list[object] = []
@@ -97,12 +98,12 @@ def list_entries(conn: sqlite3.Connection, node: str, since: float | None, limit
     return [_entry(row) for row in conn.execute(sql, args)]
 
 
-def get_entry(conn: sqlite3.Connection, entry_id: str) -> AuditEntry | None:
+def get_entry(conn: Conn, entry_id: str) -> AuditEntry | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM audit WHERE id = ?", (entry_id,)).fetchone()
     return None if row is None else _entry(row)
 
 
-def save_breaker(conn: sqlite3.Connection, state: str, when: float) -> None:
+def save_breaker(conn: Conn, state: str, when: float) -> None:
     conn.execute(
         "INSERT INTO breaker (id, state, updated) VALUES (1, ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET state = excluded.state, updated = excluded.updated",
@@ -110,6 +111,6 @@ def save_breaker(conn: sqlite3.Connection, state: str, when: float) -> None:
     )
 
 
-def load_breaker(conn: sqlite3.Connection) -> str | None:
+def load_breaker(conn: Conn) -> str | None:
     row = conn.execute("SELECT state FROM breaker WHERE id = 1").fetchone()
     return None if row is None else str(row[0])

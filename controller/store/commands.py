@@ -5,10 +5,10 @@ The functions run in the store thread (see writer.py); Store in sqlite.py is the
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 
 from controller.store.rows import newest_rows
+from controller.store.sql import Conn, upsert
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 OPEN_STATES = ("pending", "sent", "running")
@@ -43,9 +43,9 @@ COLUMNS = (
 )
 
 
-def save_command(conn: sqlite3.Connection, r: CommandRecord) -> None:
+def save_command(conn: Conn, r: CommandRecord) -> None:
     conn.execute(
-        f"INSERT OR REPLACE INTO commands ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        upsert("commands", COLUMNS, "id"),
         (
             r.id,
             r.node,
@@ -86,18 +86,18 @@ def _record(row: tuple[object, ...]) -> CommandRecord:
     )
 
 
-def list_commands(conn: sqlite3.Connection, node: str, limit: int) -> list[CommandRecord]:
+def list_commands(conn: Conn, node: str, limit: int) -> list[CommandRecord]:
     """Newest first, optionally one node's."""
     return [_record(row) for row in newest_rows(conn, "commands", COLUMNS, "created", node=node, limit=limit)]
 
 
-def open_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
+def open_commands(conn: Conn) -> list[CommandRecord]:
     """Commands not finished, oldest first: what a restarted controller still owes its nodes."""
     rows = conn.execute(f"SELECT {COLUMNS} FROM commands WHERE finished IS NULL ORDER BY created, id")
     return [_record(row) for row in rows]
 
 
-def unanswered_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
+def unanswered_commands(conn: Conn) -> list[CommandRecord]:
     """Commands that timed out with no answer, oldest first: a mutating one still holds its node
     until the agent answers or restarts (controller/commands/channel.py)."""
     rows = conn.execute(
@@ -106,11 +106,11 @@ def unanswered_commands(conn: sqlite3.Connection) -> list[CommandRecord]:
     return [_record(row) for row in rows]
 
 
-def load_commands(conn: sqlite3.Connection) -> tuple[list[CommandRecord], list[CommandRecord]]:
+def load_commands(conn: Conn) -> tuple[list[CommandRecord], list[CommandRecord]]:
     return open_commands(conn), unanswered_commands(conn)
 
 
-def prune_commands(conn: sqlite3.Connection, before: float) -> int:
+def prune_commands(conn: Conn, before: float) -> int:
     return conn.execute(
         "DELETE FROM commands WHERE finished IS NOT NULL AND finished < ?", (before,)
     ).rowcount

@@ -9,11 +9,10 @@ in the store thread (see writer.py); Store in sqlite.py is their async face.
 
 from __future__ import annotations
 
-import sqlite3
-
 import msgspec
 
 from controller.store.rows import newest_rows
+from controller.store.sql import Conn, upsert
 
 RUNNING = "running"
 OUTCOMES = ("drained", "blocked", "timed_out", "failed")
@@ -84,16 +83,16 @@ def _record(row: tuple[object, ...]) -> DrainRecord:
     return msgspec.json.decode(body, type=DrainRecord)
 
 
-def save(conn: sqlite3.Connection, row: Row) -> None:
-    conn.execute(f"INSERT OR REPLACE INTO drains ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", row)
+def save(conn: Conn, row: Row) -> None:
+    conn.execute(upsert("drains", COLUMNS, "id"), row)
 
 
-def list_rows(conn: sqlite3.Connection, node: str, limit: int) -> list[DrainRecord]:
+def list_rows(conn: Conn, node: str, limit: int) -> list[DrainRecord]:
     """Newest first, optionally one node's."""
     return [_record(row) for row in newest_rows(conn, "drains", COLUMNS, "started", node=node, limit=limit)]
 
 
-def load_running(conn: sqlite3.Connection) -> list[DrainRecord]:
+def load_running(conn: Conn) -> list[DrainRecord]:
     """The drains a previous controller left running, oldest first: what a starting one resumes."""
     rows = conn.execute(f"SELECT {COLUMNS} FROM drains WHERE state = ? ORDER BY started, id", (RUNNING,))
     return [_record(row) for row in rows]

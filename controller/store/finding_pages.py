@@ -3,11 +3,12 @@ first, then node, GPU (node-level first), cause and id; after a given key, at mo
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 from controller.fleet.findings import StoredFinding
 from controller.paging import SEVERITY_RANK, FindingKey
+from controller.store.nodes import stored
+from controller.store.sql import Conn
 
 _RANK = (
     "CASE severity "
@@ -18,7 +19,7 @@ _ORDER = f"{_RANK}, node, coalesce(gpu, -1), cause, id"
 
 
 def list_page(
-    conn: sqlite3.Connection,
+    conn: Conn,
     node: str,
     include_resolved: bool,
     *,
@@ -30,8 +31,6 @@ def list_page(
     """Findings of `node` ('' every node) whose severity is one of `severities` (None: any), active only
     unless include_resolved, last seen at or after `since` (None: whenever), sorted, after the key
     `after` (None: from the start)."""
-    from controller.store.sqlite import _stored  # the row -> StoredFinding of the findings table
-
     sql = "SELECT id, first_seen, last_seen, active, body FROM findings WHERE 1 = 1"
     args: list[object] = []
     if node:
@@ -50,4 +49,4 @@ def list_page(
         args += after
     sql += f" ORDER BY {_ORDER} LIMIT ?"
     args.append(limit)
-    return [_stored(row) for row in conn.execute(sql, args)]
+    return [stored(row) for row in conn.execute(sql, args)]

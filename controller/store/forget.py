@@ -4,8 +4,9 @@ age on their own)."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
+
+from controller.store.sql import Conn
 
 NODE_TABLES = (
     ("nodes", "name"),
@@ -19,7 +20,7 @@ NODE_TABLES = (
 )
 
 
-def forget_nodes(conn: sqlite3.Connection, names: Sequence[str]) -> int:
+def forget_nodes(conn: Conn, names: Sequence[str]) -> int:
     """Delete the nodes' rows from the node tables; returns how many rows went."""
     removed = 0
     for table, column in NODE_TABLES:

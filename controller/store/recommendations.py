@@ -10,11 +10,11 @@ functions run in the store thread (see writer.py); Store in sqlite.py is their a
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controller.store.rows import newest_rows
+from controller.store.sql import Conn, upsert
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 OPEN_STATES = ("proposed", "approved", "applying")
@@ -116,17 +116,15 @@ def from_row(row: tuple[Any, ...]) -> Recommendation:
     )
 
 
-def save(conn: sqlite3.Connection, row: Row) -> None:
-    conn.execute(
-        f"INSERT OR REPLACE INTO recommendations ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
-    )
+def save(conn: Conn, row: Row) -> None:
+    conn.execute(upsert("recommendations", COLUMNS, "id"), row)
 
 
-def delete(conn: sqlite3.Connection, rec_id: str) -> None:
+def delete(conn: Conn, rec_id: str) -> None:
     conn.execute("DELETE FROM recommendations WHERE id = ?", (rec_id,))
 
 
-def list_rows(conn: sqlite3.Connection, node: str, limit: int) -> list[Recommendation]:
+def list_rows(conn: Conn, node: str, limit: int) -> list[Recommendation]:
     """Newest first, optionally one node's."""
     return [
         from_row(row)
@@ -134,14 +132,14 @@ def list_rows(conn: sqlite3.Connection, node: str, limit: int) -> list[Recommend
     ]
 
 
-def load_all(conn: sqlite3.Connection) -> list[Recommendation]:
+def load_all(conn: Conn) -> list[Recommendation]:
     """Every row, oldest first: what a starting controller takes up."""
     return [
         from_row(row) for row in conn.execute(f"SELECT {COLUMNS} FROM recommendations ORDER BY created, id")
     ]
 
 
-def prune(conn: sqlite3.Connection, before: float) -> int:
+def prune(conn: Conn, before: float) -> int:
     """Drop finished rows last changed before `before` (open ones stay, however old)."""
     marks = ", ".join("?" for _ in FINAL_STATES)
     return conn.execute(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
+from controller.store.sql import Conn
 
-def newest_rows(
-    conn: sqlite3.Connection, table: str, columns: str, when: str, *, node: str, limit: int
-) -> list[Any]:
+
+def newest_rows(conn: Conn, table: str, columns: str, when: str, *, node: str, limit: int) -> list[Any]:
     """Up to `limit` rows of `table` (its `columns`), newest `when` first (ties by id), optionally
     only `node`'s. `table`, `columns` and `when` are the caller's constants, never user input."""
     sql = f"SELECT {columns} FROM {table}"

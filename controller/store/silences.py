@@ -7,11 +7,11 @@ store thread (see writer.py); Store in sqlite.py is their async face.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from controller.fleet.findings import StoredFinding
 from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
+from controller.store.sql import Conn, upsert
 
 SILENCE_COLUMNS = "id, node, cause, starts, ends, requester, comment, ended_by, end_comment"
 
@@ -31,21 +31,19 @@ def _silence(row: tuple[Any, ...]) -> Silence:
     )
 
 
-def save_silence(conn: sqlite3.Connection, s: Silence) -> None:
+def save_silence(conn: Conn, s: Silence) -> None:
     conn.execute(
-        f"INSERT OR REPLACE INTO silences ({SILENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        upsert("silences", SILENCE_COLUMNS, "id"),
         (s.id, s.node, s.cause, s.starts, s.ends, s.by, s.comment, s.ended_by, s.end_comment),
     )
 
 
-def get_silence(conn: sqlite3.Connection, silence_id: str) -> Silence | None:
+def get_silence(conn: Conn, silence_id: str) -> Silence | None:
     row = conn.execute(f"SELECT {SILENCE_COLUMNS} FROM silences WHERE id = ?", (silence_id,)).fetchone()
     return None if row is None else _silence(row)
 
 
-def list_silences(
-    conn: sqlite3.Connection, node: str, include_expired: bool, now: float, limit: int
-) -> list[Silence]:
+def list_silences(conn: Conn, node: str, include_expired: bool, now: float, limit: int) -> list[Silence]:
     """Newest first; optionally one node's; only those active at `now` unless include_expired."""
     sql = f"SELECT {SILENCE_COLUMNS} FROM silences WHERE 1 = 1"
     args: list[object] = []
@@ -60,36 +58,35 @@ def list_silences(
     return [_silence(row) for row in conn.execute(sql, args)]
 
 
-def set_maintenance(conn: sqlite3.Connection, node: str, m: Maintenance | None) -> None:
+def set_maintenance(conn: Conn, node: str, m: Maintenance | None) -> None:
     """Put `node` under maintenance (m), or take it out (None)."""
     if m is None:
         conn.execute("DELETE FROM maintenance WHERE node = ?", (node,))
         return
     conn.execute(
-        "INSERT OR REPLACE INTO maintenance (node, requester, comment, since) VALUES (?, ?, ?, ?)",
+        upsert("maintenance", "node, requester, comment, since", "node"),
         (m.node, m.by, m.comment, m.since),
     )
 
 
-def save_ack(conn: sqlite3.Connection, a: Ack) -> None:
+def save_ack(conn: Conn, a: Ack) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO finding_acks (finding_id, node, requester, comment, time)"
-        " VALUES (?, ?, ?, ?, ?)",
+        upsert("finding_acks", "finding_id, node, requester, comment, time", "finding_id"),
         (a.finding_id, a.node, a.by, a.comment, a.time),
     )
 
 
-def get_finding(conn: sqlite3.Connection, finding_id: str) -> StoredFinding | None:
+def get_finding(conn: Conn, finding_id: str) -> StoredFinding | None:
     """A finding of the store by id, active or resolved."""
-    from controller.store.sqlite import _stored  # the row -> StoredFinding of the findings table
+    from controller.store.nodes import stored
 
     row = conn.execute(
         "SELECT id, first_seen, last_seen, active, body FROM findings WHERE id = ?", (finding_id,)
     ).fetchone()
-    return None if row is None else _stored(row)
+    return None if row is None else stored(row)
 
 
-def load(conn: sqlite3.Connection, now: float) -> Silencing:
+def load(conn: Conn, now: float) -> Silencing:
     """What a starting controller takes up: the silences not yet over, maintenance, every ack."""
     book = Silencing()
     for row in conn.execute(f"SELECT {SILENCE_COLUMNS} FROM silences WHERE ends > ?", (now,)):

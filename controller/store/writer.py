@@ -1,8 +1,11 @@
-"""One thread owns the SQLite connection; calls queue up and are committed together.
+"""One thread owns the store's connection; calls queue up and are committed together.
 
 Group commit: every job waiting when a transaction starts joins it, each in its own savepoint (one
 failing job does not undo the others), and all are answered after the single COMMIT. So an ack
 sent for a job's result means that result is on disk, at one fsync per batch rather than per frame.
+
+A connection the backend reports lost (PostgreSQL's server gone) fails its batch and is opened
+again for the next one; a batch that cannot connect fails with StoreUnavailable, so nothing is acked.
 """
 
 from __future__ import annotations
@@ -10,23 +13,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from controller.errors import StoreUnavailable
+from controller.store.backends import Backend, Connection
 
 T = TypeVar("T")
-Job = tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+Job = tuple[Callable[[Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
 
 log = logging.getLogger("gpufleet.controller.store")
 MAX_BATCH = 512
 
 
 class StoreThread:
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
-        self._connect = connect
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._conn: Connection | None = None
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gpufleet-store", daemon=True)
         self._started = False
@@ -35,11 +39,11 @@ class StoreThread:
         self._thread.start()
         self._started = True
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[Connection], T]) -> T:
         """Run fn(connection) in the store thread inside a transaction; return once committed."""
         return await self.submit(fn)
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[[Connection], T]) -> asyncio.Future[T]:
         """Queue fn at once (jobs run in the order queued); the future settles once committed."""
         if not self._started:
             raise RuntimeError("store thread not started")
@@ -55,7 +59,6 @@ class StoreThread:
             self._started = False
 
     def _run(self) -> None:
-        conn = self._connect()
         try:
             while True:
                 job = self._jobs.get()
@@ -72,16 +75,36 @@ class StoreThread:
                         stopping = True
                         break
                     batch.append(more)
-                self._run_batch(conn, batch)
+                self._run_batch(batch)
                 if stopping:
                     return
         finally:
-            conn.close()
+            if self._conn is not None:
+                self._close()
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[Job]) -> None:
+    def _connection(self) -> Connection:
+        if self._conn is not None and self.backend.broken(self._conn):
+            log.warning("store connection to %s lost; connecting again", self.backend.description)
+            self._close()
+        if self._conn is None:
+            self._conn = self.backend.connect()
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except self.backend.errors as exc:
+                log.debug("closing the store connection: %s", exc)
+
+    def _run_batch(self, batch: list[Job]) -> None:
+        errors = self.backend.errors
+        failures: tuple[type[BaseException], ...] = (*errors, OSError)
         outcomes: list[tuple[Job, Any, BaseException | None]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn = self._connection()
+            conn.execute(self.backend.begin)
             for job in batch:
                 conn.execute("SAVEPOINT job")
                 try:
@@ -89,28 +112,39 @@ class StoreThread:
                     conn.execute("RELEASE job")
                     outcomes.append((job, result, None))
                 except Exception as exc:
-                    if isinstance(exc, sqlite3.Error) and not conn.in_transaction:
-                        raise  # SQLite abandoned the whole transaction (e.g. SQLITE_FULL)
+                    if isinstance(exc, errors) and (not conn.in_transaction or self.backend.broken(conn)):
+                        raise  # the whole transaction is gone (SQLite's SQLITE_FULL, a lost connection)
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
-                    outcomes.append((job, None, _translate(exc)))
+                    outcomes.append((job, None, self._translate(exc)))
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            # Disk full, I/O error, locked: nothing in this batch is stored, so nothing may be acked.
+        except failures as exc:
+            # Disk full, I/O error, locked, server gone: nothing in this batch is stored, so nothing
+            # may be acked.
             log.error("store commit failed: %s", exc)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            failure: BaseException = _translate(exc)
+            self._abandon()
+            failure: BaseException = self._translate(exc)
             outcomes = [(job, None, failure) for job in batch]
         for job, result, error in outcomes:
             _, future, loop = job
             loop.call_soon_threadsafe(_settle, future, result, error)
 
+    def _abandon(self) -> None:
+        """Roll back what the failed batch left open; a connection that cannot is dropped."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if not self.backend.broken(conn) and conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except self.backend.errors as exc:
+            log.warning("store rollback failed (%s); connecting again for the next batch", exc)
+            self._close()
 
-def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError):
-        return StoreUnavailable(f"store unavailable: {exc}")
-    return exc
+    def _translate(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, (*self.backend.errors, OSError)):
+            return StoreUnavailable(f"store unavailable: {exc}")
+        return exc
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

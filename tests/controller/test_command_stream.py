@@ -19,7 +19,7 @@ from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
 from agent.sources.sim.probes import ModelledProbes
 from controller.config import ProbeConfig
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import EOF, config, hello, running_controller

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from controller.app import ControllerApp
+from controller.cli.run_controller import _overrides
 from controller.config import ConfigError, ControllerConfig, DetectConfig, DetectorConfig, load
 from controller.detect.base import discover
+from controller.main import build_parser
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -153,26 +155,63 @@ def test_unknown_detector_is_refused_at_start_with_the_registered_names() -> Non
 
 
 @pytest.mark.parametrize(
-    ("db", "shown"),
+    ("db", "shown", "why"),
     [
-        ("postgresql://gf:s3cret@db.example:5432/gpufleet", "postgresql://gf:***@db.example:5432/gpufleet"),
-        ("postgres://gf@db.example/gpufleet?password=s3cret", "postgres://gf@db.example/gpufleet?***"),
-        ("sqlite:///var/lib/gpufleet.db", "sqlite:///var/lib/gpufleet.db"),
-        ("postgresql:///gpufleet", "postgresql:///gpufleet"),
+        ("sqlite:///var/lib/gpufleet.db", "sqlite:///var/lib/gpufleet.db", "give an SQLite file path"),
+        ("mysql://gf:s3cret@db.example/gpufleet", "mysql://gf:***@db.example/gpufleet", "give an SQLite"),
+        ("postgresql:gf:s3cret@db.example", "postgresql:gf:s3cret@db.example", "give an SQLite"),
+        (
+            "postgresql://gf:s3cret@db.example:54x/gpufleet",
+            "postgresql://gf:***@db.example:54x/gpufleet",
+            "not a number",
+        ),
+        ("postgres://gf:s3cret@db.example:5432/", "postgres://gf:***@db.example:5432/", "name the database"),
+        ("postgres://gf@db.example?password=s3cret", "postgres://gf@db.example?***", "name the database"),
     ],
 )
-def test_a_db_url_is_refused_and_its_password_never_shown(db: str, shown: str) -> None:
+def test_a_db_url_the_controller_cannot_use_is_refused_and_its_password_never_shown(
+    db: str, shown: str, why: str
+) -> None:
     """A URL used to be taken as an SQLite file name (a file called 'postgresql:' made in the working
-    directory); now it is a config error that names the URL without its credentials."""
+    directory); now one the store cannot use is a config error that names it without credentials."""
     with pytest.raises(ConfigError) as caught:
         load(None, {"db": db})
     message = str(caught.value)
-    assert f"db {shown}: this controller stores in SQLite only" in message
-    assert "s3cret" not in message
+    assert f"db {shown}" in message
+    assert why in message
+    if "://" in db:
+        assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    "db",
+    [
+        "postgresql://gf:s3cret@db.example:5432/gpufleet",
+        "postgres://gf@db.example/gpufleet",
+        "postgresql:///gf",
+    ],
+)
+def test_a_postgresql_url_is_taken(db: str) -> None:
+    assert load(None, {"db": db}).db == db
 
 
 def test_a_db_path_or_memory_is_taken(tmp_path: Path) -> None:
     assert load(None, {"db": str(tmp_path / "fleet.db")}).db == str(tmp_path / "fleet.db")
     assert load(None, {"db": ":memory:"}).db == ":memory:"
-    with pytest.raises(ConfigError, match="db must name an SQLite file"):
+    with pytest.raises(ConfigError, match=r"db must name an SQLite file .* or a postgresql:// URL"):
         load(None, {"db": ""})
+
+
+def test_the_db_comes_from_the_environment_before_the_file_and_after_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$GPUFLEET_DB (a Kubernetes Secret) keeps a PostgreSQL password out of the process list."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("db: from-file.db\n")
+    parser = build_parser()
+    args = parser.parse_args(["controller", "--config", str(cfg)])
+    assert load(str(cfg), _overrides(args)).db == "from-file.db"
+    monkeypatch.setenv("GPUFLEET_DB", "postgresql://gf:pw@db:5432/fleet")
+    assert load(str(cfg), _overrides(args)).db == "postgresql://gf:pw@db:5432/fleet"
+    flagged = parser.parse_args(["controller", "--config", str(cfg), "--db", "flag.db"])
+    assert load(str(cfg), _overrides(flagged)).db == "flag.db"

@@ -11,7 +11,7 @@ import pytest
 from controller.errors import InvalidMessage, SequenceGap, StoreUnavailable
 from controller.fleet.model import Fleet
 from controller.ingest import Ingest
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import bmc_sample
 

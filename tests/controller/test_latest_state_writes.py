@@ -15,7 +15,7 @@ from controller.config import ControllerConfig
 from controller.errors import StoreUnavailable
 from controller.fleet.model import Fleet
 from controller.ingest import Ingest
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.test_ingest import E, frame, hello
 

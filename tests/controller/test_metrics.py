@@ -24,7 +24,7 @@ from controller.errors import RefusedFrame
 from controller.fleet.finding import SEVERITIES
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
-from controller.store.sqlite import OPERATIONS
+from controller.store.store import OPERATIONS
 from protos.names import CAUSES
 from tests.controller.harness import (
     FINDINGS,

@@ -24,7 +24,7 @@ from controller.app import ControllerApp
 from controller.cli import operator
 from controller.config import ProbeConfig
 from controller.detect.runner import PassReport
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from tests.controller.harness import ControllerThread, config
 from tests.controller.test_probe_node import TIMEOUT, agents_running, until

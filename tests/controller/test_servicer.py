@@ -18,7 +18,7 @@ import pytest
 
 from controller.errors import StoreUnavailable
 from controller.servicer import TelemetryServicer
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 from tests.controller.harness import (

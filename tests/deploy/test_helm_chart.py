@@ -13,6 +13,7 @@ tests skip, except under CI=true, where they fail.
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
@@ -31,6 +32,7 @@ import yaml
 
 from agent import config as agent_config
 from controller import config as controller_config
+from controller.cli.run_controller import DB_ENV
 from tests.support import require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -298,6 +300,19 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         (["--set", "tls.agentHostFiles.key=../other/node.key"], "at '/tls/agentHostFiles/key'"),
         (["--set", "tls.agentHostFiles.bogus=x"], "at '/tls/agentHostFiles': additional properties 'bogus'"),
         (["--set", "agent.config.stream.tls_cert=c"], "set tls.agentHostPath (or tls.agentSecret) instead"),
+        (["--set", "postgresql.url=mysql://x"], "at '/postgresql/url': 'mysql://x' does not match pattern"),
+        (["--set", "postgresql.url=postgresql:/db"], "at '/postgresql/url'"),
+        (["--set", "postgresql.existingSecret=Bad_Name"], "at '/postgresql/existingSecret'"),
+        (["--set", "postgresql.secretKey=a/b"], "at '/postgresql/secretKey'"),
+        (["--set", "postgresql.bogus=1"], "at '/postgresql': additional properties 'bogus' not allowed"),
+        (
+            ["--set", "controller.config.db=postgresql://u@db/g"],
+            "controller.config.db is set by the chart: set postgresql.url or postgresql.existingSecret",
+        ),
+        (
+            ["--set", "controller.env[0].name=GPUFLEET_DB,controller.env[0].value=x"],
+            "controller.env GPUFLEET_DB is set by the chart: set postgresql.url or postgresql.existingSecret",
+        ),
     ],
     ids=lambda v: v[-1] if isinstance(v, list) else None,
 )
@@ -456,8 +471,14 @@ def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert loaded.listen == f"0.0.0.0:{ports['grpc']}"
     assert loaded.metrics_address == f"0.0.0.0:{ports['metrics']}"
-    data = next(m for m in container["volumeMounts"] if m["name"] == "data")
-    assert Path(loaded.db).parent == Path(data["mountPath"])
+    env = {e["name"]: e for e in container.get("env", [])}
+    if DB_ENV in env:  # PostgreSQL: the file has no db; `gpufleet controller` takes $GPUFLEET_DB
+        assert "db" not in yaml.safe_load(config_file(docs, "controller", tmp_path).read_text())
+        url = secret_value(docs, env[DB_ENV]["valueFrom"]["secretKeyRef"])
+        assert controller_config.load(config_file(docs, "controller", tmp_path), {"db": url}).db == url
+    else:
+        data = next(m for m in container["volumeMounts"] if m["name"] == "data")
+        assert Path(loaded.db).parent == Path(data["mountPath"])
     if value_set == "tuning":
         assert loaded.tuning.mode("power_cap") == "auto"
     if value_set == "drain":
@@ -473,6 +494,172 @@ def test_the_sqlite_file_is_on_a_claim_the_chart_keeps() -> None:
     assert data["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     bmc = rendered("bmc")  # an existing claim: none created
     assert not [d for d in bmc if d["kind"] == "PersistentVolumeClaim"]
+
+
+# The controller's store: the SQLite file on its volume, or PostgreSQL through a Secret
+
+PASSWORD = "s3cret-Pa55word"
+DB_URL = f"postgresql://gpufleet:{PASSWORD}@postgres.databases.svc:5432/gpufleet"
+
+
+def secret_value(docs: list[Doc], ref: Doc) -> str:
+    """The value a secretKeyRef names, from a Secret the chart rendered."""
+    secret = one(docs, "Secret", ref["name"])
+    if ref["key"] in secret.get("stringData", {}):
+        return str(secret["stringData"][ref["key"]])
+    return base64.b64decode(secret["data"][ref["key"]]).decode()
+
+
+def controller_pod(docs: list[Doc]) -> Doc:
+    pod: Doc = one(docs, "Deployment")["spec"]["template"]["spec"]
+    return pod
+
+
+def controller_env(docs: list[Doc]) -> dict[str, Doc]:
+    return {e["name"]: e for e in controller_pod(docs)["containers"][0].get("env", [])}
+
+
+def data_volume(docs: list[Doc]) -> Doc:
+    volume: Doc = next(v for v in controller_pod(docs)["volumes"] if v["name"] == "data")
+    return volume
+
+
+def install_notes(*args: str) -> str:
+    done = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\nNOTES:\n", 1)[1]
+
+
+def assert_no_password_outside_secrets(docs: list[Doc]) -> None:
+    """Nothing but a Secret holds the password, plain or base64: no ConfigMap, no container's
+    arguments, command or environment, no annotation."""
+    secrets = (PASSWORD, base64.b64encode(DB_URL.encode()).decode())
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            text = yaml.safe_dump(doc)
+            assert not [s for s in secrets if s in text], f"{doc['kind']} {doc['metadata']['name']}"
+    for configmap in (d for d in docs if d["kind"] == "ConfigMap"):
+        assert "postgres" not in yaml.safe_dump(configmap["data"])
+    for container in controller_pod(docs)["containers"]:
+        assert not [a for a in container.get("args", []) + container["command"] if "postgres" in a]
+
+
+def test_by_default_the_store_is_the_sqlite_file_on_the_controllers_claim(tmp_path: Path) -> None:
+    docs = rendered("default")
+    assert DB_ENV not in controller_env(docs)
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    loaded = controller_config.load(config_file(docs, "controller", tmp_path))
+    assert loaded.db == "/var/lib/gpufleet/gpufleet.db"
+    mount = mount_of(controller_pod(docs)["containers"][0], loaded.db)
+    assert mount["name"] == "data" and not mount.get("readOnly")
+    claim = one(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    assert data_volume(docs)["persistentVolumeClaim"]["claimName"] == claim
+    assert "checksum/db-secret" not in one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    notes = install_notes(*TLS_SECRETS)
+    assert (
+        f"store: SQLite, /var/lib/gpufleet/gpufleet.db on its volume (PersistentVolumeClaim {claim})" in notes
+    )
+
+
+def test_postgresql_url_reaches_the_controller_only_through_the_secret_the_chart_makes(
+    tmp_path: Path,
+) -> None:
+    docs = render(*TLS_SECRETS, "--set", f"postgresql.url={DB_URL}")
+    secret = one(docs, "Secret")
+    assert secret["metadata"]["name"] == f"{FULLNAME}-controller-db" and secret["type"] == "Opaque"
+    ref = controller_env(docs)[DB_ENV]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": f"{FULLNAME}-controller-db", "key": "url"}
+    assert secret_value(docs, ref) == DB_URL
+    # The file has no db: the variable gives it, as `gpufleet controller` reads it (beats the file).
+    path = config_file(docs, "controller", tmp_path)
+    assert "db" not in yaml.safe_load(path.read_text())
+    assert controller_config.load(path, {"db": secret_value(docs, ref)}).db == DB_URL
+    assert_no_password_outside_secrets(docs)
+    # A changed URL restarts the controller (its environment is read at start).
+    annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    changed = render(*TLS_SECRETS, "--set", f"postgresql.url={DB_URL}x")
+    assert (
+        annotations["checksum/db-secret"]
+        != one(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/db-secret"]
+    )
+    # No claim for the database: the volume is scratch for anything controller.config puts there.
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert data_volume(docs) == {"name": "data", "emptyDir": {}}
+    notes = install_notes(*TLS_SECRETS, "--set", f"postgresql.url={DB_URL}")
+    assert f"store: PostgreSQL (from Secret {FULLNAME}-controller-db, key url, as GPUFLEET_DB)" in notes
+    assert PASSWORD not in notes
+
+
+def test_postgresql_from_an_existing_secret_renders_no_secret(tmp_path: Path) -> None:
+    args = [*TLS_SECRETS, "--set", "postgresql.existingSecret=gpufleet-db,postgresql.secretKey=dsn"]
+    for extra in ([], ["--set", f"postgresql.url={DB_URL}"]):  # existingSecret beats url
+        docs = render(*args, *extra)
+        assert not [d for d in docs if d["kind"] == "Secret"]
+        assert controller_env(docs)[DB_ENV]["valueFrom"] == {
+            "secretKeyRef": {"name": "gpufleet-db", "key": "dsn"}
+        }
+        assert "db" not in yaml.safe_load(config_file(docs, "controller", tmp_path).read_text())
+        assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+        annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        assert "checksum/db-secret" not in annotations
+        assert_no_password_outside_secrets(docs)
+        notes = install_notes(*args, *extra)
+        assert "store: PostgreSQL (from Secret gpufleet-db, key dsn, as GPUFLEET_DB)" in notes
+        assert ("postgresql.url is ignored" in notes) == bool(extra) and PASSWORD not in notes
+
+
+RECORD_ON_VOLUME = "controller.config.record=/var/lib/gpufleet/frames.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("values", "claim"),
+    [
+        (["--set", RECORD_ON_VOLUME], f"{FULLNAME}-controller"),
+        (
+            ["--set", f"{RECORD_ON_VOLUME},controller.persistence.existingClaim=gpufleet-record"],
+            "gpufleet-record",
+        ),
+        (["--set", "controller.config.record=/tmp/frames.jsonl"], None),
+        (["--set", "controller.persistence.existingClaim=gpufleet-db"], None),
+        (["--set", f"{RECORD_ON_VOLUME},controller.persistence.enabled=false"], None),
+    ],
+    ids=[
+        "record-on-the-volume",
+        "record-on-an-existing-claim",
+        "record-elsewhere",
+        "claim-unused",
+        "no-persistence",
+    ],
+)
+def test_with_postgresql_a_claim_holds_only_a_record_file(
+    values: list[str], claim: str | None, tmp_path: Path
+) -> None:
+    docs = render(*TLS_SECRETS, "--set", f"postgresql.url={DB_URL}", *values)
+    made = [d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert made == ([claim] if claim == f"{FULLNAME}-controller" else [])
+    volume = data_volume(docs)
+    assert volume.get("persistentVolumeClaim", {}).get("claimName") == claim
+    assert ("emptyDir" in volume) == (claim is None)
+    loaded = controller_config.load(config_file(docs, "controller", tmp_path), {"db": DB_URL})
+    if loaded.record:  # wherever it is, it is writable
+        assert not mount_of(controller_pod(docs)["containers"][0], loaded.record).get("readOnly")
+
+
+def test_more_than_one_controller_is_refused_for_want_of_leader_election() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    replicas = schema["properties"]["controller"]["properties"]["replicas"]
+    assert replicas["maximum"] == 1 and "leader election" in replicas["description"]
+    done = helm("template", RELEASE, str(CHART), *TLS_SECRETS, "--set", f"postgresql.url={DB_URL}")
+    assert done.returncode == 0, done.stderr
+    done = helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        *TLS_SECRETS,
+        "--set",
+        f"postgresql.url={DB_URL},controller.replicas=2",
+    )
+    assert done.returncode != 0 and "at '/controller/replicas': maximum: got 2, want 1" in done.stderr
 
 
 EXPECTED_RULES = {

@@ -16,7 +16,7 @@ from controller.commands.kinds import CommandKind
 from controller.errors import FailedPrecondition
 from controller.interceptors import status_for
 from controller.store.commands import CommandRecord
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import T0, Clock, hello
 

@@ -15,7 +15,7 @@ from controller.fleet.model import Fleet
 from controller.fleet.plausible import Range, clear_implausible, probe_value_plausible, range_of
 from controller.ingest import Ingest
 from controller.metrics import controller_registry
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import config

@@ -1,15 +1,14 @@
-"""The audit table and the breaker row in a real SQLite file: written, updated in place, listed
-newest first with node and since filters, and read back by a new Store."""
+"""The audit table and the breaker row in a real SQLite file and a real PostgreSQL database: written,
+updated in place, listed newest first with node and since filters, and read back by a new Store."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
 from controller.store.audit import AuditEntry
-from controller.store.sqlite import Store
+from controller.store.store import Store
 
 
 async def check(db: str) -> None:
@@ -46,5 +45,5 @@ async def check(db: str) -> None:
         store.close()
 
 
-def test_audit_rows_and_breaker_state_persist(tmp_path: Path) -> None:
-    asyncio.run(check(str(tmp_path / "c.db")))
+def test_audit_rows_and_breaker_state_persist(store_db: str) -> None:
+    asyncio.run(check(store_db))

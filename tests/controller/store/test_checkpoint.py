@@ -13,7 +13,8 @@ import pytest
 
 from controller.fleet.model import FrameWrite, GpuState
 from controller.store.checkpoint import Checkpointer
-from controller.store.sqlite import Store
+from controller.store.sqlite import SqliteBackend
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 PAGE = 4096
@@ -32,10 +33,17 @@ def fill(store: Store, nodes: int) -> None:
     asyncio.run(go())
 
 
+def _use(store: Store, checkpointer: Checkpointer) -> Checkpointer:
+    """Give the store's SQLite backend this checkpointer (in place of its own); returns it."""
+    assert isinstance(store.backend, SqliteBackend)
+    store.backend.checkpointer = checkpointer
+    return checkpointer
+
+
 def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(str(db))
-    store.checkpointer = Checkpointer(str(db), interval=3600.0)  # started, but not due in this test
+    checkpointer = _use(store, Checkpointer(str(db), interval=3600.0))  # started, but not due in this test
 
     async def go() -> None:
         await store.open()
@@ -47,26 +55,26 @@ def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> No
         assert wal > 2000 * PAGE  # nothing copied back (nor the WAL started over) while writing
         db_before = db.stat().st_size
         conn = sqlite3.connect(db, isolation_level=None)
-        store.checkpointer.run_once(conn)
+        checkpointer.run_once(conn)
         conn.close()
-        assert store.checkpointer.checkpoints == 1 and store.checkpointer.failures == 0
+        assert checkpointer.checkpoints == 1 and checkpointer.failures == 0
         assert db.stat().st_size > db_before + 2000 * PAGE  # the WAL's pages are in the database now
     finally:
         store.close()
-    assert not store.checkpointer._thread.is_alive()
+    assert not checkpointer._thread.is_alive()
 
 
 def test_a_wal_over_its_bound_is_restarted(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(str(db))
-    store.checkpointer = Checkpointer(str(db), interval=3600.0, restart_pages=50)
+    checkpointer = _use(store, Checkpointer(str(db), interval=3600.0, restart_pages=50))
     asyncio.run(store.open())
     try:
         fill(store, 40)
         conn = sqlite3.connect(db, isolation_level=None)
-        store.checkpointer.run_once(conn)
+        checkpointer.run_once(conn)
         conn.close()
-        assert store.checkpointer.restarts == 1
+        assert checkpointer.restarts == 1
         fill(store, 1)  # the next write starts the WAL over from its beginning
         size = (tmp_path / "s.db-wal").stat().st_size
         fill(store, 1)
@@ -78,17 +86,17 @@ def test_a_wal_over_its_bound_is_restarted(tmp_path: Path) -> None:
 def test_the_thread_checkpoints_on_its_interval_and_stops_with_the_store(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(str(db))
-    store.checkpointer = Checkpointer(str(db), interval=0.02)
+    checkpointer = _use(store, Checkpointer(str(db), interval=0.02))
     asyncio.run(store.open())
     try:
         fill(store, 5)
         deadline = time.monotonic() + 5
-        while store.checkpointer.checkpoints < 3 and time.monotonic() < deadline:
+        while checkpointer.checkpoints < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert store.checkpointer.checkpoints >= 3
+        assert checkpointer.checkpoints >= 3
     finally:
         store.close()
-    assert not store.checkpointer._thread.is_alive()
+    assert not checkpointer._thread.is_alive()
 
 
 def test_a_failed_checkpoint_is_counted_logged_and_tried_again(

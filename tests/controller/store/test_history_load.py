@@ -4,12 +4,11 @@ baselines survive a controller restart)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from controller.fleet.model import HISTORY_POINTS, Fleet, FrameWrite, ProbeRecord
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.store.test_sqlite import hello
+from tests.controller.store.test_store import hello
 
 
 def probe_write(seq: int) -> FrameWrite:
@@ -22,15 +21,15 @@ def probe_write(seq: int) -> FrameWrite:
     return FrameWrite("n1", "b1", seq, time, probes=[gemm, nccl])
 
 
-def test_load_brings_back_the_newest_results_of_each_key_oldest_first(tmp_path: Path) -> None:
+def test_load_brings_back_the_newest_results_of_each_key_oldest_first(store_db: str) -> None:
     async def body() -> Fleet:
-        store = Store(str(tmp_path / "c.db"))
+        store = Store(store_db)
         await store.open()
         await store.save_hello(hello(), 1000.0)
         for seq in range(HISTORY_POINTS + 10, 0, -1):  # stored newest first: load orders them
             await store.save_frame(probe_write(seq))
         store.close()
-        store = Store(str(tmp_path / "c.db"))
+        store = Store(store_db)
         await store.open()
         try:
             fleet, _ = await store.load()

@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from controller.store.recommendations import Change, Recommendation
-from controller.store.sqlite import Store
+from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -70,8 +70,8 @@ async def check(db: str) -> None:
         store.close()
 
 
-def test_recommendation_rows_persist_update_and_prune(tmp_path: Path) -> None:
-    asyncio.run(check(str(tmp_path / "c.db")))
+def test_recommendation_rows_persist_update_and_prune(store_db: str) -> None:
+    asyncio.run(check(store_db))
 
 
 def test_a_store_file_from_before_the_table_gets_it(tmp_path: Path) -> None:

@@ -71,6 +71,38 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpufleet.operatorTokensDir" }}/var/run/secrets/gpufleet/operator-tokens{{ end }}
 {{- define "gpufleet.webConfigDir" }}/var/run/secrets/gpufleet/web-config{{ end }}
 
+{{/* The Secret whose key (gpufleet.dbSecretKey) holds the controller's postgresql:// URL, given to
+it as GPUFLEET_DB: the user's (postgresql.existingSecret, before url) or the chart's
+(controller-db-secret.yaml, from postgresql.url). Empty: the SQLite file on the controller's
+volume. */}}
+{{- define "gpufleet.dbSecret" -}}
+{{- if .Values.postgresql.existingSecret }}
+{{- .Values.postgresql.existingSecret }}
+{{- else if .Values.postgresql.url }}
+{{- printf "%s-controller-db" (include "gpufleet.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "gpufleet.dbSecretKey" -}}
+{{- if .Values.postgresql.existingSecret }}
+{{- .Values.postgresql.secretKey }}
+{{- else }}
+{{- print "url" }}
+{{- end }}
+{{- end }}
+
+{{/* The claim behind the controller's volume at gpufleet.stateDir, or empty for an emptyDir. The
+SQLite file needs it (with persistence.enabled); with PostgreSQL only a `record` file there does
+(controller.config.record): no claim is made for the database alone. */}}
+{{- define "gpufleet.controllerClaim" -}}
+{{- $persistence := .Values.controller.persistence }}
+{{- $record := toString (default "" (index (default (dict) .Values.controller.config) "record")) }}
+{{- $recordOnVolume := hasPrefix (printf "%s/" (include "gpufleet.stateDir" .)) $record }}
+{{- if and $persistence.enabled (or (not (include "gpufleet.dbSecret" .)) $recordOnVolume) }}
+{{- default (printf "%s-controller" (include "gpufleet.fullname" .)) $persistence.existingClaim }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret with the controller's certificate: cert-manager's or the user's. */}}
 {{- define "gpufleet.controllerTlsSecret" -}}
 {{- if .Values.tls.certManager.enabled }}
@@ -217,12 +249,13 @@ with agentSecret their names hold $(NODE_NAME), expanded in arguments, not in fi
 {{- end }}
 
 {{/* The controller's config file (controller/config.py): the user's `controller.config` with the
-keys the chart owns added. */}}
+keys the chart owns added. With PostgreSQL it has no `db`: GPUFLEET_DB, from the Secret, gives the
+URL (and its password) only to the process. */}}
 {{- define "gpufleet.controllerConfig" -}}
 {{- $managed := dict
   "listen" "set controller.grpcPort instead"
   "metrics_address" "set controller.metricsPort instead"
-  "db" "the SQLite file is on the controller's volume (controller.persistence)"
+  "db" "set postgresql.url or postgresql.existingSecret, or the SQLite file is on the controller's volume (controller.persistence)"
   "tls" "set tls.controllerSecret or tls.certManager instead"
   "insecure" "set tls.enabled=false and tls.insecure=true instead"
   "operator_tokens" "set operatorTokens.secret instead"
@@ -232,7 +265,9 @@ keys the chart owns added. */}}
 {{- $config := deepCopy .Values.controller.config }}
 {{- $_ := set $config "listen" (printf "0.0.0.0:%d" (int .Values.controller.grpcPort)) }}
 {{- $_ := set $config "metrics_address" (printf "0.0.0.0:%d" (int .Values.controller.metricsPort)) }}
+{{- if not (include "gpufleet.dbSecret" .) }}
 {{- $_ := set $config "db" (printf "%s/gpufleet.db" (include "gpufleet.stateDir" .)) }}
+{{- end }}
 {{- if .Values.tls.enabled }}
 {{- $dir := include "gpufleet.tlsDir" . }}
 {{- $_ := set $config "tls" (dict "cert" (printf "%s/tls.crt" $dir) "key" (printf "%s/tls.key" $dir) "client_ca" (printf "%s/ca.crt" $dir)) }}

@@ -1,0 +1,57 @@
+"""Where the store keeps its rows: an SQLite file (controller/store/sqlite.py) or a PostgreSQL
+database (controller/store/postgres.py). Both take the same SQL (controller/store/sql.py); a backend
+says how to connect, how a transaction starts, which exceptions are the database's, and how to set
+up the schema (controller/store/schema.sql, SCHEMA_VERSION)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Protocol
+
+from controller.db_url import is_postgres_url
+from controller.store.sql import Conn
+
+SCHEMA_VERSION = 1
+
+
+class Connection(Conn, Protocol):
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    description: str  # for logs: the file, or the URL without its password
+    begin: str  # the statement that opens a write transaction
+    errors: tuple[type[BaseException], ...]  # the database's own exceptions
+
+    def connect(self) -> Connection: ...
+
+    def init(self, conn: Connection) -> None:
+        """Create what is missing of the schema; refuse a newer schema than SCHEMA_VERSION."""
+
+    def broken(self, conn: Connection) -> bool:
+        """Whether this connection is lost and a new one is needed."""
+
+    def start(self) -> None:
+        """Background upkeep once the schema is there (SQLite's WAL checkpoints)."""
+
+    def stop(self) -> None: ...
+
+
+def open_backend(db: str, *, synchronous: str = "full") -> Backend:
+    """The backend `db` names (controller/config.py check_db: a postgresql:// URL, or an SQLite file)."""
+    if is_postgres_url(db):
+        from controller.store.postgres import PostgresBackend
+
+        return PostgresBackend(db)
+    from controller.store.sqlite import SqliteBackend
+
+    return SqliteBackend(db, synchronous=synchronous)
+
+
+def schema_statements() -> list[str]:
+    """schema.sql's statements, as SQLite takes them."""
+    schema = resources.files("controller.store").joinpath("schema.sql").read_text()
+    return [s for s in schema.split(";") if s.strip()]

@@ -1,0 +1,247 @@
+"""The store: nodes, boots (ack positions), latest GPU/host/BMC state, probe results, findings,
+commands (controller/store/commands.py), the audit log and the breaker's state (controller/store/audit.py),
+tuning recommendations (controller/store/recommendations.py), drains (controller/store/drains.py).
+
+The rows live in SQLite or PostgreSQL (controller/store/backends.py); the SQL that reads and
+writes them runs in the store thread (writer.py); `Store` is the async face the rest of the
+controller uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Sequence
+from time import perf_counter
+from typing import TypeVar
+
+from controller.fleet.findings import StoredFinding
+from controller.fleet.model import Fleet, FrameWrite, NodeState
+from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
+from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
+from controller.paging import FindingKey
+from controller.store import audit as audit_rows
+from controller.store import commands as command_rows
+from controller.store import drains as drain_rows
+from controller.store import finding_pages
+from controller.store import forget as forget_rows
+from controller.store import nodes as node_rows
+from controller.store import recommendations as recommendation_rows
+from controller.store import silences as silence_rows
+from controller.store.audit import AuditEntry
+from controller.store.backends import Backend, Connection, open_backend
+from controller.store.checkpoint import Checkpointer
+from controller.store.commands import CommandRecord
+from controller.store.drains import DrainRecord
+from controller.store.recommendations import Recommendation
+from controller.store.writer import StoreThread
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+T = TypeVar("T")
+OPERATIONS = (
+    "init",
+    "load",
+    "save_hello",
+    "save_frame",
+    "save_latest",
+    "save_findings",
+    "list_findings",
+    "prune_history",
+    "save_command",
+    "list_commands",
+    "load_commands",
+    "audit",
+    "list_audit",
+    "breaker",
+    "recommendations",
+    "drains",
+    "silences",
+)
+
+
+class Store:
+    def __init__(self, path: str, *, synchronous: str = "full") -> None:
+        """`path`: an SQLite file (":memory:" for tests) or a postgresql:// URL."""
+        self.path = path
+        self.backend: Backend = open_backend(path, synchronous=synchronous)
+        self.description = self.backend.description  # for logs: no password
+        self._thread = StoreThread(self.backend)
+        # Seconds from a call to its commit (queueing and group commit included), per operation.
+        self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        """SQLite's WAL checkpoints (controller/store/checkpoint.py); None on PostgreSQL or in memory."""
+        checkpointer: Checkpointer | None = getattr(self.backend, "checkpointer", None)
+        return checkpointer
+
+    async def _call(self, operation: str, fn: Callable[[Connection], T]) -> T:
+        start = perf_counter()
+        try:
+            return await self._thread.call(fn)
+        finally:
+            self.latency.observe(operation, perf_counter() - start)
+
+    async def open(self) -> None:
+        self._thread.start()
+        await self._call("init", self.backend.init)
+        self.backend.start()
+
+    def close(self) -> None:
+        self.backend.stop()
+        self._thread.stop()  # the last connection to close checkpoints what is left
+
+    async def load(self) -> tuple[Fleet, list[StoredFinding]]:
+        return await self._call("load", node_rows.load)
+
+    async def save_hello(self, hello: pb.Hello, now: float) -> int:
+        """Record the node's Hello; return the acked seq of its boot (0 if new)."""
+        return await self._call("save_hello", lambda c: node_rows.save_hello(c, hello, now))
+
+    async def save_frame(self, write: FrameWrite) -> None:
+        await self._call("save_frame", lambda c: node_rows.save_frame(c, write))
+
+    def queue_latest(self, nodes: Sequence[NodeState]) -> asyncio.Future[None]:
+        """Queue these nodes' latest readings as memory holds them now (Ingest.save_state); the
+        future settles once they are committed."""
+        rows = [(n.name, list(n.gpus.values()), n.host, n.host_time) for n in nodes]
+
+        def save(conn: Connection) -> None:
+            for row in rows:
+                node_rows.save_latest(conn, *row)
+
+        start = perf_counter()
+        future = self._thread.submit(save)
+        future.add_done_callback(lambda _: self.latency.observe("save_latest", perf_counter() - start))
+        return future
+
+    async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:
+        await self._call("save_findings", lambda c: node_rows.save_findings(c, upserts + resolved))
+
+    async def list_findings(
+        self, node: str = "", include_resolved: bool = False, limit: int = 1000
+    ) -> list[StoredFinding]:
+        return await self._call(
+            "list_findings", lambda c: node_rows.list_findings(c, node, include_resolved, limit)
+        )
+
+    async def list_findings_page(
+        self,
+        node: str,
+        include_resolved: bool,
+        severities: Sequence[str] | None,
+        after: FindingKey | None,
+        limit: int,
+        *,
+        since: float | None = None,
+    ) -> list[StoredFinding]:
+        """A page of findings in the operator API's order (controller/store/finding_pages.py);
+        `since`: only those last seen at or after it."""
+        return await self._call(
+            "list_findings",
+            lambda c: finding_pages.list_page(
+                c, node, include_resolved, severities=severities, after=after, limit=limit, since=since
+            ),
+        )
+
+    async def prune_history(self, before: float) -> int:
+        """Drop probe history, finished commands and finished recommendations older than `before`."""
+        return await self._call(
+            "prune_history",
+            lambda c: (
+                c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
+                + command_rows.prune_commands(c, before)
+                + recommendation_rows.prune(c, before)
+            ),
+        )
+
+    async def forget_nodes(self, names: list[str]) -> int:
+        """Delete every row about these nodes but the audit log's (controller/store/forget.py)."""
+        return await self._call("prune_history", lambda c: forget_rows.forget_nodes(c, names))
+
+    def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
+        """Queue the command's current state at once (writes keep their order); await to know it is stored."""
+        row = copy.copy(record)  # the row as it is now, whatever changes before the store thread runs
+        start = perf_counter()
+        future = self._thread.submit(lambda c: command_rows.save_command(c, row))
+        future.add_done_callback(lambda _: self.latency.observe("save_command", perf_counter() - start))
+        return future
+
+    async def list_commands(self, node: str = "", limit: int = 100) -> list[CommandRecord]:
+        return await self._call("list_commands", lambda c: command_rows.list_commands(c, node, limit))
+
+    async def load_commands(self) -> tuple[list[CommandRecord], list[CommandRecord]]:
+        """What a starting controller takes up: the unfinished commands, and those timed out with no
+        answer yet (a late answer is still recorded against them)."""
+        return await self._call("load_commands", command_rows.load_commands)
+
+    async def add_audit(self, entry: AuditEntry) -> None:
+        """Write a request's audit entry; returns once it is committed (so before anything acts)."""
+        await self._call("audit", lambda c: audit_rows.add_entry(c, entry))
+
+    async def set_audit_outcome(self, entry_id: str, outcome: str, when: float, detail: str = "") -> None:
+        await self._call("audit", lambda c: audit_rows.set_outcome(c, entry_id, outcome, when, detail))
+
+    async def get_audit(self, entry_id: str) -> AuditEntry | None:
+        return await self._call("list_audit", lambda c: audit_rows.get_entry(c, entry_id))
+
+    async def list_audit(
+        self, node: str = "", since: float | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        return await self._call("list_audit", lambda c: audit_rows.list_entries(c, node, since, limit))
+
+    async def save_recommendation(self, rec: Recommendation) -> None:
+        row = recommendation_rows.to_row(rec)  # as it is now, whatever changes before the thread runs
+        await self._call("recommendations", lambda c: recommendation_rows.save(c, row))
+
+    async def delete_recommendation(self, rec_id: str) -> None:
+        await self._call("recommendations", lambda c: recommendation_rows.delete(c, rec_id))
+
+    # Acks, silences and maintenance (controller/store/silences.py)
+
+    async def load_silencing(self, now: float) -> Silencing:
+        """The silences not over at `now`, the nodes under maintenance and every finding's ack."""
+        return await self._call("silences", lambda c: silence_rows.load(c, now))
+
+    async def save_silence(self, silence: Silence) -> None:
+        row = copy.copy(silence)  # as it is now, whatever changes before the thread runs
+        await self._call("silences", lambda c: silence_rows.save_silence(c, row))
+
+    async def get_silence(self, silence_id: str) -> Silence | None:
+        return await self._call("silences", lambda c: silence_rows.get_silence(c, silence_id))
+
+    async def list_silences(self, node: str, include_expired: bool, now: float, limit: int) -> list[Silence]:
+        return await self._call(
+            "silences", lambda c: silence_rows.list_silences(c, node, include_expired, now, limit)
+        )
+
+    async def set_maintenance(self, node: str, maintenance: Maintenance | None) -> None:
+        await self._call("silences", lambda c: silence_rows.set_maintenance(c, node, maintenance))
+
+    async def save_ack(self, ack: Ack) -> None:
+        await self._call("silences", lambda c: silence_rows.save_ack(c, ack))
+
+    async def get_finding(self, finding_id: str) -> StoredFinding | None:
+        return await self._call("list_findings", lambda c: silence_rows.get_finding(c, finding_id))
+
+    async def list_recommendations(self, node: str = "", limit: int = 100) -> list[Recommendation]:
+        return await self._call("recommendations", lambda c: recommendation_rows.list_rows(c, node, limit))
+
+    async def load_recommendations(self) -> list[Recommendation]:
+        return await self._call("recommendations", recommendation_rows.load_all)
+
+    async def save_drain(self, record: DrainRecord) -> None:
+        row = drain_rows.to_row(record)  # as it is now, whatever changes before the thread runs
+        await self._call("drains", lambda c: drain_rows.save(c, row))
+
+    async def list_drains(self, node: str = "", limit: int = 10) -> list[DrainRecord]:
+        return await self._call("drains", lambda c: drain_rows.list_rows(c, node, limit))
+
+    async def load_running_drains(self) -> list[DrainRecord]:
+        return await self._call("drains", drain_rows.load_running)
+
+    async def save_breaker(self, state: str, when: float) -> None:
+        await self._call("breaker", lambda c: audit_rows.save_breaker(c, state, when))
+
+    async def load_breaker(self) -> str | None:
+        return await self._call("breaker", audit_rows.load_breaker)
