@@ -1,23 +1,33 @@
 """How one controller process scales with the fleet: simulated agents over real gRPC streams.
 
 Starts one real controller (`python -m controller controller`, plaintext on loopback, an SQLite
-file in a temporary directory) and a load generator of K worker processes, each an asyncio loop
-holding one real gRPC stream (and by default one connection) per simulated node: a Hello, then a
-frame every --interval seconds (10, the agent's default) as the agent sends it (8 H100 GPUs, host
-readings, the BMC every 60 s, a probe round in the first frame), phases spread over the interval.
-The fleet grows in --steps; each step is held --hold seconds once all its nodes are connected, and
-per step the bench prints: frames/s acked, the controller's CPU (cores, per 1,000 nodes, per
-frame; psutil on its pid), p50/p99 ack latency (a frame's send to its ack), the detection pass
-time (the controller's /metrics), one /metrics scrape and one full ListNodes (every page) at the
-end of the step, the controller's RSS and the bytes it wrote to storage per frame. Then the growth
-curve and verdicts against issue 17's targets. It stops at a step that saturates the controller.
-Figures only: it asserts nothing (tests/bench/test_controller_scale.py runs a small step of it).
+file in a temporary directory, or the PostgreSQL database --db names) and a load generator of K
+worker processes, each an asyncio loop holding one real gRPC stream (and by default one connection)
+per simulated node: a Hello, then a frame every --interval seconds (10, the agent's default) as the
+agent sends it (8 H100 GPUs, host readings, the BMC every 60 s, a probe round in the first frame),
+phases spread over the interval. The fleet grows in --steps; each step is held --hold seconds once
+all its nodes are connected, and per step the bench prints: frames/s acked, the controller's CPU
+(cores, per 1,000 nodes, per frame; psutil on its pid), p50/p99 ack latency (a frame's send to its
+ack), the detection pass time (the controller's /metrics), one /metrics scrape and one full
+ListNodes (every page) at the end of the step, the controller's RSS, the bytes it wrote to storage
+per frame and the store's growth per frame. Then the growth curve and verdicts against issue 17's
+targets. It stops at a step that saturates the controller. Figures only: it asserts nothing
+(tests/bench/test_controller_scale.py runs a small step of it).
 
     .venv/bin/python bench/controller_scale.py [--steps 1000,2000,4000,8000,12500] [--hold 60]
         [--workers 2] [--interval 10] [--reconnect-storm] [--json] [--dir DIR]
+        [--db postgresql://USER:PASSWORD@HOST:PORT/DATABASE]
 
 The generator runs on the same machine: it shares the cores with the controller (the controller's
-CPU figures are its own pid's, the generator's are shown beside them). Progress goes to stderr.
+CPU and RSS are its process's and its children's, the detection process's included; the
+generator's are shown beside them). `--detect-in-loop` runs the detectors on the controller's
+event loop instead (detect.process: false). Progress goes to stderr.
+
+With --db the controller's store is that PostgreSQL database (best a fresh one), and "KB db/frame"
+is the WAL the server generated per frame acked: the whole server's WAL, every database's, so give
+the bench a server of its own. "KB wr/frame" stays the controller process's own writes
+(/proc/PID/io), which on PostgreSQL are not the store's. The URL is only ever shown with its
+password redacted.
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ from controller_scale_load import report, target
 from controller_scale_load.fleet import Fleet
 from controller_scale_load.templates import build_archetype, frame_message
 from controller_scale_load.worker import WorkerSpec
+
+from controller.config import check_db
+from controller.db_url import is_postgres_url, redact_url
 
 DEFAULT_STEPS = "1000,2000,4000,8000,12500"
 STORM_TIMEOUT_S = 120.0
@@ -80,9 +93,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="turn one of the controller's detectors off (repeatable), to see what else limits",
     )
     parser.add_argument(
+        "--detect-in-loop",
+        action="store_true",
+        help="the detectors on the controller's event loop (detect.process: false), not in their process",
+    )
+    parser.add_argument(
         "--reconnect-storm",
         action="store_true",
         help="at the last step, drop every stream and reconnect all at once",
+    )
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help=(
+            "the controller's store: a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL, best a fresh "
+            "database on a server of its own (default: an SQLite file in the run directory)"
+        ),
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -104,7 +131,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
     if args.ramp is None:
         args.ramp = args.interval
+    if args.db is not None:
+        if not is_postgres_url(args.db):
+            parser.error(f"--db {redact_url(args.db)}: give a postgresql:// URL (SQLite is the default)")
+        try:
+            check_db(args.db)
+        except ValueError as error:
+            parser.error(f"--{error}")
     return args
+
+
+def store(args: argparse.Namespace) -> dict[str, Any]:
+    """The store the controller runs on, for the report: never the URL's password."""
+    if args.db is None:
+        return {"backend": "sqlite", "db": None}
+    return {"backend": "postgresql", "db": redact_url(args.db)}
 
 
 def machine(args: argparse.Namespace) -> dict[str, Any]:
@@ -276,14 +317,25 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "archetypes",
                 "shared_connection",
                 "disable_detector",
+                "detect_in_loop",
             )
         },
+        "store": store(args),
         "steps": [],
         "storm": None,
         "stopped_early": None,
     }
     progress(f"{os.cpu_count()} cores, shared by the controller and {args.workers} generator processes")
-    controller = target.start(directory, max(args.step_sizes), args.detect_interval, args.disable_detector)
+    if args.db is not None:
+        progress(f"store: PostgreSQL {document['store']['db']}")
+    controller = target.start(
+        directory,
+        max(args.step_sizes),
+        args.detect_interval,
+        args.disable_detector,
+        args.db,
+        detect_in_loop=args.detect_in_loop,
+    )
     fleet: Fleet | None = None
     try:
         specs = [_spec(i, args, controller.address) for i in range(args.workers)]
@@ -302,7 +354,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             fleet.stop()
         target.stop(controller.process)
     document["growth"] = report.growth(document["steps"])
-    document["verdicts"] = report.verdicts(document["steps"], document["storm"])
+    document["verdicts"] = report.verdicts(document["steps"], document["storm"], document["store"]["backend"])
     return document
 
 

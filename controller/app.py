@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -20,6 +22,7 @@ from controller.commands.channel import CommandChannel
 from controller.config import ControllerConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
+from controller.detection.process import DetectionProcess
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
@@ -74,6 +77,8 @@ class ControllerApp:
         self.connections: dict[str, int] = {}
         self.identity = NodeIdentities()  # streams' certificates: refusals, each node's transport
         self.detectors = config.detect.enabled(sorted(discover()))
+        # The detectors in a process of their own (start_detection_process), or on the event loop.
+        self.detection: DetectionProcess | None = None
         self.last_pass: PassReport | None = None
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
@@ -137,6 +142,16 @@ class ControllerApp:
 
     async def start(self) -> None:
         await self.store.open()
+        # One controller leads a store; any other waits here, before it loads, listens or acts.
+        description = self.store.description
+        epoch = await self.store.lead(
+            f"{socket.gethostname()}:{os.getpid()}",
+            self.clock(),
+            lambda: log.info(
+                "standby: another controller leads the store %s; waiting to take over", description
+            ),
+        )
+        log.info("leading the store %s: term %d", description, epoch)
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
@@ -169,6 +184,8 @@ class ControllerApp:
     def connected(self, node: str) -> None:
         self.connections[node] = self.connections.get(node, 0) + 1
         self.fleet.nodes[node].connected = True
+        if self.detection is not None:
+            self.detection.connected(node, True)
 
     @property
     def connected_agents(self) -> int:
@@ -180,6 +197,8 @@ class ControllerApp:
         self.connections[node] = left
         if node in self.fleet.nodes:
             self.fleet.nodes[node].connected = left > 0
+            if self.detection is not None:
+                self.detection.connected(node, left > 0)
 
     async def probe_on_connect(self, hello: pb.Hello) -> pb.Command | None:
         """Ask a newly booted agent for a probe run, once per boot, when it can run probes; the
@@ -192,9 +211,14 @@ class ControllerApp:
     async def detection_pass(self) -> PassReport:
         started = time.perf_counter()
         now = self.clock()
-        report = await run_detectors_yielding(
-            DetectContext(self.fleet, self.config.detect, now), self.detectors
-        )
+        if self.detection is None:
+            report = await run_detectors_yielding(
+                DetectContext(self.fleet, self.config.detect, now), self.detectors
+            )
+        else:
+            if not self.detection.running:  # none yet, or it died: a new one from the fleet as it is
+                await self.detection.start(self.fleet)
+            report = await self.detection.run_pass(now)
         upserts, resolved = self.finding_tracker.reconcile(self.active, report.findings, now)
         await self.store.save_findings(upserts, resolved)
         for stored in upserts:
@@ -238,12 +262,21 @@ class ControllerApp:
             self.connections.pop(name, None)
             self.ingest.forget(name)
         forget(self.fleet, names)
+        if self.detection is not None:
+            self.detection.forget(names)
         gone = set(names)
         for key in [k for k in self.active if k[0] in gone]:
             del self.active[key]
         # Queued at once, before any Hello that could bring one back: its row is written after.
         await self.store.forget_nodes(names)
         return names
+
+    async def start_detection_process(self) -> None:
+        """Run the detectors in a process of their own from now on (`gpufleet controller` does,
+        unless detect.process is false), fed every change this controller applies to its fleet."""
+        self.detection = DetectionProcess(self.config.detect, self.detectors)
+        self.ingest.mirror = self.detection
+        await self.detection.start(self.fleet)
 
     async def detect_forever(self, stop: asyncio.Event) -> None:
         last_prune = 0.0

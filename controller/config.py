@@ -30,6 +30,9 @@ class DetectorConfig(_Config):
 
 class DetectConfig(_Config):
     interval_seconds: float = 10.0  # how often the detectors run over the fleet
+    # The detectors in a process of their own (`gpufleet controller`), fed every change the controller
+    # applies: their CPU then no longer delays acks. false: on the controller's event loop.
+    process: bool = True
     margin: float = 0.05  # a probe this far below its baseline (peer-group median) is slow...
     min_robust_z: float = 3.0  # ...and this many robust sigmas below: noisy groups widen the margin
     min_peers: int = 4  # no baseline from fewer results than this

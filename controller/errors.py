@@ -39,3 +39,7 @@ class ResourceExhausted(ControllerError):
 
 class StoreUnavailable(ControllerError):
     """The store could not persist (disk full, I/O error); nothing was acked, the agent will retry."""
+
+
+class NotLeader(StoreUnavailable):
+    """This controller's term as leader is over (controller/store/lease.py): it may not act."""

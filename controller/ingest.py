@@ -7,10 +7,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
-from controller.fleet.model import Fleet
+from controller.fleet.model import Fleet, FrameWrite
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
@@ -20,6 +21,12 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
 MAX_NAME = 253  # a DNS name, as Kubernetes node names are
+
+
+class FleetMirror(Protocol):
+    def hello(self, hello: pb.Hello, acked: int, now: float) -> None: ...
+
+    def frame(self, write: FrameWrite) -> None: ...
 
 
 @dataclass(slots=True)
@@ -60,6 +67,8 @@ class Ingest:
         self.state_saved: dict[str, float] = {}
         self.unsaved: set[str] = set()
         self.state_failures = 0
+        # A copy of the fleet elsewhere (the detection process) gets each change applied here.
+        self.mirror: FleetMirror | None = None
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
@@ -78,6 +87,8 @@ class Ingest:
             now = self.clock()
             acked = await self.store.save_hello(hello, now)
             apply_hello(self.fleet, hello, acked, now)
+            if self.mirror is not None:
+                self.mirror.hello(hello, acked, now)
             self.hub.hello(hello, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
 
@@ -163,6 +174,8 @@ class Ingest:
             write.state = self.state_every_seconds <= 0
             await self.store.save_frame(write)
             apply_frame(self.fleet, write)
+            if self.mirror is not None:
+                self.mirror.frame(write)
             if not write.state and (write.gpus or write.host is not None):
                 self._state_changed(stream_node, now)
             self.hub.frame(frame, now)

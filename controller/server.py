@@ -4,6 +4,7 @@ cleanly on a signal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import grpc
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.db_url import redact_url
-from controller.errors import StoreUnavailable
+from controller.errors import NotLeader, StoreUnavailable
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -24,6 +25,7 @@ from controller.operator_api import OperatorServicer
 from controller.security.auth import OperatorAuth, operator_auth
 from controller.security.tls import ServerTls
 from controller.servicer import TelemetryServicer
+from controller.store.lease import POLL_SECONDS
 from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller")
@@ -155,6 +157,8 @@ async def serve(
             await _stop_grpc(servers, None)
             app.close()
             raise
+    if config.detect.process:
+        await app.start_detection_process()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -179,15 +183,44 @@ async def serve(
         on_ready(address, operator_address)
     detection = asyncio.create_task(app.detect_forever(stop))
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
+    lost: list[str] = []
+    leading = asyncio.create_task(_keep_leading(app, stop, lost))
     await stop.wait()
+    await leading
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()
     await _stop_grpc(servers, 2.0)
     await detection
     await scheduling
+    await _close(app)
+    if lost:
+        raise NotLeader(lost[0])
+
+
+async def _close(app: ControllerApp) -> None:
     try:  # the newest readings not written yet (db_state_seconds); the next frames bring them again
         log.info("stored the latest readings of %d nodes", await app.ingest.flush_state())
     except StoreUnavailable as exc:
         log.error("the latest readings of %d nodes not stored: %s", len(app.ingest.unsaved), exc)
+    if app.detection is not None:
+        await app.detection.stop()
     app.close()
+
+
+async def _keep_leading(app: ControllerApp, stop: asyncio.Event, lost: list[str]) -> None:
+    """Check the lead every POLL_SECONDS until stop; a lead lost (the lease's session gone, or another
+    controller's term in the store) stops this controller at once: it may no longer act."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+            return
+        try:
+            leading = await app.store.still_leading()
+        except StoreUnavailable as exc:  # the store's own connection: the fence guards every action
+            log.warning("could not read the store's leader term: %s", exc)
+            continue
+        if not leading:
+            lost.append(f"lost the lead of the store {app.store.description} (term {app.store.epoch})")
+            log.error("%s: stopping; a standby takes over", lost[0])
+            stop.set()

@@ -17,6 +17,10 @@ SCRAPE_AT_12500_S = 1.0
 LIST_AT_12500_S = 1.0
 STORM_P99_S = 5.0
 FULL_FLEET = 12_500
+# With PostgreSQL the store's writes are the server's, not the controller process's.
+POSTGRES_STORAGE_NOTE = (
+    "PostgreSQL: the server's WAL bytes (KB db/frame); the table and index pages it writes back come on top"
+)
 # A step saturates the controller when its p99 ack passes this, or it acks too few of the frames due.
 SATURATED_P99_S = 5.0
 MIN_ACKED_SHARE = 0.9
@@ -107,12 +111,19 @@ def _at_full_fleet(target: str, steps: Sequence[dict[str, Any]], key: str, limit
     return entry
 
 
-def verdicts(steps: Sequence[dict[str, Any]], storm: dict[str, Any] | None) -> list[dict[str, Any]]:
+def verdicts(
+    steps: Sequence[dict[str, Any]], storm: dict[str, Any] | None, backend: str = "sqlite"
+) -> list[dict[str, Any]]:
+    """Each target's verdict. The storage target is judged on the controller's own writes with
+    SQLite (the store is in its process), and on the server's WAL with PostgreSQL (`backend`)."""
     unsaturated = [s for s in steps if s["saturated"] is None] or list(steps)
     cpu = [s for s in unsaturated if s["cpu_ms_per_frame"] is not None]
     worst_cpu = max(cpu, key=lambda s: s["cpu_ms_per_frame"]) if cpu else None
-    written = [s for s in unsaturated if s["written_kb_per_frame"] is not None]
-    worst_written = max(written, key=lambda s: s["written_kb_per_frame"]) if written else None
+    storage, storage_note = "written_kb_per_frame", ""
+    if backend == "postgresql":
+        storage, storage_note = "db_kb_per_frame", POSTGRES_STORAGE_NOTE
+    written = [s for s in unsaturated if s[storage] is not None]
+    worst_written = max(written, key=lambda s: s[storage]) if written else None
     at_2000 = next((s for s in steps if s["nodes"] == 2000), None)
     out = [
         _verdict(
@@ -123,9 +134,10 @@ def verdicts(steps: Sequence[dict[str, Any]], storm: dict[str, Any] | None) -> l
         ),
         _verdict(
             "written to storage per frame (KB, worst unsaturated step)",
-            worst_written["written_kb_per_frame"] if worst_written else None,
+            worst_written[storage] if worst_written else None,
             WRITTEN_KB_PER_FRAME,
             worst_written["nodes"] if worst_written else None,
+            storage_note,
         ),
         _verdict(
             "p99 ack at 2,000 nodes (s)",
@@ -187,14 +199,30 @@ def _fit(line: dict[str, float] | None, unit: str) -> str:
     return f"{line['slope']:+.3f} {unit} per 1,000 nodes (intercept {line['intercept']:.3f})"
 
 
+def store_line(store: dict[str, Any] | None) -> str:
+    """What the storage columns mean for the store the run used (reports from before --db: SQLite)."""
+    if store is None or store["backend"] == "sqlite":
+        return (
+            "store: SQLite, a file in the run directory (its growth, WAL included, as KB db/frame; "
+            "the controller's own writes as KB wr/frame)"
+        )
+    return (
+        f"store: PostgreSQL {store['db']} (WAL bytes of the server as KB db/frame: the whole server's, "
+        "every database's, so a server of its own; the controller's own writes as KB wr/frame, "
+        "which are not the store's)"
+    )
+
+
 def text(document: dict[str, Any]) -> str:
     meta, steps = document["machine"], document["steps"]
     lines = [
         f"controller_scale: {meta['cores']} cores ({meta['cpu']}); the load generator's "
-        f"{document['settings']['workers']} processes share them (the controller's CPU is its own pid's)",
+        f"{document['settings']['workers']} processes share them (the controller's CPU and RSS: its "
+        "process and its children, the detection process's included)",
         f"frames: {meta['frame_bytes']:.0f} bytes each on average ({meta['first_frame_bytes']} for a node's "
         f"first, with its probe round), one per node every {document['settings']['interval']:g} s; "
         f"hold {document['settings']['hold']:g} s per step",
+        store_line(document.get("store")),
         "",
         *table(steps),
         "",

@@ -1,5 +1,6 @@
 """The controller under test: one real `gpufleet controller` process on loopback, and what the bench
-reads of it from outside (CPU, RSS and storage writes of its pid; its /metrics; ListNodes)."""
+reads of it from outside (CPU, RSS and storage writes of its pid; its /metrics; ListNodes; its
+store's growth: the SQLite file's size, or a PostgreSQL server's WAL position)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,20 @@ from pathlib import Path
 
 import grpc
 import psutil
+import psycopg
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.db_url import is_postgres_url
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 10
 PREFIX = "gpufleet_controller_"
 PASS = PREFIX + "detector_pass_duration_seconds"
+SQLITE_FILE = "scale.db"  # in the run directory, when no --db URL is given
+WAL_POSITION = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
 
 
 @dataclass
@@ -34,7 +40,7 @@ class Controller:
     address: str  # agents and operators (plaintext, loopback)
     metrics_url: str
     directory: Path
-    db: Path
+    db: Path | str  # the SQLite file, or a postgresql:// URL (with its password: never print it)
 
     @property
     def pid(self) -> int:
@@ -49,7 +55,10 @@ class Sample:
     cpu_seconds: float  # user + system, every thread
     rss_bytes: int
     write_bytes: int  # bytes the process caused to be written to storage (/proc/PID/io); -1: unreadable
-    db_bytes: int  # the SQLite file, its WAL and shared memory together
+    # SQLite: the file, its WAL and shared memory together. PostgreSQL: the server's WAL position
+    # (bytes of WAL it has generated, every database's): the difference between samples is the WAL
+    # written in between.
+    db_bytes: int
 
 
 @dataclass(frozen=True)
@@ -70,15 +79,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def is_postgres(db: Path | str) -> bool:
+    return isinstance(db, str) and is_postgres_url(db)
+
+
 def config(
-    directory: Path, nodes: int, detect_interval: float | None, disabled: Sequence[str] = ()
+    directory: Path,
+    nodes: int,
+    detect_interval: float | None,
+    disabled: Sequence[str] = (),
+    db: str | None = None,
+    *,
+    detect_in_loop: bool = False,
 ) -> dict[str, object]:
-    """The controller's config: loopback ports, a file store, room for `nodes`, no Kubernetes; the
-    detection interval and the detectors turned off where given."""
+    """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
+    postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
+    detectors turned off where given; the detectors on the event loop with detect_in_loop (the
+    controller's detect.process: false), else in their process."""
     document: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "metrics_address": f"127.0.0.1:{free_port()}",
-        "db": str(directory / "scale.db"),
+        "db": db if db is not None else str(directory / SQLITE_FILE),
         "limits": {"max_nodes": max(20_000, 2 * nodes)},
         "kubernetes": {"enabled": False},
     }
@@ -87,21 +108,33 @@ def config(
         detect["interval_seconds"] = detect_interval
     if disabled:
         detect["detectors"] = {name: {"enabled": False} for name in disabled}
+    if detect_in_loop:
+        detect["process"] = False
     if detect:
         document["detect"] = detect
     return document
 
 
 def start(
-    directory: Path, nodes: int, detect_interval: float | None = None, disabled: Sequence[str] = ()
+    directory: Path,
+    nodes: int,
+    detect_interval: float | None = None,
+    disabled: Sequence[str] = (),
+    db: str | None = None,
+    *,
+    detect_in_loop: bool = False,
 ) -> Controller:
-    """`python -m controller controller` with its config, log and ready file in `directory`."""
-    settings = config(directory, nodes, detect_interval, disabled)
+    """`python -m controller controller` with its config, log and ready file in `directory`; its
+    store an SQLite file there, or the postgresql:// URL `db`."""
+    settings = config(directory, nodes, detect_interval, disabled, db, detect_in_loop=detect_in_loop)
     path, ready, log = (
         directory / "controller.yaml",
         directory / "controller.ready",
         directory / "controller.log",
     )
+    if db is not None:  # the config holds the URL's password: readable by its owner only
+        path.touch(mode=0o600)
+        path.chmod(0o600)
     path.write_text(yaml.safe_dump(settings))
     command = [
         sys.executable,
@@ -129,7 +162,8 @@ def start(
         time.sleep(0.05)
     address = str(json.loads(ready.read_text())["address"])
     metrics = f"http://{settings['metrics_address']}/metrics"
-    return Controller(process, address, metrics, directory, Path(str(settings["db"])))
+    store: Path | str = db if db is not None else Path(str(settings["db"]))
+    return Controller(process, address, metrics, directory, store)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -145,17 +179,34 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def sample(controller: Controller) -> Sample:
-    proc = psutil.Process(controller.pid)
-    with proc.oneshot():
-        times = proc.cpu_times()
-        rss = proc.memory_info().rss
+    """The controller's CPU, RSS and writes, its children's included (the detection process)."""
+    parent = psutil.Process(controller.pid)
+    cpu, rss, written = 0.0, 0, 0
+    for proc in [parent, *parent.children(recursive=True)]:
         try:
-            written = int(proc.io_counters().write_bytes)
-        except (psutil.AccessDenied, AttributeError):
-            written = -1
-    files = [controller.db, Path(f"{controller.db}-wal"), Path(f"{controller.db}-shm")]
-    size = sum(f.stat().st_size for f in files if f.exists())
-    return Sample(time.perf_counter(), times.user + times.system, rss, written, size)
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                rss += proc.memory_info().rss
+                try:
+                    written = written + int(proc.io_counters().write_bytes) if written >= 0 else -1
+                except (psutil.AccessDenied, AttributeError):
+                    written = -1
+        except psutil.NoSuchProcess:  # a child that ended between the listing and the reading
+            continue
+    return Sample(time.perf_counter(), cpu, rss, written, db_bytes(controller.db))
+
+
+def db_bytes(db: Path | str) -> int:
+    """SQLite: the file's size with its WAL and shared memory. PostgreSQL: the server's WAL
+    position in bytes, over one short connection."""
+    if is_postgres(db):
+        with psycopg.connect(str(db), connect_timeout=CONNECT_TIMEOUT_S, autocommit=True) as conn:
+            row = conn.execute(WAL_POSITION).fetchone()
+        assert row is not None
+        return int(row[0])
+    files = [Path(db), Path(f"{db}-wal"), Path(f"{db}-shm")]
+    return sum(f.stat().st_size for f in files if f.exists())
 
 
 def scrape(controller: Controller) -> Scrape:

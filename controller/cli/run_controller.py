@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from controller.config import ConfigError, load
+from controller.errors import NotLeader
 from protos.logsafe import configure_logging
 from protos.transport import TransportError
 
@@ -47,6 +48,9 @@ def run_controller(args: argparse.Namespace) -> int:
     except TransportError as exc:
         print(f"gpufleet controller: {exc}", file=sys.stderr)
         return 2
+    except NotLeader as exc:  # another controller leads the store now
+        print(f"gpufleet controller: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"gpufleet controller: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Protocol
 
 from controller.db_url import is_postgres_url
+from controller.store.lease import Lease
 from controller.store.sql import Conn
 
 SCHEMA_VERSION = 1
@@ -27,6 +28,9 @@ class Backend(Protocol):
     errors: tuple[type[BaseException], ...]  # the database's own exceptions
 
     def connect(self) -> Connection: ...
+
+    def lease(self) -> Lease:
+        """The leader lease of this store (controller/store/lease.py)."""
 
     def init(self, conn: Connection) -> None:
         """Create what is missing of the schema; refuse a newer schema than SCHEMA_VERSION."""

@@ -22,6 +22,7 @@ from psycopg import pq
 
 from controller.db_url import redact_url
 from controller.store.backends import SCHEMA_VERSION, Connection, schema_statements
+from controller.store.lease import Lease, PostgresLease
 
 CONNECT_TIMEOUT_SECONDS = 10
 _SCHEMA_LOCK = 0x67707566  # pg_advisory_xact_lock key: "gpuf"
@@ -98,6 +99,9 @@ class PostgresBackend:
             # psycopg names host and port, never the password; say which store it was.
             raise psycopg.OperationalError(f"{self.description}: {exc}".strip()) from None
         return PgConnection(raw)
+
+    def lease(self) -> Lease:
+        return PostgresLease(self.url, self.description)
 
     def init(self, conn: Connection) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))

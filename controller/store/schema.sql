@@ -146,3 +146,10 @@ CREATE TABLE IF NOT EXISTS finding_acks ( -- added within version 1: an operator
     comment     TEXT NOT NULL,
     time        REAL NOT NULL
 )
+;
+CREATE TABLE IF NOT EXISTS leader (       -- added within version 1: the leading controller's term (lease.py)
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch       INTEGER NOT NULL,       -- the term: one more with every new lead
+    holder      TEXT NOT NULL,          -- host:pid of the controller that took it
+    since       REAL NOT NULL
+)

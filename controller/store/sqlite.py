@@ -8,6 +8,7 @@ from pathlib import Path
 
 from controller.store.backends import SCHEMA_VERSION, Connection, schema_statements
 from controller.store.checkpoint import Checkpointer
+from controller.store.lease import FileLease, Lease
 
 
 class SqliteBackend:
@@ -31,6 +32,9 @@ class SqliteBackend:
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
+
+    def lease(self) -> Lease:
+        return FileLease(self.path)
 
     def init(self, conn: Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]

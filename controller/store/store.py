@@ -25,6 +25,7 @@ from controller.store import commands as command_rows
 from controller.store import drains as drain_rows
 from controller.store import finding_pages
 from controller.store import forget as forget_rows
+from controller.store import leader as leader_rows
 from controller.store import nodes as node_rows
 from controller.store import recommendations as recommendation_rows
 from controller.store import silences as silence_rows
@@ -33,6 +34,7 @@ from controller.store.backends import Backend, Connection, open_backend
 from controller.store.checkpoint import Checkpointer
 from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
+from controller.store.lease import POLL_SECONDS, Lease
 from controller.store.recommendations import Recommendation
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -56,6 +58,7 @@ OPERATIONS = (
     "recommendations",
     "drains",
     "silences",
+    "leader",
 )
 
 
@@ -68,6 +71,8 @@ class Store:
         self._thread = StoreThread(self.backend)
         # Seconds from a call to its commit (queueing and group commit included), per operation.
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
+        self.epoch: int | None = None  # this controller's term as leader, once lead() returned
+        self._lease: Lease | None = None
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -82,6 +87,51 @@ class Store:
         finally:
             self.latency.observe(operation, perf_counter() - start)
 
+    # The leader lease (controller/store/lease.py)
+
+    async def lead(
+        self, holder: str, now: float, on_wait: Callable[[], None], poll: float = POLL_SECONDS
+    ) -> int:
+        """Wait until this controller holds the store's lease (on_wait() once, if it has to wait),
+        then start its term; the term's number. Call after open()."""
+        lease = self.backend.lease()
+        waited = False
+        while not await asyncio.to_thread(lease.try_acquire):
+            if not waited:
+                on_wait()
+                waited = True
+            await asyncio.sleep(poll)
+        self._lease = lease
+        try:
+            self.epoch = await self._call("leader", lambda c: leader_rows.begin_term(c, holder, now))
+        except BaseException:
+            self._release()
+            raise
+        return self.epoch
+
+    async def still_leading(self) -> bool:
+        """Whether the lease is still held and the store still names this term."""
+        if self._lease is None or self.epoch is None or not await asyncio.to_thread(self._lease.alive):
+            return False
+        term = await self._call("leader", leader_rows.current_term)
+        return term is not None and term[0] == self.epoch
+
+    def _fenced(self, fn: Callable[[Connection], T]) -> Callable[[Connection], T]:
+        """fn, after checking in the same transaction that this controller's term is the store's
+        (NotLeader if not; no check before lead())."""
+
+        def fenced(conn: Connection) -> T:
+            if self.epoch is not None:
+                leader_rows.check_term(conn, self.epoch)
+            return fn(conn)
+
+        return fenced
+
+    def _release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
     async def open(self) -> None:
         self._thread.start()
         await self._call("init", self.backend.init)
@@ -90,6 +140,7 @@ class Store:
     def close(self) -> None:
         self.backend.stop()
         self._thread.stop()  # the last connection to close checkpoints what is left
+        self._release()  # after the last write: a standby may take over from here
 
     async def load(self) -> tuple[Fleet, list[StoredFinding]]:
         return await self._call("load", node_rows.load)
@@ -163,7 +214,7 @@ class Store:
         """Queue the command's current state at once (writes keep their order); await to know it is stored."""
         row = copy.copy(record)  # the row as it is now, whatever changes before the store thread runs
         start = perf_counter()
-        future = self._thread.submit(lambda c: command_rows.save_command(c, row))
+        future = self._thread.submit(self._fenced(lambda c: command_rows.save_command(c, row)))
         future.add_done_callback(lambda _: self.latency.observe("save_command", perf_counter() - start))
         return future
 
@@ -177,7 +228,7 @@ class Store:
 
     async def add_audit(self, entry: AuditEntry) -> None:
         """Write a request's audit entry; returns once it is committed (so before anything acts)."""
-        await self._call("audit", lambda c: audit_rows.add_entry(c, entry))
+        await self._call("audit", self._fenced(lambda c: audit_rows.add_entry(c, entry)))
 
     async def set_audit_outcome(self, entry_id: str, outcome: str, when: float, detail: str = "") -> None:
         await self._call("audit", lambda c: audit_rows.set_outcome(c, entry_id, outcome, when, detail))

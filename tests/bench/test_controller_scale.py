@@ -1,6 +1,7 @@
 """A small step of bench/controller_scale.py, so that it cannot rot: 50 simulated nodes over real gRPC
-streams into a real controller process, a frame a second each for 5 s, then a reconnect storm. The
-report's structure and sane values are checked, not its figures against the targets."""
+streams into a real controller process, a frame a second each for 5 s, then a reconnect storm; and
+the same step (no storm) with the store in a real PostgreSQL (--db). The report's structure and
+sane values are checked, not its figures against the targets."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.postgres_server import PostgresServer
+
 # bench/ is a folder of scripts; the bench and its helper package are imported from there (and the
 # generator's worker processes, spawned, find them on the same sys.path).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -21,10 +24,11 @@ import controller_scale
 from controller_scale_load import report
 
 NODES = 50
-ARGS = [
+STEP = [
     *("--steps", str(NODES), "--hold", "5", "--interval", "1", "--ramp", "1"),
-    *("--workers", "1", "--archetypes", "2", "--detect-interval", "1", "--reconnect-storm"),
+    *("--workers", "1", "--archetypes", "2", "--detect-interval", "1"),
 ]
+ARGS = [*STEP, "--reconnect-storm"]
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +96,33 @@ def test_no_process_is_left_behind(document: dict[str, Any]) -> None:
 def test_bad_steps_are_refused() -> None:
     with pytest.raises(SystemExit):
         controller_scale.parse_args(["--steps", "2000,1000"])
+
+
+def test_postgresql_store(
+    postgres_server: PostgresServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = postgres_server.new_database()
+    args = controller_scale.parse_args([*STEP, "--db", url])
+    document = controller_scale.run(args, tmp_path)
+    [step] = document["steps"]
+    assert step["connected"] == NODES and step["frames_acked"] > 0.5 * step["frames_due"], step
+    assert step["errors"] == 0
+    assert step["db_kb_per_frame"] > 0  # the server's WAL grew with the frames
+    assert document["store"] == {"backend": "postgresql", "db": url.replace(postgres_server.password, "***")}
+    [storage] = [v for v in document["verdicts"] if v["target"].startswith("written to storage")]
+    assert storage["value"] == step["db_kb_per_frame"] and "WAL" in storage["note"]
+    text = report.text(document)
+    assert "store: PostgreSQL postgresql://" in text and "WAL bytes of the server" in text
+    printed = capsys.readouterr()
+    for output in (text, json.dumps(document), printed.out, printed.err):
+        assert postgres_server.password not in output
+    assert postgres_server.password not in (tmp_path / "controller.log").read_text()
+
+
+def test_db_must_be_a_postgresql_url(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        controller_scale.parse_args(["--db", "sqlite:///tmp/x.db"])
+    with pytest.raises(SystemExit):
+        controller_scale.parse_args(["--db", "postgresql://u:secret@127.0.0.1:5432/"])  # no database
+    err = capsys.readouterr().err
+    assert "postgresql://u:***@127.0.0.1:5432/" in err and "secret" not in err

@@ -57,6 +57,10 @@ CUSTOM_KINDS = {
 TLS_SECRETS = ["--set", "tls.controllerSecret=gf-controller-tls", "--set", "tls.agentSecret=gf-agent-tls"]
 TLS_DIR = "/var/run/secrets/gpufleet/tls"
 UNHEALTHY_TAINT = {"key": "gpufleet.io/unhealthy", "effect": "NoSchedule"}
+SQLITE_REPLICAS = (
+    "controller.replicas > 1 needs postgresql.url or postgresql.existingSecret:"
+    " an SQLite file cannot be shared by several controllers"
+)
 
 Doc = dict[str, Any]
 
@@ -263,7 +267,9 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         (["--set", "agent.bogus=1"], "at '/agent': additional properties 'bogus' not allowed"),
         (["--set", "agent.metrics.port=70000"], "at '/agent/metrics/port': maximum: got 70,000, want 65,535"),
         (["--set", "controller.grpcPort=0"], "at '/controller/grpcPort': minimum"),
-        (["--set", "controller.replicas=2"], "at '/controller/replicas': maximum: got 2, want 1"),
+        (["--set", "controller.replicas=6"], "at '/controller/replicas': maximum: got 6, want 5"),
+        (["--set", "controller.replicas=-1"], "at '/controller/replicas': minimum"),
+        (["--set", "controller.replicas=2"], SQLITE_REPLICAS),
         (["--set", "agent.bmc.url=https://bmc"], "at '/agent/bmc/existingSecret': minLength"),
         (["--set", "agent.bmc.url=ftp://bmc", "--set", "agent.bmc.existingSecret=s"], "at '/agent/bmc/url'"),
         (
@@ -466,7 +472,6 @@ def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set:
     docs = rendered(value_set)
     loaded = controller_config.load(config_file(docs, "controller", tmp_path))
     deployment = one(docs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert loaded.listen == f"0.0.0.0:{ports['grpc']}"
@@ -476,9 +481,11 @@ def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set:
         assert "db" not in yaml.safe_load(config_file(docs, "controller", tmp_path).read_text())
         url = secret_value(docs, env[DB_ENV]["valueFrom"]["secretKeyRef"])
         assert controller_config.load(config_file(docs, "controller", tmp_path), {"db": url}).db == url
+        assert deployment["spec"]["strategy"] == ROLLING_UPDATE
     else:
         data = next(m for m in container["volumeMounts"] if m["name"] == "data")
         assert Path(loaded.db).parent == Path(data["mountPath"])
+        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     if value_set == "tuning":
         assert loaded.tuning.mode("power_cap") == "auto"
     if value_set == "drain":
@@ -645,21 +652,102 @@ def test_with_postgresql_a_claim_holds_only_a_record_file(
         assert not mount_of(controller_pod(docs)["containers"][0], loaded.record).get("readOnly")
 
 
-def test_more_than_one_controller_is_refused_for_want_of_leader_election() -> None:
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    replicas = schema["properties"]["controller"]["properties"]["replicas"]
-    assert replicas["maximum"] == 1 and "leader election" in replicas["description"]
-    done = helm("template", RELEASE, str(CHART), *TLS_SECRETS, "--set", f"postgresql.url={DB_URL}")
-    assert done.returncode == 0, done.stderr
-    done = helm(
-        "template",
-        RELEASE,
-        str(CHART),
-        *TLS_SECRETS,
-        "--set",
-        f"postgresql.url={DB_URL},controller.replicas=2",
+# Several controllers: one leads (a lease in PostgreSQL), the others wait as standbys that do not
+# listen, so are never Ready. A rollout cannot wait for a new pod to be Ready before stopping an old
+# one (maxUnavailable 0 never ends): it starts the new pod and stops the old ones at once.
+ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+
+
+def anti_affinity(docs: list[Doc]) -> list[Doc]:
+    """The controller's preferred pod anti-affinity terms, or [] when it has none."""
+    affinity = controller_pod(docs).get("affinity", {})
+    terms: list[Doc] = affinity.get("podAntiAffinity", {}).get(
+        "preferredDuringSchedulingIgnoredDuringExecution", []
     )
-    assert done.returncode != 0 and "at '/controller/replicas': maximum: got 2, want 1" in done.stderr
+    return terms
+
+
+@pytest.mark.parametrize(
+    "store",
+    [["--set", f"postgresql.url={DB_URL}"], ["--set", "postgresql.existingSecret=gpufleet-db"]],
+    ids=["url", "existing-secret"],
+)
+def test_with_postgresql_several_controllers_are_a_leader_and_standbys_on_other_nodes(
+    store: list[str], tmp_path: Path
+) -> None:
+    args = [*TLS_SECRETS, *store, "--set", "controller.replicas=2"]
+    docs = render(*args)
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"] == ROLLING_UPDATE
+    (term,) = anti_affinity(docs)
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+    # A standby does not listen: the probe on the gRPC port keeps it out of the Service.
+    container = controller_pod(docs)["containers"][0]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    for kube in (KUBE_VERSION, OLDEST_KUBE_VERSION):
+        done = kubernetes_validate(template(*args, kube=kube), kube, tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 controllers: one leads" in install_notes(*args)
+    # One controller with PostgreSQL: the same rollout, no anti-affinity.
+    single = render(*TLS_SECRETS, *store)
+    assert one(single, "Deployment")["spec"]["replicas"] == 1
+    assert one(single, "Deployment")["spec"]["strategy"] == ROLLING_UPDATE and not anti_affinity(single)
+    assert "controllers: one leads" not in install_notes(*TLS_SECRETS, *store)
+
+
+def test_the_users_affinity_comes_first() -> None:
+    args = [*TLS_SECRETS, "--set", f"postgresql.url={DB_URL},controller.replicas=3"]
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ctl"]}]}
+            ]
+        }
+    }
+    own = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "x"}}}
+        ]
+    }
+    # Its nodeAffinity is kept beside the chart's preference...
+    docs = render(*args, "--set-json", f"controller.affinity={json.dumps({'nodeAffinity': node_affinity})}")
+    affinity = controller_pod(docs)["affinity"]
+    assert affinity["nodeAffinity"] == node_affinity and len(anti_affinity(docs)) == 1
+    # ...and its own podAntiAffinity replaces the chart's.
+    docs = render(*args, "--set-json", f"controller.affinity={json.dumps({'podAntiAffinity': own})}")
+    assert controller_pod(docs)["affinity"] == {"podAntiAffinity": own}
+
+
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_with_sqlite_one_controller_at_most_and_the_old_one_stops_first(replicas: int) -> None:
+    docs = render(*TLS_SECRETS, "--set", f"controller.replicas={replicas}")
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "affinity" not in controller_pod(docs)
+    done = helm("template", RELEASE, str(CHART), *TLS_SECRETS, "--set", "controller.replicas=2")
+    assert done.returncode != 0 and SQLITE_REPLICAS in done.stderr, done.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    described = schema["properties"]["controller"]["properties"]["replicas"]
+    assert described["maximum"] == 5 and "SQLite file, 0 or 1" in described["description"]
+
+
+def test_with_postgresql_a_record_file_on_a_claim_is_one_controllers() -> None:
+    """The claim (ReadWriteOnce) and the file on it are one pod's: one controller, Recreate."""
+    args = [*TLS_SECRETS, "--set", f"postgresql.url={DB_URL},{RECORD_ON_VOLUME}"]
+    deployment = one(render(*args), "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    done = helm("template", RELEASE, str(CHART), *args, "--set", "controller.replicas=2")
+    assert done.returncode != 0
+    assert "controller.replicas > 1 with controller.config.record under /var/lib/gpufleet" in done.stderr
+    # Without persistence each pod's file is on its own emptyDir.
+    docs = render(*args, "--set", "controller.replicas=2,controller.persistence.enabled=false")
+    assert one(docs, "Deployment")["spec"]["strategy"] == ROLLING_UPDATE
 
 
 EXPECTED_RULES = {
@@ -681,7 +769,7 @@ def test_rbac_is_the_controllers_node_actions_and_nothing_more(value_set: str) -
             for resource in rule["resources"]:
                 assert (group, resource) not in rules, f"{group}/{resource} twice"
                 rules[group, resource] = rule["verbs"]
-    assert rules == EXPECTED_RULES  # no leases: one replica, no leader election
+    assert rules == EXPECTED_RULES  # no Leases: the controllers' leader lease is in the store
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     (subject,) = one(docs, "ClusterRoleBinding")["subjects"]
     controller_pod = one(docs, "Deployment")["spec"]["template"]["spec"]

@@ -103,6 +103,25 @@ SQLite file needs it (with persistence.enabled); with PostgreSQL only a `record`
 {{- end }}
 {{- end }}
 
+{{/* Non-empty when the controller's replicas can share a store: PostgreSQL (a lease in the database
+names the one that leads; the others wait as standbys) and no claim (a ReadWriteOnce volume, and the
+`record` file on it, belong to one pod). */}}
+{{- define "gpufleet.controllerShared" -}}
+{{- if and (include "gpufleet.dbSecret" .) (not (include "gpufleet.controllerClaim" .)) }}true{{ end }}
+{{- end }}
+
+{{/* Fails when controller.replicas asks several controllers of a store they cannot share. */}}
+{{- define "gpufleet.checkReplicas" -}}
+{{- if gt (int .Values.controller.replicas) 1 }}
+{{- if not (include "gpufleet.dbSecret" .) }}
+{{- fail "controller.replicas > 1 needs postgresql.url or postgresql.existingSecret: an SQLite file cannot be shared by several controllers" }}
+{{- end }}
+{{- with include "gpufleet.controllerClaim" . }}
+{{- fail (printf "controller.replicas > 1 with controller.config.record under %s: the replicas cannot share its claim (%s) or the file; put record elsewhere (e.g. under /tmp) or set controller.persistence.enabled=false" (include "gpufleet.stateDir" $) .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret with the controller's certificate: cert-manager's or the user's. */}}
 {{- define "gpufleet.controllerTlsSecret" -}}
 {{- if .Values.tls.certManager.enabled }}

@@ -1,0 +1,152 @@
+"""The controller's side of the detection process (worker.py): it starts the process with a copy of
+the fleet, sends it every change the controller applies (never waiting: the pipe's writes are
+buffered by the event loop), and asks it for a pass, whose report it awaits. The detectors then run
+on another core while the loop goes on storing and acking frames; their CPU no longer delays acks.
+
+A process that dies (or answers nothing for PASS_TIMEOUT_SECONDS) fails that pass; the next pass
+starts a new one with the fleet as the controller holds it then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from controller.config import DetectConfig
+from controller.detect.runner import PassReport
+from controller.detection.wire import HEADER, decode, encode
+from controller.fleet.model import Fleet, FrameWrite
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller.detect")
+PASS_TIMEOUT_SECONDS = 120.0
+# Changes not yet read by the process: past this it is taken as hung, stopped, and started anew.
+MAX_BUFFERED_BYTES = 512 * 1024 * 1024
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+class DetectionUnavailable(RuntimeError):
+    """The detection process is gone or did not answer: this pass has no report."""
+
+
+class DetectionProcess:
+    def __init__(self, config: DetectConfig, names: Sequence[str]) -> None:
+        self.config = config
+        self.names = list(names)
+        self.starts = 0  # processes started (1 unless one died)
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[int, asyncio.Future[PassReport]] = {}
+        self._next_id = 0
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self, fleet: Fleet) -> None:
+        """A new process, holding a copy of `fleet` as it is now."""
+        await self.stop()
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "controller.detection.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        self.starts += 1
+        saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
+        try:
+            self._send(("init", fleet, self.config, self.names))
+        finally:
+            fleet.derived = saved
+        self._reader = asyncio.create_task(self._read(self._process))
+        log.info("detection runs in process %d (%d nodes)", self._process.pid, len(fleet.nodes))
+
+    # The fleet's changes, in the order the controller applied them
+
+    def hello(self, hello: pb.Hello, acked: int, now: float) -> None:
+        self._send(("hello", hello, acked, now))
+
+    def frame(self, write: FrameWrite) -> None:
+        self._send(("frame", write))
+
+    def connected(self, node: str, connected: bool) -> None:
+        self._send(("connected", node, connected))
+
+    def forget(self, names: Sequence[str]) -> None:
+        self._send(("forget", list(names)))
+
+    async def run_pass(self, now: float) -> PassReport:
+        """The detectors' report over the fleet as changed up to now; DetectionUnavailable if the
+        process is gone or silent for PASS_TIMEOUT_SECONDS."""
+        if not self.running:
+            raise DetectionUnavailable("the detection process is not running")
+        self._next_id += 1
+        pass_id = self._next_id
+        answer: asyncio.Future[PassReport] = asyncio.get_running_loop().create_future()
+        self._waiting[pass_id] = answer
+        try:
+            self._send(("pass", pass_id, now))
+            return await asyncio.wait_for(answer, PASS_TIMEOUT_SECONDS)
+        except TimeoutError:
+            await self.stop()
+            raise DetectionUnavailable(f"no report within {PASS_TIMEOUT_SECONDS:.0f} s") from None
+        finally:
+            self._waiting.pop(pass_id, None)
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # its end of input: it exits
+        try:
+            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_SECONDS)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if self._reader is not None:
+            await self._reader
+            self._reader = None
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        process = self._process
+        if process is None or process.stdin is None or process.stdin.is_closing():
+            return  # no process: the next pass starts one from the controller's fleet
+        if process.stdin.transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
+            log.error(
+                "the detection process reads nothing (%d MB waiting): stopping it", MAX_BUFFERED_BYTES >> 20
+            )
+            process.stdin.close()
+            process.kill()
+            return
+        process.stdin.write(encode(message))
+
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            while True:
+                header = await process.stdout.readexactly(HEADER)
+                body = await process.stdout.readexactly(int.from_bytes(header, "big"))
+                kind, pass_id, content = decode(body)
+                answer = self._waiting.get(pass_id)
+                if answer is None or answer.done():
+                    continue
+                if kind == "report":
+                    answer.set_result(content)
+                else:
+                    answer.set_exception(DetectionUnavailable(f"the detection pass failed: {content}"))
+        except asyncio.IncompleteReadError:
+            pass  # it ended
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                await process.wait()
+            if process.returncode not in (0, None):
+                log.error("the detection process ended with status %s", process.returncode)
+            for answer in self._waiting.values():
+                if not answer.done():
+                    answer.set_exception(DetectionUnavailable("the detection process ended"))

@@ -1,0 +1,76 @@
+"""The detection process (`python -m controller.detection.worker`, started by the controller): it
+keeps a copy of the fleet, changed by the same functions as the controller's own (the Hellos and
+frames the controller applied, in the order it applied them, connections and forgotten nodes), and
+runs the detectors over it when asked, answering with the pass's report. Its stdin closed (the
+controller gone), it ends."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import IO, Any
+
+from controller.config import DetectConfig
+from controller.detect.base import DetectContext
+from controller.detect.runner import run_detectors
+from controller.detection.wire import encode, read
+from controller.fleet.expiry import forget
+from controller.fleet.model import Fleet
+from controller.fleet.state import apply_frame, apply_hello
+from protos.logsafe import configure_logging
+
+log = logging.getLogger("gpufleet.controller.detect")
+
+
+class Mirror:
+    def __init__(self) -> None:
+        self.fleet = Fleet()
+        self.config = DetectConfig()
+        self.names: list[str] = []
+
+    def handle(self, message: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """Apply one message; the answer to send, for a pass."""
+        kind = message[0]
+        if kind == "init":
+            _, self.fleet, self.config, self.names = message
+        elif kind == "hello":
+            _, hello, acked, now = message
+            apply_hello(self.fleet, hello, acked, now)
+        elif kind == "frame":
+            if message[1].node in self.fleet.nodes:
+                apply_frame(self.fleet, message[1])
+        elif kind == "connected":
+            node = self.fleet.nodes.get(message[1])
+            if node is not None:
+                node.connected = message[2]
+        elif kind == "forget":
+            forget(self.fleet, message[1])
+        elif kind == "pass":
+            _, pass_id, now = message
+            try:
+                report = run_detectors(DetectContext(self.fleet, self.config, now), self.names)
+            except Exception as exc:  # the pass fails, the process goes on
+                log.exception("detection pass failed")
+                return ("failed", pass_id, f"{type(exc).__name__}: {exc}")
+            return ("report", pass_id, report)
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+        return None
+
+
+def serve(source: IO[bytes], sink: IO[bytes]) -> None:
+    mirror = Mirror()
+    while (message := read(source)) is not None:
+        answer = mirror.handle(message)
+        if answer is not None:
+            sink.write(encode(answer))
+            sink.flush()
+
+
+def main() -> None:
+    configure_logging("info")  # to stderr: the controller's own log
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()

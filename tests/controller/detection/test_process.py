@@ -1,0 +1,86 @@
+"""The detection process (controller/detection/): fed the changes the controller applies, in order,
+its passes find exactly what the detectors find on the controller's own fleet; a process that dies
+fails its pass, and the next starts a new one from the controller's fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from agent.sources.sim import FaultSpec
+from controller.config import DetectConfig
+from controller.detect.base import DetectContext, discover
+from controller.detect.runner import run_detectors
+from controller.detection.process import DetectionProcess, DetectionUnavailable
+from controller.fleet.state import apply_frame, plan_frame
+from tests.simfleet import SimFleet
+
+FAULTS = {
+    "node-01": [FaultSpec("power_cap", 0)],
+    "node-03": [FaultSpec("thermal_throttle", 6)],
+    "node-05": [FaultSpec("pcie_downtrained", 1)],
+}
+
+
+def _step(sim: SimFleet, process: DetectionProcess, *, probes: bool = False) -> None:
+    """One frame from every node, applied here and sent to the process, as Ingest does."""
+    sim.now += 10.0
+    for name in sim.sims:
+        write, _ = plan_frame(sim.fleet.nodes[name], sim.frame(name, probes=probes), sim.now)
+        apply_frame(sim.fleet, write)
+        process.frame(write)
+
+
+def test_the_process_finds_what_the_detectors_find_here() -> None:
+    async def go() -> None:
+        sim = SimFleet(8, FAULTS)
+        config = DetectConfig()
+        names = config.enabled(sorted(discover()))
+        process = DetectionProcess(config, names)
+        sim.step(10.0)  # some state before the process starts: it gets a copy
+        await process.start(sim.fleet)
+        try:
+            _step(sim, process, probes=True)
+            for _ in range(4):
+                _step(sim, process)
+            process.connected("node-02", True)
+            sim.fleet.nodes["node-02"].connected = True
+            here = run_detectors(DetectContext(sim.fleet, config, sim.now), names)
+            there = await process.run_pass(sim.now)
+            assert there.findings == here.findings
+            causes = {(f.node, f.cause) for f in there.findings}
+            assert {("node-01", "power_cap"), ("node-03", "thermal_throttle")} <= causes, causes
+            process.forget(["node-01"])
+            there = await process.run_pass(sim.now)
+            assert all(f.node != "node-01" for f in there.findings)
+        finally:
+            await process.stop()
+        assert not process.running
+
+    asyncio.run(go())
+
+
+def test_a_dead_process_fails_its_pass_and_a_new_one_starts_from_the_fleet() -> None:
+    async def go() -> None:
+        sim = SimFleet(4, {"node-01": [FaultSpec("power_cap", 0)]})
+        for _ in range(3):
+            sim.step(10.0)
+        process = DetectionProcess(DetectConfig(), ["throttle"])
+        await process.start(sim.fleet)
+        try:
+            pid = process._process.pid if process._process else 0
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(DetectionUnavailable):
+                await asyncio.wait_for(process.run_pass(sim.now), 10)
+            assert not process.running
+            await process.start(sim.fleet)
+            report = await process.run_pass(sim.now)
+            assert {(f.node, f.cause) for f in report.findings} == {("node-01", "power_cap")}
+            assert process.starts == 2
+        finally:
+            await process.stop()
+
+    asyncio.run(go())
