@@ -44,13 +44,9 @@ def _util(sample: pb.GpuSample) -> float:
 
 
 def _peer_key(names: dict[int, str], gpu: GpuState) -> PeerKey:
-    """`names`: the node's GPU names by index (_gpu_names), read once per node, not once per GPU."""
+    """`names`: the node's GPU names by index (NodeState.gpu_names), read once per node, not once per GPU."""
     s = gpu.sample
     return (names.get(gpu.index, ""), s.max_sm_clock_hz, s.default_power_limit_watts)
-
-
-def _gpu_names(node: NodeState) -> dict[int, str]:
-    return {g.index: g.name for g in reversed(node.hello.inventory.gpus)}  # the first of an index
 
 
 def _busy_clocks(fleet: Fleet, utilization: float) -> dict[PeerKey, list[tuple[str, int, float]]]:
@@ -61,7 +57,7 @@ def _busy_clocks(fleet: Fleet, utilization: float) -> dict[PeerKey, list[tuple[s
         for index, gpu in node.gpus.items():
             s = gpu.sample
             if s.HasField("sm_clock_hz") and s.max_sm_clock_hz and _util(s) >= utilization:
-                names = _gpu_names(node) if names is None else names
+                names = node.gpu_names() if names is None else names
                 out.setdefault(_peer_key(names, gpu), []).append((node.name, index, s.sm_clock_hz))
     return out
 
@@ -172,7 +168,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
             if state is None or gpu.held_for(state) < window:
                 continue
             held = gpu.held_for(state)
-            key = _peer_key(_gpu_names(node), gpu)
+            key = _peer_key(node.gpu_names(), gpu)
             others = [c for n, i, c in busy.get(key, []) if (n, i) != (node.name, index)]
             peers = _peer_evidence(gpu.sample, others, config.clock_peer_utilization, config.min_peers)
             if state == "clocks_locked":

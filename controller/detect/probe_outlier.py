@@ -59,7 +59,7 @@ class PeerGroups:
             node = self.fleet.nodes.get(record.node)
             if node is None:
                 return None
-            gpus = {g.index: g.name for g in reversed(node.hello.inventory.gpus)}  # the first of an index
+            gpus = node.gpu_names()
             facts = self._nodes[record.node] = (probe_infos(node.hello), gpus, node_peer_key(node))
         infos, gpus, node_key = facts
         info = infos.get(record.probe)

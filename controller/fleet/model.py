@@ -80,6 +80,10 @@ class NodeState:
                 return info.name
         return ""
 
+    def gpu_names(self) -> dict[int, str]:
+        """The inventory's GPU names by index (the first of an index, as gpu_name reads it)."""
+        return {g.index: g.name for g in reversed(self.hello.inventory.gpus)}
+
 
 @dataclass(slots=True)
 class Fleet:
