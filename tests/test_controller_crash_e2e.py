@@ -65,10 +65,11 @@ def wait_for(what: str, check: Callable[[], bool], logs: list[Path]) -> None:
         time.sleep(0.1)
 
 
-def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: Path, store_db: str) -> None:
+def write_configs(directory: Path, db: str) -> tuple[Path, Path, int]:
+    """controller.yaml (free loopback ports, store `db`, no probes) and agent.yaml (NODE, simulated,
+    a frame every 0.1 s, streaming to that controller, spooling in `directory`); and the metrics port."""
     grpc_port, metrics_port = free_port(), free_port()
-    db = store_db
-    cfg = tmp_path / "controller.yaml"
+    cfg = directory / "controller.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
@@ -79,7 +80,7 @@ def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: 
             }
         )
     )
-    agent_cfg = tmp_path / "agent.yaml"
+    agent_cfg = directory / "agent.yaml"
     agent_cfg.write_text(
         yaml.safe_dump(
             {
@@ -89,7 +90,7 @@ def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: 
                 "sim": {"gpus": 2},
                 "stream": {
                     "controller": f"127.0.0.1:{grpc_port}",
-                    "spool_dir": str(tmp_path / "spool"),
+                    "spool_dir": str(directory / "spool"),
                     "backoff_initial_seconds": 0.1,
                     "backoff_max_seconds": 0.5,
                 },
@@ -97,6 +98,12 @@ def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: 
             }
         )
     )
+    return cfg, agent_cfg, metrics_port
+
+
+def test_kill_9_mid_stream_loses_no_acked_frame_and_stores_none_twice(tmp_path: Path, store_db: str) -> None:
+    db = store_db
+    cfg, agent_cfg, metrics_port = write_configs(tmp_path, db)
     clog, alog = tmp_path / "controller.log", tmp_path / "agent.log"
     logs = [clog, alog]
     controller = spawn(["controller", "controller", "--config", str(cfg)], clog)

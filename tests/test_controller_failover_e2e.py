@@ -19,8 +19,13 @@ import yaml
 from controller.store.lease import SILENCE_SECONDS
 from tests.postgres_server import PostgresServer
 from tests.processes import spawn, stop
-from tests.support import free_port
-from tests.test_controller_crash_e2e import NODE, _position_or_zero, metric, stored_position, wait_for
+from tests.test_controller_crash_e2e import (
+    _position_or_zero,
+    metric,
+    stored_position,
+    wait_for,
+    write_configs,
+)
 
 pytestmark = pytest.mark.slow
 TAKEOVER_SECONDS = 30.0
@@ -54,36 +59,7 @@ def _leader_term(db: str) -> tuple[int, str]:
 def test_a_standby_takes_over_from_a_killed_leader_and_no_acked_frame_is_lost(
     tmp_path: Path, store_db: str
 ) -> None:
-    grpc_port, metrics_port = free_port(), free_port()
-    cfg = tmp_path / "controller.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "listen": f"127.0.0.1:{grpc_port}",
-                "metrics_address": f"127.0.0.1:{metrics_port}",
-                "db": store_db,
-                "probes": {"on_connect": False, "periodic": False},
-            }
-        )
-    )
-    agent_cfg = tmp_path / "agent.yaml"
-    agent_cfg.write_text(
-        yaml.safe_dump(
-            {
-                "node": NODE,
-                "source": "sim",
-                "interval_seconds": 0.1,
-                "sim": {"gpus": 2},
-                "stream": {
-                    "controller": f"127.0.0.1:{grpc_port}",
-                    "spool_dir": str(tmp_path / "spool"),
-                    "backoff_initial_seconds": 0.1,
-                    "backoff_max_seconds": 0.5,
-                },
-                "metrics": {"address": None},
-            }
-        )
-    )
+    cfg, agent_cfg, metrics_port = write_configs(tmp_path, store_db)
     logs = [tmp_path / "first.log", tmp_path / "second.log", tmp_path / "agent.log"]
     ready = [tmp_path / "first.ready", tmp_path / "second.ready"]
 
