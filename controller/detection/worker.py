@@ -17,6 +17,7 @@ from controller.detection.wire import encode, read
 from controller.fleet.expiry import forget
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello
+from controller.gc_policy import CollectorPolicy
 from protos.logsafe import configure_logging
 
 log = logging.getLogger("gpufleet.controller.detect")
@@ -60,11 +61,13 @@ class Mirror:
 
 def serve(source: IO[bytes], sink: IO[bytes]) -> None:
     mirror = Mirror()
+    collector = CollectorPolicy()  # the fleet's copy is as big as the controller's (controller/gc_policy.py)
     while (message := read(source)) is not None:
         answer = mirror.handle(message)
         if answer is not None:
             sink.write(encode(answer))
             sink.flush()
+            collector.tick()  # after answering: a pass's report is never held up by it
 
 
 def main() -> None:
