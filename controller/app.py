@@ -140,17 +140,19 @@ class ControllerApp:
             clock=clock,
         )
 
-    async def start(self) -> None:
+    async def start(self, on_standby: Callable[[], None] | None = None) -> None:
+        """Open the store, lead it (waiting as a standby while another leads: on_standby() then),
+        load."""
         await self.store.open()
         # One controller leads a store; any other waits here, before it loads, listens or acts.
         description = self.store.description
-        epoch = await self.store.lead(
-            f"{socket.gethostname()}:{os.getpid()}",
-            self.clock(),
-            lambda: log.info(
-                "standby: another controller leads the store %s; waiting to take over", description
-            ),
-        )
+
+        def standby() -> None:
+            log.info("standby: another controller leads the store %s; waiting to take over", description)
+            if on_standby is not None:
+                on_standby()
+
+        epoch = await self.store.lead(f"{socket.gethostname()}:{os.getpid()}", self.clock(), standby)
         log.info("leading the store %s: term %d", description, epoch)
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet

@@ -320,6 +320,9 @@ class ControllerConfig(_Config):
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     # Prometheus /metrics (HOST:PORT); None (or "none") serves none.
     metrics_address: str | None = "0.0.0.0:9401"
+    # Plain HTTP /livez and /readyz (HOST:PORT), served from before the controller waits for the
+    # lead (controller/standing.py): the chart's probes. None serves none.
+    health_listen: str | None = None
     db: str = "gpufleet.db"  # SQLite file (":memory:" for tests) or postgresql://USER:PASSWORD@HOST:PORT/DB
     db_synchronous: Literal["full", "normal"] = "full"  # full: an ack survives power loss
     # A node's latest readings are written at most this often (0: with every frame; the next frame
@@ -346,6 +349,8 @@ class ControllerConfig(_Config):
             self.metrics_address = None
         if self.metrics_address is not None:
             check_address(self.metrics_address, "metrics_address")
+        if self.health_listen is not None:
+            check_address(self.health_listen, "health_listen")
         if not 0 <= self.db_state_seconds <= 3600:
             raise ValueError("db_state_seconds must be between 0 and 3600")
         if self.max_message_bytes < 64 * 1024:

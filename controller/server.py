@@ -18,6 +18,7 @@ from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.db_url import redact_url
 from controller.errors import NotLeader, StoreUnavailable
+from controller.gc_policy import CollectorPolicy
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -25,6 +26,7 @@ from controller.operator_api import OperatorServicer
 from controller.security.auth import OperatorAuth, operator_auth
 from controller.security.tls import ServerTls
 from controller.servicer import TelemetryServicer
+from controller.standing import Standing
 from controller.store.lease import POLL_SECONDS
 from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
 
@@ -139,7 +141,23 @@ async def serve(
     TransportError (before anything starts) when a TLS file is unusable."""
     tls = ServerTls(config.tls) if config.tls.enabled else None
     app = ControllerApp(config)
-    await app.start()
+    standing = Standing(app.cluster, os.environ)  # /readyz and the pod's role label, from now on
+    try:
+        await standing.begin(config.health_listen)
+        await app.start(on_standby=standing.standby)
+        await _lead(config, app, tls, standing, on_ready)
+    finally:
+        await standing.end()
+
+
+async def _lead(
+    config: ControllerConfig,
+    app: ControllerApp,
+    tls: ServerTls | None,
+    standing: Standing,
+    on_ready: Callable[[str, str | None], None] | None,
+) -> None:
+    """Serve as the leader until SIGINT/SIGTERM or the lead is lost."""
     metrics: MetricsServer | None = None
     try:
         servers = await _start_grpc(app, tls)
@@ -179,14 +197,17 @@ async def serve(
         "yes" if probes.on_connect else "no",
         periodic if probes.periodic else "off",
     )
+    standing.leading()
     if on_ready is not None:
         on_ready(address, operator_address)
     detection = asyncio.create_task(app.detect_forever(stop))
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     lost: list[str] = []
     leading = asyncio.create_task(_keep_leading(app, stop, lost))
+    collecting = asyncio.create_task(CollectorPolicy().run_forever(stop))
     await stop.wait()
     await leading
+    await collecting
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()

@@ -21,7 +21,7 @@ import asyncio
 import gzip as gzip_module
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +44,7 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 
@@ -92,9 +93,10 @@ class ScrapeServer:
     def __init__(
         self,
         sock: socket.socket,
-        render: Callable[[], bytes],
+        render: Callable[[], bytes] | None,
         *,
         index: Reply,
+        routes: Mapping[str, Callable[[], Reply]] | None = None,
         guard: WebGuard | None = None,
         render_in_thread: bool = False,
         gzip: bool = False,
@@ -103,8 +105,9 @@ class ScrapeServer:
         content_type: str = "text/plain; version=0.0.4; charset=utf-8",
     ) -> None:
         self.sock = sock
-        self.render = render
+        self.render = render  # None: no /metrics (a server of `routes` only)
         self.index = index
+        self.routes = dict(routes or {})  # more paths, each answered by its function on the loop
         self.guard = guard
         self.render_in_thread = render_in_thread
         self.gzip = gzip
@@ -252,18 +255,24 @@ class ScrapeServer:
         except ValueError:  # "http://[::1/metrics": not a URL urllib can split
             await self._respond(writer, method, Reply(400, TEXT, b"malformed request target\n"))
             return
-        if path == "/metrics":
+        if path in self.routes:
+            reply = self.routes[path]()
+        elif path == "/metrics" and self.render is not None:
             reply = await self._page()
         elif path == "/":
             reply = self.index
         else:
-            reply = Reply(404, TEXT, b"not found; metrics are at /metrics\n")
+            where = b"; metrics are at /metrics" if self.render is not None else b""
+            reply = Reply(404, TEXT, b"not found" + where + b"\n")
         gzipped = self.gzip and "gzip" in headers.get("accept-encoding", "")
         await self._respond(writer, method, reply, gzipped=gzipped)
 
     async def _page(self) -> Reply:
+        render = self.render
+        if render is None:
+            return Reply(404, TEXT, b"not found\n")
         try:
-            page: bytes = await self._blocking(self.render) if self.render_in_thread else self.render()
+            page: bytes = await self._blocking(render) if self.render_in_thread else render()
         except Exception as exc:  # a broken page is a 500 with its reason, not a dead server
             log.exception("rendering /metrics failed")
             return Reply(500, TEXT, f"cannot render metrics: {exc}\n".encode())

@@ -17,15 +17,16 @@ import yaml
 START_TIMEOUT = 60.0
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """`python -m ARGS`, stdout and stderr appended to `log`, unbuffered, no stdin."""
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`python -m ARGS`, stdout and stderr appended to `log`, unbuffered, no stdin; `env` added to
+    this process's environment."""
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", *args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
 

@@ -101,6 +101,16 @@ class KubeApi:
                 return None
             raise
 
+    def pods_labelled(self, namespace: str, selector: str) -> list[Obj]:
+        """The pods of one namespace that a label selector picks (one page: a handful are expected)."""
+        page = self.request(
+            "GET", f"/api/v1/namespaces/{_name(namespace)}/pods", query=[("labelSelector", selector)]
+        )
+        return list(page.get("items") or [])
+
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
+        return self.request("PATCH", f"/api/v1/namespaces/{_name(namespace)}/pods/{_name(name)}", body=patch)
+
     def evict(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         """POST a policy/v1 Eviction; ApiError 429 when a PodDisruptionBudget forbids it now."""
         body: Obj = {

@@ -33,6 +33,7 @@ import yaml
 from agent import config as agent_config
 from controller import config as controller_config
 from controller.cli.run_controller import DB_ENV
+from controller.kube.role import LEADER, POD_NAME_ENV, POD_NAMESPACE_ENV, ROLE_LABEL
 from tests.support import require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,6 +296,7 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         ),
         (["--set", "controller.config.tls.cert=c"], "controller.config.tls is set by the chart"),
         (["--set", "controller.config.operator_tokens=t"], "set operatorTokens.secret instead"),
+        (["--set", "controller.config.health_listen=0.0.0.0:1"], "set controller.healthPort instead"),
         (["--set", "agent.config.stream.tls_ca=ca"], "agent.config.stream.tls_ca is set by the chart"),
         (["--set", "agent.config.stream.insecure=true"], "agent.config.stream.insecure is set by the chart"),
         (["--set", "agent.config.metrics.web_config=w"], "set metrics.webConfigSecret instead"),
@@ -685,19 +687,45 @@ def test_with_postgresql_several_controllers_are_a_leader_and_standbys_on_other_
         "topologyKey": "kubernetes.io/hostname",
         "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
     }
-    # A standby does not listen: the probe on the gRPC port keeps it out of the Service.
-    container = controller_pod(docs)["containers"][0]
-    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    assert_routed_to_the_leader_only(docs, tmp_path)
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     for kube in (KUBE_VERSION, OLDEST_KUBE_VERSION):
         done = kubernetes_validate(template(*args, kube=kube), kube, tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
     assert "2 controllers: one leads" in install_notes(*args)
-    # One controller with PostgreSQL: the same rollout, no anti-affinity.
+    assert "All are Ready; the Service routes to the pod labelled" in install_notes(*args)
+    # One controller with PostgreSQL: the same rollout and routing, no anti-affinity.
     single = render(*TLS_SECRETS, *store)
+    assert_routed_to_the_leader_only(single, tmp_path)
     assert one(single, "Deployment")["spec"]["replicas"] == 1
     assert one(single, "Deployment")["spec"]["strategy"] == ROLLING_UPDATE and not anti_affinity(single)
     assert "controllers: one leads" not in install_notes(*TLS_SECRETS, *store)
+
+
+ROLE = {"gpufleet.io/controller-role": "leader"}  # controller/kube/role.py
+
+
+def assert_routed_to_the_leader_only(docs: list[Doc], tmp_path: Path) -> None:
+    """Standbys Ready (/readyz on the health port the config serves), the Service selecting the
+    pod the leader labels, the pod named to itself by the downward API."""
+    assert {ROLE_LABEL: LEADER} == ROLE
+    container = controller_pod(docs)["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    config = controller_config.load(str(config_file(docs, "controller", tmp_path)))
+    assert config.health_listen == "0.0.0.0:8081"
+    env = controller_env(docs)
+    assert env[POD_NAME_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[POD_NAMESPACE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    selector = one(docs, "Service", f"{FULLNAME}-controller")["spec"]["selector"]
+    pod_labels = controller_pod_labels(docs)
+    assert selector == {**one(docs, "Deployment")["spec"]["selector"]["matchLabels"], **ROLE}
+    assert ROLE.items() - pod_labels.items(), "the chart must not put the leader label on every pod"
+
+
+def controller_pod_labels(docs: list[Doc]) -> dict[str, str]:
+    labels: dict[str, str] = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return labels
 
 
 def test_the_users_affinity_comes_first() -> None:
@@ -730,6 +758,13 @@ def test_with_sqlite_one_controller_at_most_and_the_old_one_stops_first(replicas
     assert deployment["spec"]["replicas"] == replicas
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert "affinity" not in controller_pod(docs)
+    # One controller, no standby: Ready once it listens, the Service selects it without a role.
+    container = controller_pod(docs)["containers"][0]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    assert (
+        one(docs, "Service", f"{FULLNAME}-controller")["spec"]["selector"]
+        == (deployment["spec"]["selector"]["matchLabels"])
+    )
     done = helm("template", RELEASE, str(CHART), *TLS_SECRETS, "--set", "controller.replicas=2")
     assert done.returncode != 0 and SQLITE_REPLICAS in done.stderr, done.stderr
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -770,10 +805,19 @@ def test_rbac_is_the_controllers_node_actions_and_nothing_more(value_set: str) -
                 assert (group, resource) not in rules, f"{group}/{resource} twice"
                 rules[group, resource] = rule["verbs"]
     assert rules == EXPECTED_RULES  # no Leases: the controllers' leader lease is in the store
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     (subject,) = one(docs, "ClusterRoleBinding")["subjects"]
     controller_pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert subject["name"] == controller_pod["serviceAccountName"] != agent_pod(docs)["serviceAccountName"]
+    roles = [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    if ROLE_LABEL not in one(docs, "Service", f"{FULLNAME}-controller")["spec"]["selector"]:
+        assert not roles
+        return
+    # A shared store: the controllers label their own pods, in the release namespace only.
+    role, binding = one(docs, "Role"), one(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [subject]
 
 
 def test_the_prometheus_rule_holds_the_alert_files_groups_unchanged() -> None:

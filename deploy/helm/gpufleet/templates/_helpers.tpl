@@ -110,6 +110,14 @@ names the one that leads; the others wait as standbys) and no claim (a ReadWrite
 {{- if and (include "gpufleet.dbSecret" .) (not (include "gpufleet.controllerClaim" .)) }}true{{ end }}
 {{- end }}
 
+{{/* With a shared store (PostgreSQL), the leader's pod alone carries this label (controller/kube/role.py):
+the Service and the PodMonitor select it, so agents and scrapes reach the leader and never a standby. */}}
+{{- define "gpufleet.controllerRoleSelector" -}}
+{{- if include "gpufleet.controllerShared" . }}
+gpufleet.io/controller-role: leader
+{{- end }}
+{{- end }}
+
 {{/* Fails when controller.replicas asks several controllers of a store they cannot share. */}}
 {{- define "gpufleet.checkReplicas" -}}
 {{- if gt (int .Values.controller.replicas) 1 }}
@@ -274,6 +282,7 @@ URL (and its password) only to the process. */}}
 {{- $managed := dict
   "listen" "set controller.grpcPort instead"
   "metrics_address" "set controller.metricsPort instead"
+  "health_listen" "set controller.healthPort instead"
   "db" "set postgresql.url or postgresql.existingSecret, or the SQLite file is on the controller's volume (controller.persistence)"
   "tls" "set tls.controllerSecret or tls.certManager instead"
   "insecure" "set tls.enabled=false and tls.insecure=true instead"
@@ -284,6 +293,9 @@ URL (and its password) only to the process. */}}
 {{- $config := deepCopy .Values.controller.config }}
 {{- $_ := set $config "listen" (printf "0.0.0.0:%d" (int .Values.controller.grpcPort)) }}
 {{- $_ := set $config "metrics_address" (printf "0.0.0.0:%d" (int .Values.controller.metricsPort)) }}
+{{- if include "gpufleet.controllerShared" . }}
+{{- $_ := set $config "health_listen" (printf "0.0.0.0:%d" (int .Values.controller.healthPort)) }}
+{{- end }}
 {{- if not (include "gpufleet.dbSecret" .) }}
 {{- $_ := set $config "db" (printf "%s/gpufleet.db" (include "gpufleet.stateDir" .)) }}
 {{- end }}
