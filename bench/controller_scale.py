@@ -267,6 +267,8 @@ def measure_step(
             "list_nodes_count": listed,
             "list_nodes_pages": pages,
             "findings": last.findings,
+            "gc_cores": (last.gc_seconds - first.gc_seconds) / (after.time - before.time),
+            "gc_longest_pause_s": last.gc_longest,
         }
     )
     step["saturated"] = report.saturation(step)
@@ -278,9 +280,11 @@ def _overall_pass(scrape: target.Scrape) -> float | None:
     return scrape.pass_sum / scrape.pass_count if scrape.pass_count else None
 
 
-def reconnect_storm(fleet: Fleet, nodes: int) -> dict[str, Any]:
-    """Drop every stream and reconnect all at once; how long until each node's first frame is acked."""
+def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> dict[str, Any]:
+    """Drop every stream and reconnect all at once; how long until each node's first frame is acked,
+    and the CPU the controller and the load generator spent on it (which of them limited it)."""
     progress(f"reconnect storm: dropping {nodes} streams")
+    before, generator = target.sample(controller), fleet.cpu_seconds()
     began = time.monotonic()
     fleet.ask("storm")
     while True:
@@ -290,8 +294,16 @@ def reconnect_storm(fleet: Fleet, nodes: int) -> dict[str, Any]:
             break
         time.sleep(0.5)
     seconds = time.monotonic() - began
+    after, generator = target.sample(controller), fleet.cpu_seconds() - generator
     series = {key: [x for a in answers for x in a[key]] for key in ("reconnect", "first_ack", "since_storm")}
-    storm: dict[str, Any] = {"nodes": nodes, "recovered": done, "seconds": seconds}
+    storm: dict[str, Any] = {
+        "nodes": nodes,
+        "recovered": done,
+        "seconds": seconds,
+        "controller_cores": (after.cpu_seconds - before.cpu_seconds) / seconds,
+        "generator_cores": generator / seconds,
+        "controller_ms_per_node": 1e3 * (after.cpu_seconds - before.cpu_seconds) / max(done, 1),
+    }
     for key, values in series.items():
         storm[f"{key}_p50_s"] = report.percentile(values, 50)
         storm[f"{key}_p99_s"] = report.percentile(values, 99) if done >= nodes else None
@@ -348,7 +360,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 document["stopped_early"] = f"the controller saturated at {nodes} nodes: {step['saturated']}"
                 break
         if args.reconnect_storm and document["steps"]:
-            document["storm"] = reconnect_storm(fleet, document["steps"][-1]["nodes"])
+            document["storm"] = reconnect_storm(fleet, document["steps"][-1]["nodes"], controller)
     finally:
         if fleet is not None:
             fleet.stop()

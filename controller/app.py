@@ -29,6 +29,7 @@ from controller.fleet.findings import FindingTracker, StoredFinding
 from controller.fleet.health import silent_for
 from controller.fleet.model import Fleet
 from controller.fleet.silencing import Silencing
+from controller.gc_policy import CollectorPolicy
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
 from controller.kube.cluster import find_cluster
@@ -83,6 +84,7 @@ class ControllerApp:
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
         self.failed_passes = 0
+        self.collector = CollectorPolicy()  # serve() runs it (controller/gc_policy.py)
         self.commands = CommandChannel(self.store, clock)
         self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
         # Operators' acks, silences and maintenance (controller/fleet/silencing.py; start() loads

@@ -12,6 +12,9 @@ which no automatic collection walks), and the automatic collections only walk wh
 each freeze the young generations are collected, so short-lived cycles (exceptions and their
 tracebacks) are still freed. Once an hour everything is unfrozen and collected in full, so a cycle
 that was frozen is freed within the hour; that one pause is logged with its length.
+
+While it runs it times every collection (`gc.callbacks`): the controller's /metrics shows the
+seconds and collections per generation and the longest pause.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("gpufleet.controller.gc")
 
@@ -49,6 +53,30 @@ class CollectorPolicy:
         self.freezes = 0
         self.full_collections = 0
         self.last_full_seconds = 0.0
+        # Per generation while watching: collections, seconds in them, the longest one.
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = 0.0
+        self._began = 0.0
+
+    def watch(self) -> None:
+        """Time every collection from now on (until unwatch)."""
+        if self._timed not in gc.callbacks:
+            gc.callbacks.append(self._timed)
+
+    def unwatch(self) -> None:
+        if self._timed in gc.callbacks:
+            gc.callbacks.remove(self._timed)
+
+    def _timed(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._began
+        generation = int(info.get("generation", 2))
+        self.collections[generation] += 1
+        self.seconds[generation] += took
+        self.longest = max(self.longest, took)
 
     def tick(self) -> None:
         now = self.clock()
@@ -82,6 +110,7 @@ class CollectorPolicy:
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         """On the event loop: tick every freeze_seconds until stop is set; unfreeze at the end."""
+        self.watch()
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -89,4 +118,5 @@ class CollectorPolicy:
                 if not stop.is_set():
                     self.tick()
         finally:
+            self.unwatch()
             gc.unfreeze()

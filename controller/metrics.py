@@ -7,6 +7,7 @@ alert rules (dashboards/): add new ones freely, never rename these.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterator
 
@@ -59,6 +60,7 @@ class ControllerCollector(Collector):
         yield from self._nodes()
         yield from self._detection()
         yield from self._probes()
+        yield from self._collector()
         yield _log_lines_suppressed()
         yield from self._identity()
 
@@ -208,6 +210,35 @@ class ControllerCollector(Collector):
                 ok.add_metric([name], 0 if name in report.failed else 1)
         yield took
         yield ok
+
+    def _collector(self) -> Iterator[Metric]:
+        policy = self.app.collector
+        took = CounterMetricFamily(
+            PREFIX + "gc_seconds",
+            "Seconds in Python's cyclic garbage collector, by generation (2: full collections; "
+            "controller/gc_policy.py freezes the fleet out of them).",
+            labels=["generation"],
+        )
+        runs = CounterMetricFamily(
+            PREFIX + "gc_collections",
+            "Collections by Python's cyclic garbage collector, by generation.",
+            labels=["generation"],
+        )
+        for generation in range(3):
+            took.add_metric([str(generation)], policy.seconds[generation])
+            runs.add_metric([str(generation)], policy.collections[generation])
+        yield took
+        yield runs
+        yield GaugeMetricFamily(
+            PREFIX + "gc_longest_pause_seconds",
+            "The longest collection since the controller started: the event loop waits for it.",
+            value=policy.longest,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "gc_frozen_objects",
+            "Objects frozen out of the automatic collections (gc.get_freeze_count).",
+            value=gc.get_freeze_count(),
+        )
 
     def _probes(self) -> Iterator[Metric]:
         commands = self.app.probing.commands

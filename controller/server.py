@@ -18,7 +18,6 @@ from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.db_url import redact_url
 from controller.errors import NotLeader, StoreUnavailable
-from controller.gc_policy import CollectorPolicy
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -204,7 +203,7 @@ async def _lead(
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     lost: list[str] = []
     leading = asyncio.create_task(_keep_leading(app, stop, lost))
-    collecting = asyncio.create_task(CollectorPolicy().run_forever(stop))
+    collecting = asyncio.create_task(app.collector.run_forever(stop))
     await stop.wait()
     await leading
     await collecting

@@ -64,7 +64,7 @@ def test_the_leaders_pod_alone_carries_the_leader_label_and_standbys_are_ready(t
             first = start(0, "ctl-0")
             wait_for("the first controller did not lead", ready[0].exists, logs)
             labelled(("ctl-0", LEADER))
-            assert readyz(health[0]) == (200, LEADER)
+            wait_for("the leader is not Ready", lambda: readyz(health[0]) == (200, LEADER), logs)
 
             start(1, "ctl-1")
             wait_for("the second did not wait as a standby", lambda: "standby" in logs[1].read_text(), logs)
@@ -75,7 +75,7 @@ def test_the_leaders_pod_alone_carries_the_leader_label_and_standbys_are_ready(t
             first.wait(timeout=10)
             wait_for("the standby did not take the lead", ready[1].exists, logs)
             labelled(("ctl-1", LEADER), ("ctl-0", STANDBY))  # the new leader took the label
-            assert readyz(health[1]) == (200, LEADER)
+            wait_for("the new leader is not Ready", lambda: readyz(health[1]) == (200, LEADER), logs)
             assert "took the leader label from pod gpufleet/ctl-0" in logs[1].read_text()
 
             # The container restarted in a pod that still says leader (as if the label had not been

@@ -235,7 +235,9 @@ def text(document: dict[str, Any]) -> str:
             f"{s['detection_passes']} passes (slowest <= {_cell(s['pass_max_bound_s'], '{:g}')} s), "
             f"ListNodes {s['list_nodes_count']} nodes in {s['list_nodes_pages']} pages, scrape "
             f"{s['scrape_bytes'] / 1e6:.1f} MB / {s['scrape_series']} series, {s['findings']:.0f} findings, "
-            f"stream errors {s['errors']}"
+            f"stream errors {s['errors']}, garbage collection "
+            f"{_cell(s.get('gc_cores'), '{:.3f}')} cores (longest pause since start "
+            f"{_cell(s.get('gc_longest_pause_s'), '{:.3f}')} s)"
         )
         lines.append(extra)
         if s["saturated"]:
@@ -263,6 +265,9 @@ def text(document: dict[str, Any]) -> str:
             f"{_cell(storm['first_ack_p50_s'], '{:.2f}')}/{_cell(storm['first_ack_p99_s'], '{:.2f}')} s "
             f"(from the drop: {_cell(storm['since_storm_p50_s'], '{:.2f}')}/"
             f"{_cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
+            f"  during it the controller used {_cell(storm.get('controller_cores'), '{:.2f}')} cores "
+            f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
+            f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
         ]
     if document["stopped_early"]:
         lines += ["", f"stopped early: {document['stopped_early']}"]

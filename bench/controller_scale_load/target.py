@@ -71,6 +71,8 @@ class Scrape:
     pass_buckets: dict[float, float]
     frames: float  # frames_ingested_total
     findings: float  # active findings, all causes
+    gc_seconds: float  # gc_seconds_total, every generation (controller/gc_policy.py)
+    gc_longest: float  # gc_longest_pause_seconds
 
 
 def free_port() -> int:
@@ -215,7 +217,7 @@ def scrape(controller: Controller) -> Scrape:
     with urllib.request.urlopen(controller.metrics_url, timeout=CALL_TIMEOUT_S) as answer:
         body = answer.read()
     seconds = time.perf_counter() - began
-    series, pass_sum, pass_count, frames, findings = 0, 0.0, 0.0, 0.0, 0.0
+    series, pass_sum, pass_count, frames, findings, gc_seconds, gc_longest = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(body.decode()):
         series += len(family.samples)
@@ -230,7 +232,13 @@ def scrape(controller: Controller) -> Scrape:
                 frames = s.value
             elif s.name == PREFIX + "findings":
                 findings += s.value
-    return Scrape(seconds, len(body), series, pass_sum, pass_count, buckets, frames, findings)
+            elif s.name == PREFIX + "gc_seconds_total":
+                gc_seconds += s.value
+            elif s.name == PREFIX + "gc_longest_pause_seconds":
+                gc_longest = s.value
+    return Scrape(
+        seconds, len(body), series, pass_sum, pass_count, buckets, frames, findings, gc_seconds, gc_longest
+    )
 
 
 def list_nodes(controller: Controller) -> tuple[float, int, int]:

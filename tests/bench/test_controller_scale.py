@@ -60,6 +60,7 @@ def test_controller_figures_are_measured(document: dict[str, Any]) -> None:
     assert _finite(step["scrape_s"]) and step["scrape_series"] > NODES
     assert _finite(step["list_nodes_s"])
     assert step["written_kb_per_frame"] is None or step["written_kb_per_frame"] >= 0
+    assert step["gc_cores"] >= 0 and step["gc_longest_pause_s"] > 0  # the controller's collector, timed
     assert document["machine"]["frame_bytes"] > 8_000  # 8 GPUs, the host, the BMC now and then
 
 
@@ -68,6 +69,9 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     assert storm["nodes"] == storm["recovered"] == NODES
     assert _finite(storm["since_storm_p99_s"]) and _finite(storm["reconnect_p99_s"])
     assert storm["first_ack_p50_s"] <= storm["first_ack_p99_s"]
+    # Which side limited it: the controller's CPU per node reconnected, and each side's cores.
+    assert storm["controller_ms_per_node"] > 0 and storm["controller_cores"] > 0
+    assert storm["generator_cores"] > 0
 
 
 def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
@@ -78,7 +82,8 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     assert document["growth"]["cpu_cores_per_1000_nodes"] is None  # one step: no slope
     text = report.text(document)
     assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
-    assert "reconnect storm at 50 nodes" in text
+    assert "reconnect storm at 50 nodes" in text and "ms of CPU per node reconnected" in text
+    assert "garbage collection" in text
     json.dumps(document, allow_nan=False)
 
 

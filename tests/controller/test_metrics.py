@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import socket
 import urllib.error
@@ -328,6 +329,33 @@ def test_connected_agents_follow_streams_opening_and_closing() -> None:
             assert await connected() == 1
             app.disconnected("n2")
             assert await connected() == 0
+
+    run(body)
+
+
+def test_garbage_collections_are_timed_by_generation_once_the_policy_runs() -> None:
+    async def body() -> None:
+        async with scraped() as (app, scrape):
+            page = await scrape.page()
+            assert page.value(P + "gc_collections_total", generation="2") == 0  # not watching yet
+            app.collector.watch()
+            gc.disable()  # only the collections below: none an allocation would start
+            try:
+                gc.collect()
+                app.collector.freeze()
+            finally:
+                gc.enable()
+                app.collector.unwatch()
+            page = await scrape.page()
+            assert page.value(P + "gc_collections_total", generation="2") == 1
+            assert page.value(P + "gc_collections_total", generation="1") == 1  # the freeze's young one
+            full = page.value(P + "gc_seconds_total", generation="2")
+            assert full is not None and full > 0
+            longest = page.value(P + "gc_longest_pause_seconds")
+            assert longest is not None and longest >= full
+            frozen = page.value(P + "gc_frozen_objects")
+            assert frozen is not None and frozen > 1000
+            gc.unfreeze()
 
     run(body)
 

@@ -711,6 +711,9 @@ def assert_routed_to_the_leader_only(docs: list[Doc], tmp_path: Path) -> None:
     assert {ROLE_LABEL: LEADER} == ROLE
     container = controller_pod(docs)["containers"][0]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    liveness = container["livenessProbe"]
+    assert liveness["httpGet"] == {"path": "/livez", "port": "health"}
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60  # well past the lease's 15 s
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
     config = controller_config.load(str(config_file(docs, "controller", tmp_path)))
     assert config.health_listen == "0.0.0.0:8081"
@@ -760,7 +763,7 @@ def test_with_sqlite_one_controller_at_most_and_the_old_one_stops_first(replicas
     assert "affinity" not in controller_pod(docs)
     # One controller, no standby: Ready once it listens, the Service selects it without a role.
     container = controller_pod(docs)["containers"][0]
-    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"} and "livenessProbe" not in container
     assert (
         one(docs, "Service", f"{FULLNAME}-controller")["spec"]["selector"]
         == (deployment["spec"]["selector"]["matchLabels"])

@@ -63,9 +63,9 @@ def test_only_a_pod_named_in_the_environment_is_labelled(tmp_path: Path, server:
     assert role is not None and (role.namespace, role.name) == (NS, "ctl-b")
 
 
-def readyz(address: str) -> tuple[int, str]:
+def readyz(address: str, path: str = "/readyz") -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://{address}/readyz", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as answer:
             return answer.status, answer.read().decode().strip()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode().strip()
@@ -91,13 +91,15 @@ def test_readyz_says_the_role_once_the_pod_carries_it(tmp_path: Path, server: Fa
         try:
             status, text = await asyncio.to_thread(readyz, address)
             assert (status, text) == (503, "starting: opening the store")
+            assert await asyncio.to_thread(readyz, address, "/livez") == (200, "ok")  # alive all along
+            assert (await asyncio.to_thread(readyz, address, "/metrics"))[0] == 404  # health only
             standing.standby()
-            await eventually(lambda: role_of(server, "ctl-b") == STANDBY, "not labelled standby")
+            await eventually(lambda: standing.readiness()[0], "not ready as a standby")
+            assert role_of(server, "ctl-b") == STANDBY
             assert await asyncio.to_thread(readyz, address) == (200, STANDBY)
             standing.leading()
-            await eventually(lambda: role_of(server, "ctl-b") == LEADER, "not labelled leader")
-            assert role_of(server, "ctl-a") == STANDBY
-            await eventually(lambda: standing.readiness()[0], "not ready as the leader")
+            await eventually(lambda: standing.readiness() == (True, LEADER), "not ready as the leader")
+            assert role_of(server, "ctl-b") == LEADER and role_of(server, "ctl-a") == STANDBY
             assert await asyncio.to_thread(readyz, address) == (200, LEADER)
         finally:
             await standing.end()
