@@ -7,8 +7,11 @@ stop of the event loop about every 10 s (acks waited behind it; p99 ack 0.45 s) 
 controller's CPU, growing with the fleet. Almost nothing in the fleet is cyclic garbage: objects die
 by reference counting, which freezing does not change.
 
-So the objects that have lived a while are frozen (`gc.freeze`: moved to the permanent generation,
-which no automatic collection walks), and the automatic collections only walk what is new. Before
+So every FREEZE_SECONDS the objects that have lived that long are frozen (`gc.freeze`: moved to the
+permanent generation, which no automatic collection walks), and the automatic collections only walk
+what is new. 2 s rather than 10 s: while a fleet connects, the new nodes' state outgrows a 10 s
+freeze (full collections of 0.25 s at 2,000 nodes, 0.08 s at 2 s); a freeze costs one young
+collection. Before
 each freeze the young generations are collected, so short-lived cycles (exceptions and their
 tracebacks) are still freed. Once an hour everything is unfrozen and collected in full, so a cycle
 that was frozen is freed within the hour; that one pause is logged with its length.
@@ -29,7 +32,7 @@ from typing import Any
 
 log = logging.getLogger("gpufleet.controller.gc")
 
-FREEZE_SECONDS = 10.0
+FREEZE_SECONDS = 2.0
 FULL_SECONDS = 3600.0
 
 
