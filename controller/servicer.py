@@ -27,6 +27,7 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller.stream")
+_WAKE = pb.ControllerMessage()  # in an outbox: the stream's reader ended or it was replaced (never sent)
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
@@ -77,30 +78,32 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         stream = self.app.commands.open_stream(hello, outbox, context.peer())
         reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
         replaced = asyncio.create_task(stream.replaced.wait())
-        getter: asyncio.Task[pb.ControllerMessage] | None = None
+        # Either ending puts a wake-up in the outbox, so the loop below awaits the outbox alone (no
+        # task per message sent: a fleet's acks are most of the controller's messages).
+        for task in (reader, replaced):
+            task.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
         try:
             await self.app.probe_on_connect(hello)
             while True:
-                getter = asyncio.create_task(outbox.get())
-                done, _ = await asyncio.wait({getter, reader, replaced}, return_when=asyncio.FIRST_COMPLETED)
-                # Replaced first, even when a message came in the same wakeup: a replaced stream sends
-                # nothing more (its commands went again, same ids, on the newer stream).
-                if replaced in done:  # (the channel logged it) unsent messages go with the stream
-                    getter.cancel()
+                message = await outbox.get()
+                # Replaced first, even with a message waiting: a replaced stream sends nothing more
+                # (its commands went again, same ids, on the newer stream).
+                if stream.replaced.is_set():  # (the channel logged it) unsent messages go with it
                     await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
-                if getter in done:
-                    yield getter.result()
+                if message is not _WAKE:
+                    yield message
                     continue
-                getter.cancel()
-                while not outbox.empty():
-                    yield outbox.get_nowait()
+                if not reader.done():
+                    continue
+                while not outbox.empty():  # what was queued before the reader ended
+                    message = outbox.get_nowait()
+                    if message is not _WAKE:
+                        yield message
                 reader.result()  # raises the error that ended the stream, if any
                 return
         finally:
             reader.cancel()
             replaced.cancel()
-            if getter is not None:  # pending when the call was cancelled or aborted mid-wait
-                getter.cancel()
             self.app.commands.close_stream(stream)
             self.app.disconnected(hello.node)
             log.info("agent disconnected: node %s", hello.node)

@@ -6,8 +6,12 @@ under load, or a link retraining for a moment, is not a finding.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import clock_event_reason_names
+
+_ACTIVE = attrgetter("active")
 
 
 def is_busy(sample: pb.GpuSample) -> bool:
@@ -51,7 +55,7 @@ def conditions(sample: pb.GpuSample) -> set[str]:
         or (sample.HasField("pcie_link_width_max") and sample.pcie_link_width < sample.pcie_link_width_max)
     ):
         found.add("pcie_below_max")
-    if any(not link.active for link in sample.nvlinks):
+    if not all(map(_ACTIVE, sample.nvlinks)):  # read in C: a GPU has up to 18 links
         found.add("nvlink_inactive")
     if sample.row_remap_pending or sample.row_remap_failure:
         found.add("row_remap_pending")

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
+from operator import attrgetter
 
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -31,6 +33,7 @@ IB_COUNTERS = (
     "link_error_recovery_total",
 )
 GPU_COUNTERS = ("ecc_uncorrected_volatile_total", "pcie_replay_errors_total")
+_LINK_READ = attrgetter("link", *NVLINK_COUNTERS)  # (link, its counters...), read in C
 
 
 def gpu_key(gpu: int, counter: str) -> str:
@@ -63,6 +66,9 @@ class _Group:
     points: deque[tuple[float, tuple[float, ...]]]  # (time first seen, totals), oldest first
     last: float  # time of the newest reading
     names: tuple[str, ...]  # the counter keys, in the order of the totals
+    # The newest accepted reading as its caller read it (one GPU's links: a tuple per link), so an
+    # unchanged reading is found in one comparison without flattening it; None: not kept.
+    seen: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +90,20 @@ class Trends:
         self.observe_group(key, (key,), time, (total,))
 
     def observe_group(
-        self, group: str, names: tuple[str, ...], time: float, totals: tuple[float, ...]
+        self,
+        group: str,
+        names: tuple[str, ...],
+        time: float,
+        totals: tuple[float, ...],
+        seen: object = None,
     ) -> None:
+        """The group's totals read at `time`, in the order of `names`; `seen` is the reading as its
+        caller read it, kept for observe_read's comparison."""
         g = self.groups.get(group)
         if g is None or g.names != names:  # new, or the set of counters changed (a link appeared)
             for name in g.names if g is not None else ():
                 self.where.pop(name, None)
-            self.groups[group] = _Group(deque([(time, totals)]), time, names)
+            self.groups[group] = _Group(deque([(time, totals)]), time, names, seen)
             for position, name in enumerate(names):
                 self.where[name] = (group, position)
             return
@@ -101,6 +114,22 @@ class Trends:
             if any(t < n for t, n in zip(totals, newest, strict=True)):
                 g.points.clear()  # a reset (driver reload, agent restart): count from here
             g.points.append((time, totals))
+        g.seen = seen
+        self._advance(g, time)
+
+    def observe_links(self, gpu: int, time: float, read: tuple[tuple[int, ...], ...]) -> None:
+        """A GPU's NVLink counters, read as (link, crc, replay, recovery) per link: a reading equal
+        to the newest (the usual case: error counters stay put, the same links) only moves the
+        window; any other is observed as the group's totals."""
+        group = nvlink_group(gpu)
+        g = self.groups.get(group)
+        if g is not None and g.seen == read and time >= g.last:
+            self._advance(g, time)
+            return
+        names = _link_names(gpu, tuple(r[0] for r in read))
+        self.observe_group(group, names, time, tuple(chain.from_iterable(r[1:] for r in read)), read)
+
+    def _advance(self, g: _Group, time: float) -> None:
         g.last = time
         start = time - self.window_seconds
         while len(g.points) >= 2 and g.points[1][0] <= start:
@@ -147,14 +176,7 @@ class Trends:
         )
         links = sample.nvlinks
         if links:
-            totals = tuple(
-                float(v)
-                for link in links
-                for v in (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total)
-            )
-            self.observe_group(
-                nvlink_group(index), _link_names(index, tuple(link.link for link in links)), time, totals
-            )
+            self.observe_links(index, time, tuple(map(_LINK_READ, links)))
         for event in sample.xid_events:
             at = event.unix_time_seconds or time
             self.xids.append(XidSeen(at, index, event.code))

@@ -1,0 +1,92 @@
+"""A GPU's NVLink counters in Trends: an unchanged reading is found in one comparison (issue 17), and
+that shortcut must never hide a change: a counter that rose, a link that came or went, a renumbered
+link, a reset, an older reading."""
+
+from __future__ import annotations
+
+from controller.fleet.trends import Trends, nvlink_group, nvlink_key
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+T0 = 1_800_000_000.0
+
+
+def sample(links: dict[int, tuple[int, int, int]], tx: int = 0) -> pb.GpuSample:
+    """GPU 3 with these links' (crc, replay, recovery) totals; tx changes every reading, as it does."""
+    return pb.GpuSample(
+        index=3,
+        nvlinks=[
+            pb.NvLinkSample(
+                link=n,
+                active=True,
+                crc_errors_total=crc,
+                replay_errors_total=replay,
+                recovery_errors_total=recovery,
+                tx_bytes_total=tx + n,
+            )
+            for n, (crc, replay, recovery) in links.items()
+        ],
+    )
+
+
+QUIET = {n: (5, 0, 1) for n in range(18)}
+
+
+def test_a_quiet_gpu_keeps_one_point_while_its_window_moves() -> None:
+    trends = Trends()
+    for k in range(10):
+        trends.observe_gpu(sample(QUIET, tx=k * 1000), T0 + 10 * k)
+    group = trends.groups[nvlink_group(3)]
+    assert list(group.points) == [(T0, tuple(v for n in range(18) for v in QUIET[n]))]
+    assert group.last == T0 + 90
+    assert not trends.changed(nvlink_group(3))
+    assert trends.span(nvlink_key(3, 7, "crc_errors_total")) == 90
+    assert trends.increase(nvlink_key(3, 7, "crc_errors_total")) == 0
+
+
+def test_one_counter_rising_on_one_link_is_seen() -> None:
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    trends.observe_gpu(sample(QUIET, tx=1), T0 + 10)
+    rising = dict(QUIET)
+    rising[11] = (5, 4, 1)  # replay errors on link 11
+    trends.observe_gpu(sample(rising, tx=2), T0 + 20)
+    trends.observe_gpu(sample(rising, tx=3), T0 + 30)
+    assert trends.changed(nvlink_group(3))
+    assert trends.increase(nvlink_key(3, 11, "replay_errors_total")) == 4
+    assert trends.rate(nvlink_key(3, 11, "replay_errors_total")) == 4 / 30
+    assert trends.increase(nvlink_key(3, 10, "replay_errors_total")) == 0
+    assert trends.increase(nvlink_key(3, 11, "crc_errors_total")) == 0
+
+
+def test_renumbered_links_with_the_same_totals_are_new_counters() -> None:
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    renumbered = {n + 1: totals for n, totals in QUIET.items()}  # links 1..18, same totals
+    trends.observe_gpu(sample(renumbered), T0 + 10)
+    assert nvlink_key(3, 18, "crc_errors_total") in trends.where
+    assert nvlink_key(3, 0, "crc_errors_total") not in trends.where
+    assert trends.span(nvlink_key(3, 18, "crc_errors_total")) == 0  # a new series: no history yet
+
+
+def test_a_link_gone_changes_the_group() -> None:
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    fewer = {n: t for n, t in QUIET.items() if n != 17}
+    trends.observe_gpu(sample(fewer), T0 + 10)
+    assert nvlink_key(3, 17, "crc_errors_total") not in trends.where
+    assert len(trends.groups[nvlink_group(3)].names) == 17 * 3
+
+
+def test_a_reset_starts_the_window_over_and_an_older_reading_is_ignored() -> None:
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    reset = {n: (0, 0, 0) for n in range(18)}
+    trends.observe_gpu(sample(reset), T0 + 10)
+    assert list(trends.groups[nvlink_group(3)].points) == [(T0 + 10, (0,) * 54)]
+    trends.observe_gpu(sample(QUIET), T0 + 5)  # older than the newest: the window is past it
+    assert list(trends.groups[nvlink_group(3)].points) == [(T0 + 10, (0,) * 54)]
+    # The ignored reading is not taken as the newest: the same totals, now newer, are a rise.
+    trends.observe_gpu(sample(QUIET), T0 + 20)
+    assert trends.groups[nvlink_group(3)].last == T0 + 20
+    assert trends.changed(nvlink_group(3))
+    assert trends.increase(nvlink_key(3, 0, "crc_errors_total")) == 5
