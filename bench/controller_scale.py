@@ -15,13 +15,16 @@ targets. It stops at a step that saturates the controller. Figures only: it asse
 (tests/bench/test_controller_scale.py runs a small step of it).
 
     .venv/bin/python bench/controller_scale.py [--steps 1000,2000,4000,8000,12500] [--hold 60]
-        [--workers 2] [--interval 10] [--reconnect-storm] [--json] [--dir DIR]
+        [--workers 2] [--interval 10] [--reconnect-storm] [--transport-floor] [--json] [--dir DIR]
         [--db postgresql://USER:PASSWORD@HOST:PORT/DATABASE]
 
 The generator runs on the same machine: it shares the cores with the controller (the controller's
 CPU and RSS are its process's and its children's, the detection process's included; the
 generator's are shown beside them). `--detect-in-loop` runs the detectors on the controller's
-event loop instead (detect.process: false). Progress goes to stderr.
+event loop instead (detect.process: false). `--transport-floor` then runs the last step's load
+against a bare gRPC server that only acks (controller_scale_load/floor.py): its CPU per frame is
+what the transport alone costs, and the report shows the controller's own work above it. Progress
+goes to stderr.
 
 With --db the controller's store is that PostgreSQL database (best a fresh one), and "KB db/frame"
 is the WAL the server generated per frame acked: the whole server's WAL, every database's, so give
@@ -101,6 +104,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--reconnect-storm",
         action="store_true",
         help="at the last step, drop every stream and reconnect all at once",
+    )
+    parser.add_argument(
+        "--transport-floor",
+        action="store_true",
+        help=(
+            "then the same load at the last step against a bare gRPC server that only acks "
+            "(controller_scale_load/floor.py): the transport's CPU per frame, below any ingest work"
+        ),
     )
     parser.add_argument(
         "--db",
@@ -313,6 +324,33 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> 
     return storm
 
 
+def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """The same load of `nodes` against floor.py (a server that only acks), held --hold seconds: its
+    CPU per frame is what gRPC's asyncio server spends receiving a frame and sending its ack."""
+    progress(f"transport floor: {nodes} nodes against a bare gRPC server that only acks")
+    floor = target.start_floor(directory)
+    fleet: Fleet | None = None
+    try:
+        fleet = Fleet([_spec(i, args, floor.address) for i in range(args.workers)])
+        fleet.ask("grow", nodes)
+        status = wait_connected(fleet, nodes, timeout=max(60.0, 2 * args.ramp + nodes / 50.0))
+        if status["connected"] < nodes:
+            progress(f"transport floor: only {status['connected']} connected ({status['last_error']})")
+        time.sleep(1.2 * args.interval)
+        fleet.ask("window")
+        before, generator = target.sample(floor), fleet.cpu_seconds()
+        time.sleep(args.hold)
+        after, generator = target.sample(floor), fleet.cpu_seconds() - generator
+        windows = fleet.ask("window")
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        target.stop(floor.process)
+    figures = step_figures(nodes, args, before=before, after=after, windows=windows, generator_cpu=generator)
+    progress(f"transport floor: {_summary(figures)}")
+    return figures
+
+
 def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     """Every step (until one saturates) and the optional storm; the report's document."""
     document: dict[str, Any] = {
@@ -335,6 +373,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         "store": store(args),
         "steps": [],
         "storm": None,
+        "floor": None,
         "stopped_early": None,
     }
     progress(f"{os.cpu_count()} cores, shared by the controller and {args.workers} generator processes")
@@ -365,6 +404,8 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         if fleet is not None:
             fleet.stop()
         target.stop(controller.process)
+    if args.transport_floor and document["steps"]:
+        document["floor"] = transport_floor(document["steps"][-1]["nodes"], args, directory)
     document["growth"] = report.growth(document["steps"])
     document["verdicts"] = report.verdicts(document["steps"], document["storm"], document["store"]["backend"])
     return document
@@ -387,7 +428,7 @@ def _spec(index: int, args: argparse.Namespace, address: str) -> WorkerSpec:
 def _summary(step: dict[str, Any]) -> str:
     p99 = step["ack_p99_s"]
     return (
-        f"{step['nodes']} nodes: {step['frames_per_second']:.1f} frames/s, controller "
+        f"{step['nodes']} nodes: {step['frames_per_second']:.1f} frames/s, server "
         f"{step['cpu_cores']:.2f} cores, ack p99 {'n/a' if p99 is None else f'{p99:.3f}'} s, "
         f"RSS {step['rss_mb']:.0f} MB"
     )

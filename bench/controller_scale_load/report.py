@@ -213,6 +213,24 @@ def store_line(store: dict[str, Any] | None) -> str:
     )
 
 
+def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -> list[str]:
+    """The transport's floor beside the controller's last step at the same load."""
+    if floor is None:
+        return []
+    at = next((s for s in steps if s["nodes"] == floor["nodes"]), None)
+    mine, own = floor["cpu_ms_per_frame"], None
+    if at is not None and mine is not None and at["cpu_ms_per_frame"] is not None:
+        own = at["cpu_ms_per_frame"] - mine
+    return [
+        "",
+        f"transport floor at {floor['nodes']} nodes (the same load against a bare gRPC server that only "
+        f"acks): {_cell(mine, '{:.2f}')} ms of CPU per frame ({floor['cpu_cores']:.3f} cores, "
+        f"{floor['frames_per_second']:.1f} frames/s, ack p99 {_cell(floor['ack_p99_s'], '{:.3f}')} s, "
+        f"stream errors {floor['errors']}); the controller's own work above it: "
+        f"{_cell(own, '{:.2f}')} ms per frame",
+    ]
+
+
 def text(document: dict[str, Any]) -> str:
     meta, steps = document["machine"], document["steps"]
     lines = [
@@ -269,6 +287,7 @@ def text(document: dict[str, Any]) -> str:
             f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
             f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
         ]
+    lines += floor_lines(document.get("floor"), steps)
     if document["stopped_early"]:
         lines += ["", f"stopped early: {document['stopped_early']}"]
     lines += ["", "verdicts:"]

@@ -148,6 +148,24 @@ def start(
         "--ready-file",
         str(ready),
     ]
+    process, address = _launch(command, ready, log, "the controller")
+    metrics = f"http://{settings['metrics_address']}/metrics"
+    store: Path | str = db if db is not None else Path(str(settings["db"]))
+    return Controller(process, address, metrics, directory, store)
+
+
+def start_floor(directory: Path) -> Controller:
+    """The transport's floor (floor.py): a bare Telemetry server under the same load. It has no
+    /metrics and no store (its db names no file: 0 bytes)."""
+    ready, log = directory / "floor.ready", directory / "floor.log"
+    command = [sys.executable, str(Path(__file__).with_name("floor.py")), "--ready-file", str(ready)]
+    process, address = _launch(command, ready, log, "the floor server")
+    return Controller(process, address, "", directory, directory / "floor-has-no-store")
+
+
+def _launch(command: list[str], ready: Path, log: Path, what: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `command` (output to `log`); once it writes `ready`, the process and the address there."""
+    ready.unlink(missing_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
             command,
@@ -157,15 +175,12 @@ def start(
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
+    while not ready.exists() or not ready.read_text():
         if process.poll() is not None or time.monotonic() > deadline:
             stop(process)
-            raise RuntimeError(f"the controller did not start:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{what} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.05)
-    address = str(json.loads(ready.read_text())["address"])
-    metrics = f"http://{settings['metrics_address']}/metrics"
-    store: Path | str = db if db is not None else Path(str(settings["db"]))
-    return Controller(process, address, metrics, directory, store)
+    return process, str(json.loads(ready.read_text())["address"])
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -28,7 +28,7 @@ STEP = [
     *("--steps", str(NODES), "--hold", "5", "--interval", "1", "--ramp", "1"),
     *("--workers", "1", "--archetypes", "2", "--detect-interval", "1"),
 ]
-ARGS = [*STEP, "--reconnect-storm"]
+ARGS = [*STEP, "--reconnect-storm", "--transport-floor"]
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,16 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     assert storm["generator_cores"] > 0
 
 
+def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, Any]) -> None:
+    floor, [step] = document["floor"], document["steps"]
+    assert floor["nodes"] == floor["connected"] == NODES
+    assert floor["frames_acked"] > 0.5 * floor["frames_due"], floor
+    assert floor["errors"] == 0 and floor["commands"] == 0
+    assert _finite(floor["ack_p99_s"]) and floor["cpu_cores"] > 0
+    # It only acks: less CPU per frame than the controller, which stores, checks and detects too.
+    assert 0 < floor["cpu_ms_per_frame"] < step["cpu_ms_per_frame"]
+
+
 def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     verdicts = {v["target"]: v["verdict"] for v in document["verdicts"]}
     assert len(verdicts) == 8
@@ -84,6 +94,7 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
     assert "reconnect storm at 50 nodes" in text and "ms of CPU per node reconnected" in text
     assert "garbage collection" in text
+    assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
     json.dumps(document, allow_nan=False)
 
 
