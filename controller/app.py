@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from controller.commands.channel import CommandChannel
-from controller.config import ControllerConfig
+from controller.config import ConfigError, ControllerConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.process import DetectionProcess
@@ -33,9 +33,11 @@ from controller.gc_policy import CollectorPolicy
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
 from controller.kube.cluster import find_cluster
+from controller.kube.lease import KubeLease
 from controller.kube.policy import DrainPolicy
 from controller.kube.publish import HealthPublisher
 from controller.kube.recovery import Recovery
+from controller.kube.role import POD_NAMESPACE_ENV
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.recording import FileSink, RecordHub
@@ -154,7 +156,8 @@ class ControllerApp:
             if on_standby is not None:
                 on_standby()
 
-        epoch = await self.store.lead(f"{socket.gethostname()}:{os.getpid()}", self.clock(), standby)
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
         log.info("leading the store %s: term %d", description, epoch)
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
@@ -174,6 +177,22 @@ class ControllerApp:
             len(self.fleet.nodes),
             len(self.active),
         )
+
+    def _election(self, holder: str) -> KubeLease | None:
+        """The Kubernetes Lease that elects the leader (kubernetes.leader_lease), or None: the store's
+        lease alone. ConfigError when it is set but cannot be used."""
+        name = self.config.kubernetes.leader_lease
+        if name is None:
+            return None
+        namespace = os.environ.get(POD_NAMESPACE_ENV, "").strip()
+        if not namespace:
+            raise ConfigError(
+                f"kubernetes.leader_lease: ${POD_NAMESPACE_ENV} must name the pod's namespace (the "
+                "Lease is kept there; the chart sets it from the downward API)"
+            )
+        if self.cluster.api is None:
+            raise ConfigError(f"kubernetes.leader_lease: no Kubernetes cluster: {self.cluster.why}")
+        return KubeLease(self.cluster.api, namespace, name, holder)
 
     def close(self) -> None:
         self.kube.cancel()  # a drain's row stays running: the next start resumes it

@@ -230,6 +230,9 @@ class MaintenanceConfig(_Config):
                     raise ValueError(f"kubernetes.maintenance.{where}: {mark!r} is not KEY or KEY=VALUE")
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 class KubernetesConfig(_Config):
     """Node actions through the Kubernetes API (controller/kube/). The cluster: `kubeconfig`
     (--kubeconfig), else the in-cluster service account in a pod, else $KUBECONFIG; none: node
@@ -246,8 +249,19 @@ class KubernetesConfig(_Config):
     # uncordoned once back within fleet normal after a re-probe (controller/kube/recovery.py).
     default_policy: str = "recommend"  # for every cause `policy` does not name
     policy: dict[str, str] = msgspec.field(default_factory=dict)  # cause -> off | recommend | auto
+    # Replicas elect their leader on this Lease (coordination.k8s.io/v1) in the pod's namespace
+    # ($GPUFLEET_POD_NAMESPACE), then take the store's own lease (controller/kube/lease.py). None:
+    # the store's lease alone elects (a PostgreSQL advisory lock, or a file lock beside SQLite).
+    leader_lease: str | None = None
 
     def __post_init__(self) -> None:
+        if self.leader_lease is not None and not _DNS_LABEL.fullmatch(self.leader_lease):
+            raise ValueError(
+                f"kubernetes.leader_lease: {self.leader_lease!r} is not a Lease name (lower-case letters, "
+                "digits and '-', at most 63, starting and ending with a letter or digit)"
+            )
+        if self.leader_lease is not None and not self.enabled:
+            raise ValueError("kubernetes.leader_lease needs kubernetes.enabled: true")
         if self.default_policy not in POLICY_MODES:
             raise ValueError(
                 f"kubernetes.default_policy: {self.default_policy!r} is not one of {', '.join(POLICY_MODES)}"

@@ -45,7 +45,7 @@ def run_controller(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config, on_ready=on_ready))
-    except TransportError as exc:
+    except (TransportError, ConfigError) as exc:  # ConfigError: a setting found unusable at start
         print(f"gpufleet controller: {exc}", file=sys.stderr)
         return 2
     except NotLeader as exc:  # another controller leads the store now

@@ -128,3 +128,24 @@ class FileLease:
         if self._file is not None:
             self._file.close()  # closing frees the lock
             self._file = None
+
+
+class BothLeases:
+    """An election lease held first (a Kubernetes Lease: who leads), then the store's own (one
+    writer, whatever the election says). Held while both are."""
+
+    def __init__(self, election: Lease, store: Lease) -> None:
+        self.election = election
+        self.store = store
+
+    def try_acquire(self) -> bool:
+        # Elected but the store still locked (the previous leader's session not yet gone): the
+        # election is kept (renewed at each try) while the store's lock is tried again.
+        return self.election.try_acquire() and self.store.try_acquire()
+
+    def alive(self) -> bool:
+        return self.election.alive() and self.store.alive()
+
+    def release(self) -> None:
+        self.store.release()  # the writer's lock first: whoever is elected next can then write
+        self.election.release()

@@ -34,7 +34,7 @@ from controller.store.backends import Backend, Connection, open_backend
 from controller.store.checkpoint import Checkpointer
 from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
-from controller.store.lease import POLL_SECONDS, Lease
+from controller.store.lease import POLL_SECONDS, BothLeases, Lease
 from controller.store.recommendations import Recommendation
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -90,11 +90,20 @@ class Store:
     # The leader lease (controller/store/lease.py)
 
     async def lead(
-        self, holder: str, now: float, on_wait: Callable[[], None], poll: float = POLL_SECONDS
+        self,
+        holder: str,
+        now: float,
+        on_wait: Callable[[], None],
+        poll: float = POLL_SECONDS,
+        *,
+        election: Lease | None = None,
     ) -> int:
         """Wait until this controller holds the store's lease (on_wait() once, if it has to wait),
-        then start its term; the term's number. Call after open()."""
-        lease = self.backend.lease()
+        then start its term; the term's number. Call after open(). `election` (a Kubernetes Lease)
+        is held first, and the store's lease after it."""
+        lease: Lease = self.backend.lease()
+        if election is not None:
+            lease = BothLeases(election, lease)
         waited = False
         while not await asyncio.to_thread(lease.try_acquire):
             if not waited:

@@ -297,6 +297,17 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
         (["--set", "controller.config.tls.cert=c"], "controller.config.tls is set by the chart"),
         (["--set", "controller.config.operator_tokens=t"], "set operatorTokens.secret instead"),
         (["--set", "controller.config.health_listen=0.0.0.0:1"], "set controller.healthPort instead"),
+        (
+            [
+                "--set",
+                "postgresql.url=postgresql://u@db/g",
+                "--set",
+                "controller.config.kubernetes.leader_lease=x",
+            ],
+            "kubernetes.leader_lease is set by the chart: set controller.leaderLease instead",
+        ),
+        (["--set", "controller.leaderLease=gf-leader"], "controller.leaderLease elects one of several"),
+        (["--set", "controller.leaderLease=Bad_Name"], "at '/controller/leaderLease'"),
         (["--set", "agent.config.stream.tls_ca=ca"], "agent.config.stream.tls_ca is set by the chart"),
         (["--set", "agent.config.stream.insecure=true"], "agent.config.stream.insecure is set by the chart"),
         (["--set", "agent.config.metrics.web_config=w"], "set metrics.webConfigSecret instead"),
@@ -807,7 +818,7 @@ def test_rbac_is_the_controllers_node_actions_and_nothing_more(value_set: str) -
             for resource in rule["resources"]:
                 assert (group, resource) not in rules, f"{group}/{resource} twice"
                 rules[group, resource] = rule["verbs"]
-    assert rules == EXPECTED_RULES  # no Leases: the controllers' leader lease is in the store
+    assert rules == EXPECTED_RULES  # no Leases cluster-wide: at most one, in the release namespace
     (subject,) = one(docs, "ClusterRoleBinding")["subjects"]
     controller_pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert subject["name"] == controller_pod["serviceAccountName"] != agent_pod(docs)["serviceAccountName"]
@@ -818,9 +829,42 @@ def test_rbac_is_the_controllers_node_actions_and_nothing_more(value_set: str) -
     # A shared store: the controllers label their own pods, in the release namespace only.
     role, binding = one(docs, "Role"), one(docs, "RoleBinding")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    expected = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    lease = LEASE_RULES if value_set == "postgresql" else []  # that set elects on a Lease
+    assert role["rules"] == expected + lease
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [subject]
+
+
+LEASE_RULES = [  # the one Lease by name; create cannot be limited by name
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["gpufleet-controller"],
+        "verbs": ["get", "update"],
+    },
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+]
+
+
+def test_with_postgresql_the_leader_lease_reaches_the_config_beside_the_users_kubernetes_keys(
+    tmp_path: Path,
+) -> None:
+    args = [*TLS_SECRETS, "--set", f"postgresql.url={DB_URL},controller.replicas=2"]
+    lease = ["--set", "controller.leaderLease=gf-leader"]
+    users = ["--set", "controller.config.kubernetes.taint_unhealthy=true"]
+    docs = render(*args, *lease, *users)
+    loaded = controller_config.load(str(config_file(docs, "controller", tmp_path)))
+    assert loaded.kubernetes.leader_lease == "gf-leader" and loaded.kubernetes.taint_unhealthy
+    assert one(docs, "Role")["rules"][1]["resourceNames"] == ["gf-leader"]
+    assert "kubectl get lease -n gpufleet gf-leader" in install_notes(*args, *lease)
+    without = render(*args)  # the database's lock alone
+    assert (
+        controller_config.load(str(config_file(without, "controller", tmp_path))).kubernetes.leader_lease
+        is None
+    )
+    assert len(one(without, "Role")["rules"]) == 1
+    assert "kubectl get lease" not in install_notes(*args)
 
 
 def test_the_prometheus_rule_holds_the_alert_files_groups_unchanged() -> None:

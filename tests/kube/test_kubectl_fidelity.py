@@ -1,5 +1,6 @@
 """The fake API server against the real kubectl: cordon, drain (evictions, DaemonSet, mirror and bare
-pods, PodDisruptionBudgets, pods that never go) and uncordon behave as against a cluster."""
+pods, PodDisruptionBudgets, pods that never go) and uncordon behave as against a cluster, and the
+controllers' leader Lease reads as a cluster's."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 
 from controller.kube.fake import FakeApiServer
 from controller.kube.fake.objects import daemon_set, mirror_pod, node, pdb, pod, replica_set
+from controller.kube.lease import KubeLease
+from tests.kube.harness import api_for
 from tests.support import require
 
 KUBECTL = "/usr/bin/kubectl"
@@ -221,3 +224,19 @@ def test_server_side_dry_run_drain_changes_nothing(kube: FakeApiServer, kubectl:
     assert evictions(kube) == ["/api/v1/namespaces/app/pods/web-0/eviction"]
     assert "unschedulable" not in stored(kube, "Node", "n1")["spec"]
     assert stored(kube, "Pod", "web-0", "app")["status"]["phase"] == "Running"
+
+
+def test_kubectl_shows_the_leader_lease_the_controller_holds(
+    kube: FakeApiServer, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """What the chart's NOTES tell operators to run: the Lease KubeLease writes, read by kubectl."""
+    lease = KubeLease(api_for(tmp_path, kube), "gpufleet", "gpufleet-controller", "ctl-0:1")
+    assert lease.try_acquire()
+    done = kubectl("get", "lease", "-n", "gpufleet", "gpufleet-controller", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)["spec"]
+    assert spec["holderIdentity"] == "ctl-0:1" and spec["leaseDurationSeconds"] == 15
+    assert spec["renewTime"].endswith("Z") and spec["leaseTransitions"] == 0
+    table = kubectl("get", "lease", "-n", "gpufleet")
+    assert table.returncode == 0, table.stderr
+    assert "gpufleet-controller" in table.stdout and "ctl-0:1" in table.stdout

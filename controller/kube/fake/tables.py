@@ -1,6 +1,6 @@
 """Server-side printing: the meta.k8s.io/v1 Table kubectl asks for (`Accept: ...;as=Table`) so
-`kubectl get nodes` shows STATUS (Ready,SchedulingDisabled), `get pods` READY and STATUS, as a
-cluster would."""
+`kubectl get nodes` shows STATUS (Ready,SchedulingDisabled), `get pods` READY and STATUS, `get lease`
+HOLDER, as a cluster would."""
 
 from __future__ import annotations
 
@@ -91,6 +91,10 @@ COLUMNS: dict[str, list[Column]] = {
         ("Min Available", "string", 0, _spec("minAvailable")),
         ("Max Unavailable", "string", 0, _spec("maxUnavailable")),
         ("Allowed Disruptions", "integer", 0, lambda p: (p.get("status") or {}).get("disruptionsAllowed", 0)),
+        ("Age", "string", 0, age),
+    ],
+    "Lease": [  # as the API server prints them: NAME HOLDER AGE
+        ("Holder", "string", 0, lambda lease: (lease.get("spec") or {}).get("holderIdentity") or ""),
         ("Age", "string", 0, age),
     ],
 }

@@ -287,7 +287,8 @@ URL (and its password) only to the process. */}}
   "tls" "set tls.controllerSecret or tls.certManager instead"
   "insecure" "set tls.enabled=false and tls.insecure=true instead"
   "operator_tokens" "set operatorTokens.secret instead"
-  "metrics_web_config" "set metrics.webConfigSecret instead" }}
+  "metrics_web_config" "set metrics.webConfigSecret instead"
+  "kubernetes.leader_lease" "set controller.leaderLease instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.controller.config $managed "controller.config") }}
 {{- include "gpufleet.checkTls" . }}
 {{- $config := deepCopy .Values.controller.config }}
@@ -295,6 +296,13 @@ URL (and its password) only to the process. */}}
 {{- $_ := set $config "metrics_address" (printf "0.0.0.0:%d" (int .Values.controller.metricsPort)) }}
 {{- if include "gpufleet.controllerShared" . }}
 {{- $_ := set $config "health_listen" (printf "0.0.0.0:%d" (int .Values.controller.healthPort)) }}
+{{- with .Values.controller.leaderLease }}
+{{- $kube := deepCopy (default (dict) $config.kubernetes) }}
+{{- $_ := set $kube "leader_lease" . }}
+{{- $_ := set $config "kubernetes" $kube }}
+{{- end }}
+{{- else if .Values.controller.leaderLease }}
+{{- fail "controller.leaderLease elects one of several controllers: it needs postgresql (and no controller.persistence record file)" }}
 {{- end }}
 {{- if not (include "gpufleet.dbSecret" .) }}
 {{- $_ := set $config "db" (printf "%s/gpufleet.db" (include "gpufleet.stateDir" .)) }}
