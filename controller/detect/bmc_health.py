@@ -218,7 +218,8 @@ def detect(ctx: DetectContext) -> list[Finding]:
     for group in peer_groups(ctx).values():
         thermal = {n.name: section(n, "thermal", max_age) for n in group}
         # One intake per node for the group's median: the node's hottest, as its worst air.
-        readings = [max(t.reading_celsius for t in intakes(s)) for s in thermal.values() if s and intakes(s)]
+        inlets = [intakes(s) for s in thermal.values() if s]
+        readings = [max(t.reading_celsius for t in found) for found in inlets if found]
         median = statistics.median(readings) if len(readings) >= ctx.config.min_peers else None
         for node in group:
             sample = thermal[node.name]
