@@ -43,7 +43,13 @@ class KubeApi:
         self.client.close()  # type: ignore[no-untyped-call]
 
     def request(
-        self, method: str, path: str, *, query: list[tuple[str, str]] | None = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        timeout: tuple[float, float] = TIMEOUT,
     ) -> Obj:
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -52,7 +58,7 @@ class KubeApi:
             method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
         try:
-            response = self.client.call_api(method, url, headers, payload, _request_timeout=TIMEOUT)
+            response = self.client.call_api(method, url, headers, payload, _request_timeout=timeout)
             data = response.read()  # type: ignore[no-untyped-call]
         except Exception as exc:  # connection refused, TLS, timeouts: urllib3's and the client's errors
             raise ApiError(0, "", f"cannot reach the Kubernetes API at {self.where}: {exc}") from exc

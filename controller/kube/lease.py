@@ -25,11 +25,14 @@ Blocking calls (the Lease protocol): the store runs them in a thread.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+
+from kubernetes.client import ApiClient
 
 from controller.kube.api import ApiError, KubeApi, Obj
 
@@ -38,6 +41,17 @@ log = logging.getLogger("gpufleet.controller.kube")
 LEASE_SECONDS = 15  # leaseDurationSeconds written; client-go's default
 RENEW_DEADLINE_SECONDS = 10.0  # a holder that could not renew for this long steps down
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+# Connect and read timeouts of each Lease call: a renewal (a GET and a PUT) that hangs ends well
+# within the renew deadline, so a holder cut off from the API server steps down in time.
+CALL_TIMEOUT = (2.0, 2.5)
+
+
+def _without_retries(api: KubeApi) -> KubeApi:
+    """The same cluster and credentials, each call tried once: urllib3's default three retries would
+    turn a 2.5 s read timeout into 10 s, the whole renew deadline."""
+    configuration = copy.deepcopy(api.client.configuration)
+    configuration.retries = False
+    return KubeApi(ApiClient(configuration), where=api.where)
 
 
 def micro_time(unix: float) -> str:
@@ -60,7 +74,7 @@ class KubeLease:
     ) -> None:
         if renew_deadline_seconds >= duration_seconds:
             raise ValueError("the renew deadline must be shorter than the lease duration")
-        self.api = api
+        self.api = _without_retries(api)
         self.namespace = namespace
         self.name = name
         self.holder = holder
@@ -118,26 +132,28 @@ class KubeLease:
 
     def release(self) -> None:
         """Clear the holder, so that a standby takes over at its next try (best effort)."""
-        if not self._held:
-            return
-        self._held = False
+        held, self._held = self._held, False
         try:
+            if not held:
+                return
             current = self._get()
             if current is None or (current.get("spec") or {}).get("holderIdentity") != self.holder:
                 return
             spec = dict(current.get("spec") or {})
             spec["holderIdentity"] = ""
             current["spec"] = spec
-            self.api.request("PUT", self.path, body=current)
+            self.api.request("PUT", self.path, body=current, timeout=CALL_TIMEOUT)
             log.info("released %s", self.description)
         except ApiError as exc:
             log.warning("cannot release %s (a standby takes over once it expires): %s", self.description, exc)
+        finally:
+            self.api.close()
 
     # Reading and writing the Lease
 
     def _get(self) -> Obj | None:
         try:
-            return self.api.request("GET", self.path)
+            return self.api.request("GET", self.path, timeout=CALL_TIMEOUT)
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -158,7 +174,9 @@ class KubeLease:
             },
         }
         try:
-            created = self.api.request("POST", LEASES.format(namespace=self.namespace), body=body)
+            created = self.api.request(
+                "POST", LEASES.format(namespace=self.namespace), body=body, timeout=CALL_TIMEOUT
+            )
         except ApiError as exc:
             if exc.status == 409:  # another controller created it first
                 return False
@@ -176,7 +194,8 @@ class KubeLease:
         spec.update(holderIdentity=self.holder, leaseDurationSeconds=self.duration_seconds, renewTime=now)
         body = {**current, "spec": spec}
         try:
-            written = self.api.request("PUT", self.path, body=body)  # carries the resourceVersion read
+            # The body carries the resourceVersion read: a change since is a 409.
+            written = self.api.request("PUT", self.path, body=body, timeout=CALL_TIMEOUT)
         except ApiError as exc:
             if exc.status == 409:
                 return False

@@ -5,6 +5,8 @@ holder that cannot renew steps down within the renew deadline."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from controller.kube.api import KubeApi
 from controller.kube.fake import FakeApiServer
 from controller.kube.fake.objects import lease
-from controller.kube.lease import KubeLease
+from controller.kube.lease import CALL_TIMEOUT, KubeLease
 from controller.store.lease import BothLeases
 from tests.kube.harness import api_for
 
@@ -133,6 +135,29 @@ def test_unreachable_api_server_is_never_a_lead(tmp_path: Path) -> None:
     a = KubeLease(api, NS, NAME, "ctl-0:1")  # the server is gone
     assert not a.try_acquire()
     assert not a.alive()
+
+
+class Silent:
+    """An API server that accepts connections and never answers (hung, or behind a dead proxy)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+
+def test_a_hung_api_server_cannot_hold_a_renewal_past_the_deadline(tmp_path: Path) -> None:
+    silent = Silent()
+    try:
+        api = api_for(tmp_path, silent)  # type: ignore[arg-type] # only .url is read
+        a = KubeLease(api, NS, NAME, "ctl-0:1")
+        a._held, a._renewed = True, time.monotonic()  # holding, when the API server stops answering
+        began = time.monotonic()
+        assert a.alive()  # one renewal fails by its read timeout: still within the 10 s deadline
+        took = time.monotonic() - began
+        assert CALL_TIMEOUT[1] - 0.5 <= took < CALL_TIMEOUT[1] + 2, took  # not the API's 30 s read
+        assert a.renew_deadline_seconds > 2 * sum(CALL_TIMEOUT)  # a GET and a PUT fit in the deadline
+    finally:
+        silent.sock.close()
 
 
 class Fixed:
