@@ -2,10 +2,10 @@
 
 With `kubernetes.leader_lease: NAME`, a controller leads only while it holds the Lease NAME in its
 pod's namespace ($GPUFLEET_POD_NAMESPACE): `kubectl get lease NAME` names the leader
-(holderIdentity: its pod) and counts the changes of leader (leaseTransitions). The store's own lease
-(controller/store/lease.py) is taken after it, and the store's term still fences every audited
-action and command: the Lease decides who leads, the store guarantees one writer even when two
-controllers disagree about the Lease for a moment.
+(holderIdentity: POD:PID, the hostname being the pod's name) and counts the changes of leader
+(leaseTransitions). The store's own lease (controller/store/lease.py) is taken after it, and the
+store's term still fences every audited action and command: the Lease decides who leads, the
+store guarantees one writer even when two controllers disagree about the Lease for a moment.
 
 The rules are client-go's leader election:
 - a Lease with no holder, or none at all, is taken at once;

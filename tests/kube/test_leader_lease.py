@@ -17,18 +17,11 @@ from controller.kube.fake import FakeApiServer
 from controller.kube.fake.objects import lease
 from controller.kube.lease import CALL_TIMEOUT, KubeLease
 from controller.store.lease import BothLeases
+from tests.controller.harness import Clock
 from tests.kube.harness import api_for
 
 NS = "gpufleet"
 NAME = "gpufleet-controller"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
