@@ -101,6 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the detectors on the controller's event loop (detect.process: false), not in their process",
     )
     parser.add_argument(
+        "--ingest-fronts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the controller's ingest_fronts: N processes serve the agents' port and relay to it",
+    )
+    parser.add_argument(
         "--reconnect-storm",
         action="store_true",
         help="at the last step, drop every stream and reconnect all at once",
@@ -216,6 +223,7 @@ def step_figures(
     lags = [x for w in windows for x in w["lags"]]
     acked = sum(w["acked"] for w in windows)
     cpu = after.cpu_seconds - before.cpu_seconds
+    main = after.main_cpu_seconds - before.main_cpu_seconds
     written = after.write_bytes - before.write_bytes if before.write_bytes >= 0 else None
     return {
         "nodes": nodes,
@@ -231,6 +239,8 @@ def step_figures(
         "cpu_cores": cpu / seconds,
         "cpu_cores_per_1000_nodes": cpu / seconds / nodes * 1000.0,
         "cpu_ms_per_frame": cpu / acked * 1e3 if acked else None,
+        "main_cpu_cores": main / seconds,
+        "main_ms_per_frame": main / acked * 1e3 if acked else None,
         "ack_p50_s": report.percentile(latencies, 50),
         "ack_p99_s": report.percentile(latencies, 99),
         "ack_max_s": max(latencies) if latencies else None,
@@ -368,6 +378,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "shared_connection",
                 "disable_detector",
                 "detect_in_loop",
+                "ingest_fronts",
             )
         },
         "store": store(args),
@@ -386,6 +397,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         args.disable_detector,
         args.db,
         detect_in_loop=args.detect_in_loop,
+        fronts=args.ingest_fronts,
     )
     fleet: Fleet | None = None
     try:

@@ -319,12 +319,20 @@ class LimitsConfig(_Config):
             raise ValueError("limits.forget_after_seconds must be >= 0 and max_clock_skew_seconds > 0")
 
 
+MAX_FRONTS = 64
+
+
 class ControllerConfig(_Config):
     listen: str = "127.0.0.1:50051"
     # A second port for operators only (the CLI): server TLS and tokens, no client certificates.
     # None: operators use `listen` (with a client certificate when TLS is on).
     operator_listen: str | None = None
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    # Processes that serve the agents' gRPC streams on `listen` (sharing the port, SO_REUSEPORT)
+    # and relay them to this controller, which then does no gRPC work for agents on its own core
+    # (controller/fronts/). 0: the controller serves `listen` itself. Needs operator_listen: the
+    # fronts serve agents only.
+    ingest_fronts: int = 0
     # Plaintext gRPC on a non-loopback address, explicitly chosen (--insecure, or `tls: off`).
     # Plaintext on a loopback address is allowed without it, with a warning.
     insecure: bool = False
@@ -369,6 +377,12 @@ class ControllerConfig(_Config):
             raise ValueError("db_state_seconds must be between 0 and 3600")
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
+        if not 0 <= self.ingest_fronts <= MAX_FRONTS:
+            raise ValueError(f"ingest_fronts must be between 0 and {MAX_FRONTS}")
+        if self.ingest_fronts and self.operator_listen is None:
+            raise ValueError(
+                "ingest_fronts serve agents only: give operator_listen (--operator-listen) for operators"
+            )
         if self.operator_listen is not None:
             check_address(self.operator_listen, "operator_listen")
             if not self.tls.enabled and not self.insecure and not is_loopback(self.operator_listen):

@@ -58,6 +58,20 @@ def _refused_metadata(exc: Exception) -> tuple[tuple[str, str], ...]:
     return ()
 
 
+async def guarded_stream(
+    inner: Callable[[Any, Any], AsyncIterator[Any]], requests: Any, context: Any, method: str
+) -> AsyncIterator[Any]:
+    """`inner`'s responses; an error it raises ends the stream with its status (also for streams
+    relayed by an ingest front, whose context stands in for gRPC's: controller/fronts/relay.py)."""
+    try:
+        async for response in inner(requests, context):
+            yield response
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to a status, logged if unexpected
+        await _abort(context, method, exc)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # generic only in the stubs
     async def intercept_service(
         self,
@@ -88,13 +102,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # 
             async def stream(
                 requests: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
-                try:
-                    async for response in inner_stream(requests, context):
-                        yield response
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - mapped to a status, logged if unexpected
-                    await _abort(context, method, exc)
+                async for response in guarded_stream(inner_stream, requests, context, method):
+                    yield response  # gRPC serves an async generator function, not one that returns one
 
             return grpc.stream_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer

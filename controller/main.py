@@ -217,6 +217,13 @@ def _controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="a second gRPC port for operators only: server TLS and tokens, no client certificates",
     )
     ctl.add_argument(
+        "--ingest-fronts",
+        type=int,
+        metavar="N",
+        help="N processes serve the agents' port and relay their streams to the controller "
+        "(needs --operator-listen; default 0: the controller serves it itself)",
+    )
+    ctl.add_argument(
         "--operator-tokens", metavar="FILE", help="YAML file of operator tokens (name, role, sha256)"
     )
     ctl.add_argument(

@@ -18,6 +18,8 @@ from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.db_url import redact_url
 from controller.errors import NotLeader, StoreUnavailable
+from controller.fronts.relay import Fronts
+from controller.fronts.wire import FrontSettings
 from controller.interceptors import ErrorInterceptor
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
@@ -104,8 +106,11 @@ def write_ready_file(path: str, address: str, operator_address: str | None = Non
 
 
 async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[grpc.aio.Server, str]]:
-    """The agents' port, then the operators' when configured: (server, bound address) each."""
+    """The agents' port, then the operators' when configured: (server, bound address) each. With
+    ingest fronts, the operators' port alone: the fronts serve the agents' (_start_fronts)."""
     auth = operator_auth(app.config)
+    if app.config.ingest_fronts:
+        return [await build_server(app, tls, operator=True, auth=auth)]
     started = [await build_server(app, tls, auth=auth)]
     if app.config.operator_listen is not None:
         try:
@@ -118,6 +123,36 @@ async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[g
 
 async def _stop_grpc(servers: list[tuple[grpc.aio.Server, str]], grace: float | None) -> None:
     await asyncio.gather(*(server.stop(grace) for server, _ in servers))
+
+
+async def _listen(
+    app: ControllerApp, tls: ServerTls | None
+) -> tuple[list[tuple[grpc.aio.Server, str]], Fronts | None]:
+    """The gRPC servers (_start_grpc) and the ingest fronts when configured; on OSError nothing is
+    left listening and the app is closed."""
+    try:
+        servers = await _start_grpc(app, tls)
+    except OSError:
+        app.close()
+        raise
+    if not app.config.ingest_fronts:
+        return servers, None
+    try:
+        return servers, await _start_fronts(app, tls)
+    except OSError:
+        await _stop_grpc(servers, None)
+        app.close()
+        raise
+
+
+async def _start_fronts(app: ControllerApp, tls: ServerTls | None) -> Fronts:
+    """ingest_fronts processes on `listen`, relaying every agent stream to this controller."""
+    config = app.config
+    settings = FrontSettings(config.listen, server_options(config), config.tls if tls is not None else None)
+    fronts = Fronts(TelemetryServicer(app), config.ingest_fronts, settings)
+    await fronts.start()
+    log.info("%d ingest fronts serve agents on %s", config.ingest_fronts, fronts.address)
+    return fronts
 
 
 def _log_transport(tls: ServerTls | None, address: str, operator_address: str | None) -> None:
@@ -158,13 +193,9 @@ async def _lead(
 ) -> None:
     """Serve as the leader until SIGINT/SIGTERM or the lead is lost."""
     metrics: MetricsServer | None = None
-    try:
-        servers = await _start_grpc(app, tls)
-    except OSError:
-        app.close()
-        raise
-    address = servers[0][1]
-    operator_address = servers[1][1] if len(servers) > 1 else None
+    servers, fronts = await _listen(app, tls)
+    address = fronts.address if fronts is not None else servers[0][1]
+    operator_address = servers[-1][1] if len(servers) > 1 or fronts is not None else None
     if config.metrics_address is not None:
         metrics = MetricsServer(controller_registry(app), web_config=config.metrics_web_config)
         try:
@@ -172,6 +203,8 @@ async def _lead(
             log.info("metrics on %s://%s/metrics", metrics.scheme, bound)
         except OSError:
             await _stop_grpc(servers, None)
+            if fronts is not None:
+                await fronts.stop()
             app.close()
             raise
     if config.detect.process:
@@ -210,6 +243,8 @@ async def _lead(
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()
+    if fronts is not None:
+        await fronts.stop()
     await _stop_grpc(servers, 2.0)
     await detection
     await scheduling

@@ -37,10 +37,11 @@ WAL_POSITION = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
 @dataclass
 class Controller:
     process: subprocess.Popen[bytes]
-    address: str  # agents and operators (plaintext, loopback)
+    address: str  # agents (plaintext, loopback)
     metrics_url: str
     directory: Path
     db: Path | str  # the SQLite file, or a postgresql:// URL (with its password: never print it)
+    operator_address: str = ""  # operators, when not `address` (the controller's ingest fronts)
 
     @property
     def pid(self) -> int:
@@ -52,7 +53,8 @@ class Sample:
     """The controller process at one moment."""
 
     time: float
-    cpu_seconds: float  # user + system, every thread
+    cpu_seconds: float  # user + system, every thread, its children's too
+    main_cpu_seconds: float  # the controller's own process alone (its event loop, store and gRPC threads)
     rss_bytes: int
     write_bytes: int  # bytes the process caused to be written to storage (/proc/PID/io); -1: unreadable
     # SQLite: the file, its WAL and shared memory together. PostgreSQL: the server's WAL position
@@ -93,11 +95,13 @@ def config(
     db: str | None = None,
     *,
     detect_in_loop: bool = False,
+    fronts: int = 0,
 ) -> dict[str, object]:
     """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
     postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
     detectors turned off where given; the detectors on the event loop with detect_in_loop (the
-    controller's detect.process: false), else in their process."""
+    controller's detect.process: false), else in their process; with `fronts`, that many ingest
+    fronts serve the agents' port and operators get a port of their own."""
     document: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "metrics_address": f"127.0.0.1:{free_port()}",
@@ -112,6 +116,9 @@ def config(
         detect["detectors"] = {name: {"enabled": False} for name in disabled}
     if detect_in_loop:
         detect["process"] = False
+    if fronts:
+        document["ingest_fronts"] = fronts
+        document["operator_listen"] = "127.0.0.1:0"
     if detect:
         document["detect"] = detect
     return document
@@ -125,10 +132,13 @@ def start(
     db: str | None = None,
     *,
     detect_in_loop: bool = False,
+    fronts: int = 0,
 ) -> Controller:
     """`python -m controller controller` with its config, log and ready file in `directory`; its
     store an SQLite file there, or the postgresql:// URL `db`."""
-    settings = config(directory, nodes, detect_interval, disabled, db, detect_in_loop=detect_in_loop)
+    settings = config(
+        directory, nodes, detect_interval, disabled, db, detect_in_loop=detect_in_loop, fronts=fronts
+    )
     path, ready, log = (
         directory / "controller.yaml",
         directory / "controller.ready",
@@ -148,10 +158,10 @@ def start(
         "--ready-file",
         str(ready),
     ]
-    process, address = _launch(command, ready, log, "the controller")
+    process, address, operators = _launch(command, ready, log, "the controller")
     metrics = f"http://{settings['metrics_address']}/metrics"
     store: Path | str = db if db is not None else Path(str(settings["db"]))
-    return Controller(process, address, metrics, directory, store)
+    return Controller(process, address, metrics, directory, store, operators)
 
 
 def start_floor(directory: Path) -> Controller:
@@ -159,12 +169,15 @@ def start_floor(directory: Path) -> Controller:
     /metrics and no store (its db names no file: 0 bytes)."""
     ready, log = directory / "floor.ready", directory / "floor.log"
     command = [sys.executable, str(Path(__file__).with_name("floor.py")), "--ready-file", str(ready)]
-    process, address = _launch(command, ready, log, "the floor server")
+    process, address, _ = _launch(command, ready, log, "the floor server")
     return Controller(process, address, "", directory, directory / "floor-has-no-store")
 
 
-def _launch(command: list[str], ready: Path, log: Path, what: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `command` (output to `log`); once it writes `ready`, the process and the address there."""
+def _launch(
+    command: list[str], ready: Path, log: Path, what: str
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start `command` (output to `log`); once it writes `ready`, the process and the addresses
+    there (agents', operators': the agents' when it names none)."""
     ready.unlink(missing_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
@@ -180,7 +193,8 @@ def _launch(command: list[str], ready: Path, log: Path, what: str) -> tuple[subp
             stop(process)
             raise RuntimeError(f"{what} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.05)
-    return process, str(json.loads(ready.read_text())["address"])
+    document = json.loads(ready.read_text())
+    return process, str(document["address"]), str(document.get("operator_address") or document["address"])
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -198,12 +212,14 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def sample(controller: Controller) -> Sample:
     """The controller's CPU, RSS and writes, its children's included (the detection process)."""
     parent = psutil.Process(controller.pid)
-    cpu, rss, written = 0.0, 0, 0
+    cpu, rss, written, main = 0.0, 0, 0, 0.0
     for proc in [parent, *parent.children(recursive=True)]:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 cpu += times.user + times.system
+                if proc is parent:
+                    main = times.user + times.system
                 rss += proc.memory_info().rss
                 try:
                     written = written + int(proc.io_counters().write_bytes) if written >= 0 else -1
@@ -211,7 +227,7 @@ def sample(controller: Controller) -> Sample:
                     written = -1
         except psutil.NoSuchProcess:  # a child that ended between the listing and the reading
             continue
-    return Sample(time.perf_counter(), cpu, rss, written, db_bytes(controller.db))
+    return Sample(time.perf_counter(), cpu, main, rss, written, db_bytes(controller.db))
 
 
 def db_bytes(db: Path | str) -> int:
@@ -258,7 +274,7 @@ def scrape(controller: Controller) -> Scrape:
 
 def list_nodes(controller: Controller) -> tuple[float, int, int]:
     """Every page of ListNodes over a fresh channel, timed: (seconds, nodes, pages)."""
-    with grpc.insecure_channel(controller.address) as channel:
+    with grpc.insecure_channel(controller.operator_address or controller.address) as channel:
         grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT_S)  # the connection is not timed
         stub = operator_pb2_grpc.OperatorStub(channel)
         began = time.perf_counter()

@@ -74,6 +74,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             overrides[key] = getattr(args, flag)
     if "db" not in overrides and os.environ.get(DB_ENV, "").strip():
         overrides["db"] = os.environ[DB_ENV].strip()
+    if getattr(args, "ingest_fronts", None) is not None:
+        overrides["ingest_fronts"] = args.ingest_fronts
     if args.metrics_address is not None:  # "none" turns the server off; the config reads it so
         overrides["metrics_address"] = args.metrics_address
     tls = {key: getattr(args, flag) for flag, key in TLS_FLAGS if getattr(args, flag, None)}

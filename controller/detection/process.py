@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from controller.batched_writes import BatchedWriter
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport
 from controller.detection.wire import HEADER, decode, encode
@@ -40,6 +41,7 @@ class DetectionProcess:
         self.starts = 0  # processes started (1 unless one died)
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._writer: BatchedWriter | None = None
         self._waiting: dict[int, asyncio.Future[PassReport]] = {}
         self._next_id = 0
 
@@ -58,6 +60,10 @@ class DetectionProcess:
             stdout=asyncio.subprocess.PIPE,
         )
         self.starts += 1
+        assert self._process.stdin is not None
+        transport = self._process.stdin.transport
+        assert isinstance(transport, asyncio.WriteTransport)
+        self._writer = BatchedWriter(transport)  # a frame's change and the next in one write
         saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
         try:
             self._send(("init", fleet, self.config, self.names))
@@ -103,6 +109,8 @@ class DetectionProcess:
         if process is None:
             return
         if process.stdin is not None:
+            if self._writer is not None:
+                self._writer.flush()  # what waits is read before the end
             process.stdin.close()  # its end of input: it exits
         try:
             await asyncio.wait_for(process.wait(), STOP_TIMEOUT_SECONDS)
@@ -124,7 +132,8 @@ class DetectionProcess:
             process.stdin.close()
             process.kill()
             return
-        process.stdin.write(encode(message))
+        assert self._writer is not None
+        self._writer.write(encode(message))
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

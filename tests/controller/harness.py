@@ -19,7 +19,10 @@ from controller.app import ControllerApp
 from controller.config import ControllerConfig, DetectConfig
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
-from controller.server import build_server
+from controller.fronts.relay import Fronts
+from controller.fronts.wire import FrontSettings
+from controller.server import build_server, server_options
+from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -52,19 +55,32 @@ def config(**overrides: Any) -> ControllerConfig:
 class Running:
     app: ControllerApp
     server: grpc.aio.Server
-    address: str
+    address: str  # agents (and operators, without fronts)
+    operators: str = ""  # with fronts: the server's own port
+    fronts: Fronts | None = None
 
 
 @contextlib.asynccontextmanager
 async def running_controller(
-    cfg: ControllerConfig | None = None, clock: Callable[[], float] | None = None
+    cfg: ControllerConfig | None = None, clock: Callable[[], float] | None = None, *, fronts: int = 0
 ) -> AsyncIterator[Running]:
+    """With `fronts`, that many ingest front processes serve the agents (Running.address) and relay
+    to the app (controller/fronts/); the server then serves operators only (Running.operators)."""
     app = ControllerApp(cfg or config(), clock=clock or Clock())
     await app.start()
     try:
         server, address = await build_server(app)
         try:
-            yield Running(app, server, address)
+            if not fronts:
+                yield Running(app, server, address)
+                return
+            settings = FrontSettings("127.0.0.1:0", server_options(app.config), None)
+            relay = Fronts(TelemetryServicer(app), fronts, settings)
+            agents = await relay.start()
+            try:
+                yield Running(app, server, agents, address, relay)
+            finally:
+                await relay.stop()
         finally:
             await server.stop(None)
     finally:

@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import math
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -40,11 +40,21 @@ StreamCall = grpc.aio.StreamStreamCall[Any, Any]
 AgentCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControllerMessage]
 METHOD = "/gpufleet.v1.Telemetry/Stream"
 _fresh = itertools.count()
+TRANSPORT = {"fronts": 0}  # the ingest fronts the controller runs (the `fronts` fixture)
+
+
+@pytest.fixture(autouse=True, params=[0, 2], ids=["direct", "fronts"])
+def fronts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every case twice: agents on the controller's own port, and through two ingest fronts
+    (controller/fronts/), which must answer every agent exactly as the controller does."""
+    TRANSPORT["fronts"] = request.param
+    yield
+    TRANSPORT["fronts"] = 0
 
 
 def serve(body: Body, **overrides: Any) -> None:
     async def go() -> None:
-        async with running_controller(config(**overrides)) as running:
+        async with running_controller(config(**overrides), fronts=TRANSPORT["fronts"]) as running:
             async with grpc.aio.insecure_channel(running.address) as channel:
                 await body(running, telemetry_pb2_grpc.TelemetryStub(channel))
             await assert_still_serves(running)

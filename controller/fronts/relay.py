@@ -1,0 +1,253 @@
+"""The controller's side of its ingest fronts (front.py, `ingest_fronts: N`): it starts N front
+processes on the agents' port and serves every stream they relay with the same TelemetryServicer
+as a stream of its own, through a context that stands in for gRPC's (peer, the TLS auth context the
+front saw, initial metadata, abort). Checks, identity, storage, acks, the command channel, probes
+and recording are therefore unchanged; a node's commands go to whichever front holds its stream.
+
+The controller's event loop then does no gRPC work for agents: it reads the fronts' pipes (one
+read carries many messages), parses each AgentMessage and serializes each answer. A front that
+dies ends its streams (their agents reconnect, to the other fronts) and is started again on the
+same port after RESTART_SECONDS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from controller.batched_writes import BatchedWriter
+from controller.fronts import wire
+from controller.interceptors import guarded_stream
+from controller.servicer import TelemetryServicer
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller.fronts")
+START_TIMEOUT_SECONDS = 30.0
+STOP_TIMEOUT_SECONDS = 5.0
+RESTART_SECONDS = 1.0
+METHOD = "/gpufleet.v1.Telemetry/Stream"
+
+
+class RelayContext:
+    """What TelemetryServicer.Stream and the error mapping use of a gRPC servicer context."""
+
+    def __init__(self, front: FrontProcess, sid: int, peer: str, auth: dict[str, list[bytes]]) -> None:
+        self.front, self.sid, self._peer, self._auth = front, sid, peer, auth
+        self.closed = False
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        self.front.send(wire.record(wire.ACCEPT, self.sid))
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        self.close(code, details, trailing_metadata)
+        raise grpc.aio.AbortError()
+
+    def close(self, code: grpc.StatusCode, details: str = "", metadata: Any = ()) -> None:
+        if not self.closed:
+            self.closed = True
+            self.front.send(wire.close_record(self.sid, code, details, metadata))
+
+
+async def _messages(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[pb.AgentMessage]:
+    """The agent's messages as the front relayed them (bytes that do not parse raise DecodeError,
+    which the servicer answers INVALID_ARGUMENT), until it half-closed (None)."""
+    while (raw := await queue.get()) is not None:
+        yield pb.AgentMessage.FromString(raw)
+
+
+class FrontProcess(asyncio.SubprocessProtocol):
+    """One front: its pipes, and the streams it relays (stream id -> their queue and task)."""
+
+    def __init__(self, fronts: Fronts, index: int) -> None:
+        self.fronts, self.index = fronts, index
+        self.records = wire.Records(self.on_record)
+        self.streams: dict[int, tuple[asyncio.Queue[bytes | None], asyncio.Task[None]]] = {}
+        loop = asyncio.get_running_loop()
+        self.port: asyncio.Future[int] = loop.create_future()
+        self.exited: asyncio.Future[int | None] = loop.create_future()
+        self.transport: asyncio.SubprocessTransport | None = None
+        self._stdin: BatchedWriter | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.transport = transport
+        stdin = transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        self._stdin = BatchedWriter(stdin)
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        assert isinstance(data, bytes)
+        self.records.feed(data)
+
+    def process_exited(self) -> None:
+        assert self.transport is not None
+        code = self.transport.get_returncode()
+        for _, task in self.streams.values():  # their agents' connections went with the process
+            task.cancel()
+        if not self.port.done():
+            why = f"ingest front {self.index} ended with status {code} before listening"
+            self.port.set_exception(OSError(why))
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    def send(self, data: bytes) -> None:
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.write(data)
+
+    def close_input(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
+
+    def on_record(self, kind: int, sid: int, payload: bytes) -> None:
+        if kind == wire.MSG:
+            entry = self.streams.get(sid)
+            if entry is not None:
+                entry[0].put_nowait(payload)
+        elif kind == wire.OPEN:
+            peer, auth = wire.unpickled(payload)
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+            task = asyncio.create_task(self._serve(sid, queue, RelayContext(self, sid, peer, auth)))
+            self.streams[sid] = (queue, task)
+        elif kind == wire.END:
+            entry = self.streams.get(sid)
+            if entry is not None:
+                if payload:  # the agent's connection broke or was cancelled: as gRPC cancels a handler
+                    entry[1].cancel()
+                else:
+                    entry[0].put_nowait(None)
+        elif kind == wire.READY and not self.port.done():
+            self.port.set_result(int(payload))
+
+    async def _serve(self, sid: int, queue: asyncio.Queue[bytes | None], context: RelayContext) -> None:
+        servicer = self.fronts.servicer
+        try:
+            async for answer in guarded_stream(servicer.Stream, _messages(queue), context, METHOD):
+                self.send(wire.record(wire.SEND, sid, answer.SerializeToString()))
+            context.close(grpc.StatusCode.OK)
+        except grpc.aio.AbortError:
+            pass  # the context sent the status
+        except asyncio.CancelledError:
+            context.closed = True  # the front's side is gone, or the controller is stopping
+        finally:
+            self.streams.pop(sid, None)
+
+
+class Fronts:
+    """N front processes sharing the agents' port."""
+
+    def __init__(self, servicer: TelemetryServicer, count: int, settings: wire.FrontSettings) -> None:
+        self.servicer = servicer
+        self.count = count
+        self.settings = settings
+        self.running: list[FrontProcess] = []
+        self.restarts = 0
+        self.address = settings.listen  # the bound one once started
+        self._stopping = False
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def streams(self) -> int:
+        return sum(len(front.streams) for front in self.running)
+
+    async def start(self) -> str:
+        """Start every front; the address they share (the first one's port when `listen` says 0)."""
+        host = self.settings.listen.rpartition(":")[0]
+        first = await self._launch(0, self.settings.listen)
+        address = f"{host}:{await self._listening(first)}"
+        try:
+            for index in range(1, self.count):
+                await self._listening(await self._launch(index, address))
+        except OSError:
+            await self.stop()
+            raise
+        self.address = address
+        self._watch = asyncio.create_task(self._keep_running())
+        return address
+
+    async def _launch(self, index: int, listen: str) -> FrontProcess:
+        loop = asyncio.get_running_loop()
+        _, front = await loop.subprocess_exec(
+            lambda: FrontProcess(self, index),
+            sys.executable,
+            "-m",
+            "controller.fronts.front",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,  # its log goes where the controller's goes
+        )
+        settings = wire.FrontSettings(listen, self.settings.options, self.settings.tls)
+        front.send(wire.pickled(wire.INIT, 0, settings))
+        if index < len(self.running):  # one that ended: its pipes closed, its place taken
+            ended = self.running[index]
+            if ended.transport is not None:
+                ended.transport.close()
+            self.running[index] = front
+        else:
+            self.running.append(front)
+        return front
+
+    async def _listening(self, front: FrontProcess) -> int:
+        try:
+            return await asyncio.wait_for(asyncio.shield(front.port), START_TIMEOUT_SECONDS)
+        except TimeoutError:
+            why = f"ingest front {front.index} did not listen within {START_TIMEOUT_SECONDS:.0f} s"
+            raise OSError(why) from None
+
+    async def _keep_running(self) -> None:
+        """Start a front again (on the shared port) when one ends while the controller runs."""
+        while not self._stopping:
+            waiting = {f.exited: f for f in self.running}  # the fronts' own futures: never cancelled here
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                front = waiting[future]
+                if self._stopping:
+                    return
+                log.error(
+                    "ingest front %d ended (status %s) with %d agent streams; starting it again",
+                    front.index,
+                    front.exited.result(),
+                    len(front.streams),
+                )
+                await asyncio.sleep(RESTART_SECONDS)
+                if self._stopping:
+                    return
+                self.restarts += 1
+                with contextlib.suppress(OSError):  # logged by the next round if it ends again
+                    await self._listening(await self._launch(front.index, self.address))
+
+    async def stop(self) -> None:
+        """End every front (their agents' connections close: they reconnect to the next controller)
+        and every stream they relayed."""
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for front in self.running:
+            front.close_input()
+        for front in self.running:
+            try:
+                await asyncio.wait_for(asyncio.shield(front.exited), STOP_TIMEOUT_SECONDS)
+            except TimeoutError:
+                assert front.transport is not None
+                front.transport.kill()
+                await front.exited
+        tasks = [task for front in self.running for _, task in front.streams.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for front in self.running:
+            if front.transport is not None:
+                front.transport.close()

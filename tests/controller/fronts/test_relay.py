@@ -1,0 +1,166 @@
+"""Ingest fronts (controller/fronts/) with real front processes: agents' streams spread over them,
+commands reach each node through the front that holds its stream and answers come back, a front
+that dies is started again while its agents reconnect, operators are sent to their own port, and a
+node's certificate is checked on what the front's TLS saw. (Every case of test_servicer.py also runs
+through fronts.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.config import ProbeConfig
+from controller.fronts.relay import Fronts
+from controller.fronts.wire import FrontSettings
+from controller.server import server_options
+from controller.servicer import TelemetryServicer
+from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.harness import Running, as_frame, as_hello, config, frame, hello, running_controller
+from tests.security.tls_files import Pki, Refused, controller_config, stream_one_frame, tls_controller
+
+TIMEOUT = 10.0
+# Channels in one process share a connection unless told not to; each agent has its own.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+AgentCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControllerMessage]
+
+
+async def until(condition: Any, what: str, timeout: float = TIMEOUT) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def next_message(call: AgentCall, kind: str) -> pb.ControllerMessage:
+    while True:
+        message = await asyncio.wait_for(call.read(), TIMEOUT)
+        assert isinstance(message, pb.ControllerMessage), message
+        if message.WhichOneof("msg") == kind:
+            return message
+
+
+@contextlib.asynccontextmanager
+async def agents(running: Running, names: list[str]) -> AsyncIterator[dict[str, AgentCall]]:
+    """One connection per node, each with its Hello and first frame acked."""
+    async with contextlib.AsyncExitStack() as stack:
+        calls: dict[str, AgentCall] = {}
+        for name in names:
+            own = grpc.aio.insecure_channel(running.address, options=OWN_CONNECTION)
+            channel = await stack.enter_async_context(own)
+            call = telemetry_pb2_grpc.TelemetryStub(channel).Stream(None)
+            capable = hello(name, capabilities=["run_probes"], probes=["gemm"])
+            await call.write(as_hello(capable))
+            await call.write(as_frame(frame(1, name)))
+            assert (await next_message(call, "ack")).ack.seq == 1
+            calls[name] = call
+        yield calls
+        for call in calls.values():
+            call.cancel()
+
+
+def held_by(fronts: Fronts) -> list[int]:
+    return [len(front.streams) for front in fronts.running]
+
+
+def test_streams_spread_over_the_fronts_and_commands_and_answers_go_through_each_ones_front() -> None:
+    names = [f"n{i:02d}" for i in range(24)]
+
+    async def go() -> None:
+        cfg = config(probes=ProbeConfig(on_connect=False))
+        async with running_controller(cfg, fronts=2) as running, agents(running, names) as calls:
+            assert running.fronts is not None
+            assert sum(held_by(running.fronts)) == len(names)
+            assert min(held_by(running.fronts)) > 0, held_by(running.fronts)  # the kernel spread them
+            assert running.app.connected_agents == len(names)
+            async with grpc.aio.insecure_channel(running.operators) as channel:
+                operators = operator_pb2_grpc.OperatorStub(channel)
+                for name, call in calls.items():
+                    asked = await operators.ProbeNode(operator_pb2.ProbeNodeRequest(node=name))
+                    command = (await next_message(call, "command")).command
+                    assert command.id == asked.command_id, name  # on this node's stream, through its front
+                    result = pb.CommandResult(command_id=command.id, ok=name != "n05")
+                    await call.write(pb.AgentMessage(command_result=result))
+                    await call.write(as_frame(frame(2, name)))
+                    assert (await next_message(call, "ack")).ack.seq == 2
+                    record = running.app.commands.get(command.id)
+                    assert record is not None and record.node == name
+                    assert record.state == ("failed" if name == "n05" else "succeeded"), name
+            assert running.app.fleet.acked[("n07", "b1")] == 2
+
+    asyncio.run(go())
+
+
+def test_a_front_that_dies_is_started_again_and_its_agents_reconnect_to_the_fronts() -> None:
+    names = [f"n{i:02d}" for i in range(16)]
+
+    async def go() -> None:
+        async with running_controller(config(), fronts=2) as running, agents(running, names) as calls:
+            fronts = running.fronts
+            assert fronts is not None
+            doomed = fronts.running[0]
+            lost = {sid for sid in doomed.streams}
+            assert lost
+            assert doomed.transport is not None
+            os.kill(doomed.transport.get_pid(), signal.SIGKILL)
+            await until(lambda: fronts.restarts == 1 and fronts.running[0] is not doomed, "the restart")
+            await until(lambda: running.app.connected_agents == len(names) - len(lost), "disconnects")
+            cut = [name for name in names if not running.app.fleet.nodes[name].connected]
+            assert len(cut) == len(lost)
+            for name in cut:  # the agent sees its stream fail, and reconnects
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await next_message(calls[name], "ack")
+                assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+            async with agents(running, [f"{name}-again" for name in cut]):
+                assert running.app.connected_agents == len(names)
+            for name in sorted(set(names) - set(cut)):  # the other front's agents never noticed
+                await calls[name].write(as_frame(frame(2, name)))
+                assert (await next_message(calls[name], "ack")).ack.seq == 2
+
+    asyncio.run(go())
+
+
+def test_operators_on_the_agents_port_are_told_to_use_theirs() -> None:
+    async def go() -> None:
+        async with (
+            running_controller(config(), fronts=1) as running,
+            grpc.aio.insecure_channel(running.address) as channel,
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await operator_pb2_grpc.OperatorStub(channel).ListNodes(operator_pb2.ListNodesRequest())
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "operator_listen" in (refused.value.details() or "")
+
+    asyncio.run(go())
+
+
+def test_a_nodes_certificate_is_checked_on_what_the_fronts_tls_saw(tmp_path: Path) -> None:
+    pki = Pki(tmp_path)
+    files = pki.server()
+
+    async def go() -> None:
+        async with tls_controller(controller_config(files)) as running:
+            settings = FrontSettings("127.0.0.1:0", server_options(running.app.config), files.config())
+            fronts = Fronts(TelemetryServicer(running.app), 2, settings)
+            address = await fronts.start()
+            try:
+                with pytest.raises(Refused) as refused:
+                    await stream_one_frame(address, pki.client("n1"), hello("n2"), frame(1, "n2"))
+                assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+                assert "n2" in refused.value.details and "n1" in refused.value.details
+                assert "n2" not in running.app.fleet.nodes
+                acked = await stream_one_frame(address, pki.client("n1"), hello("n1"), frame(1, "n1"))
+                assert acked.ack.seq == 1
+                assert running.app.identity.transports["n1"] == "mtls"
+            finally:
+                await fronts.stop()
+
+    asyncio.run(go())
