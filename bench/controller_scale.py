@@ -224,6 +224,8 @@ def step_figures(
     acked = sum(w["acked"] for w in windows)
     cpu = after.cpu_seconds - before.cpu_seconds
     main = after.main_cpu_seconds - before.main_cpu_seconds
+    detection = after.detection_cpu_seconds - before.detection_cpu_seconds
+    fronts = after.fronts_cpu_seconds - before.fronts_cpu_seconds
     written = after.write_bytes - before.write_bytes if before.write_bytes >= 0 else None
     return {
         "nodes": nodes,
@@ -241,6 +243,8 @@ def step_figures(
         "cpu_ms_per_frame": cpu / acked * 1e3 if acked else None,
         "main_cpu_cores": main / seconds,
         "main_ms_per_frame": main / acked * 1e3 if acked else None,
+        "detection_ms_per_frame": detection / acked * 1e3 if acked else None,
+        "fronts_ms_per_frame": fronts / acked * 1e3 if acked else None,
         "ack_p50_s": report.percentile(latencies, 50),
         "ack_p99_s": report.percentile(latencies, 99),
         "ack_max_s": max(latencies) if latencies else None,

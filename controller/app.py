@@ -16,7 +16,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
+from typing import Protocol
 
 from controller.commands.channel import CommandChannel
 from controller.config import ConfigError, ControllerConfig
@@ -52,6 +53,27 @@ log = logging.getLogger("gpufleet.controller")
 PROBE_HISTORY_DAYS = 30
 
 
+class IngestFront(Protocol):
+    """What the app shows of one ingest front (controller/fronts/relay.py, which imports the app)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def streams(self) -> Sized: ...
+
+
+class IngestFronts(Protocol):
+    @property
+    def running(self) -> Sequence[IngestFront]: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+
 class ControllerApp:
     def __init__(self, config: ControllerConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -82,6 +104,7 @@ class ControllerApp:
         self.detectors = config.detect.enabled(sorted(discover()))
         # The detectors in a process of their own (start_detection_process), or on the event loop.
         self.detection: DetectionProcess | None = None
+        self.fronts: IngestFronts | None = None  # relaying the agents' streams (server.py sets it)
         self.last_pass: PassReport | None = None
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes

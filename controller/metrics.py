@@ -63,6 +63,27 @@ class ControllerCollector(Collector):
         yield from self._collector()
         yield _log_lines_suppressed()
         yield from self._identity()
+        yield from self._fronts()
+
+    def _fronts(self) -> Iterator[Metric]:
+        fronts = self.app.fronts
+        running = [] if fronts is None else fronts.running
+        yield GaugeMetricFamily(
+            PREFIX + "ingest_fronts",
+            "Ingest front processes serving the agents' port (ingest_fronts; 0: the controller serves it).",
+            value=sum(1 for front in running if front.alive),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "ingest_front_restarts",
+            "Ingest fronts started again after one ended (their agents reconnected).",
+            value=0 if fronts is None else fronts.restarts,
+        )
+        streams = GaugeMetricFamily(
+            PREFIX + "ingest_front_streams", "Agent streams each ingest front relays.", labels=["front"]
+        )
+        for front in running:
+            streams.add_metric([str(front.index)], len(front.streams))
+        yield streams
 
     def _identity(self) -> Iterator[Metric]:
         refusals = CounterMetricFamily(

@@ -151,6 +151,7 @@ async def _start_fronts(app: ControllerApp, tls: ServerTls | None) -> Fronts:
     settings = FrontSettings(config.listen, server_options(config), config.tls if tls is not None else None)
     fronts = Fronts(TelemetryServicer(app), config.ingest_fronts, settings)
     await fronts.start()
+    app.fronts = fronts
     log.info("%d ingest fronts serve agents on %s", config.ingest_fronts, fronts.address)
     return fronts
 

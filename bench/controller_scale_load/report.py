@@ -171,6 +171,8 @@ COLUMNS = (
     ("/1k nodes", "cpu_cores_per_1000_nodes", "{:.3f}"),
     ("ms/frame", "cpu_ms_per_frame", "{:.2f}"),
     ("main ms/f", "main_ms_per_frame", "{:.2f}"),
+    ("det ms/f", "detection_ms_per_frame", "{:.2f}"),
+    ("fronts ms/f", "fronts_ms_per_frame", "{:.2f}"),
     ("ack p50", "ack_p50_s", "{:.3f}"),
     ("ack p99", "ack_p99_s", "{:.3f}"),
     ("pass s", "pass_mean_s", "{:.3f}"),

@@ -55,6 +55,8 @@ class Sample:
     time: float
     cpu_seconds: float  # user + system, every thread, its children's too
     main_cpu_seconds: float  # the controller's own process alone (its event loop, store and gRPC threads)
+    detection_cpu_seconds: float  # its detection process (controller/detection/)
+    fronts_cpu_seconds: float  # its ingest fronts together (controller/fronts/)
     rss_bytes: int
     write_bytes: int  # bytes the process caused to be written to storage (/proc/PID/io); -1: unreadable
     # SQLite: the file, its WAL and shared memory together. PostgreSQL: the server's WAL position
@@ -212,14 +214,14 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def sample(controller: Controller) -> Sample:
     """The controller's CPU, RSS and writes, its children's included (the detection process)."""
     parent = psutil.Process(controller.pid)
-    cpu, rss, written, main = 0.0, 0, 0, 0.0
+    cpu, rss, written = 0.0, 0, 0
+    own = {"main": 0.0, "detection": 0.0, "fronts": 0.0}
     for proc in [parent, *parent.children(recursive=True)]:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 cpu += times.user + times.system
-                if proc is parent:
-                    main = times.user + times.system
+                own[_role(proc, parent)] += times.user + times.system
                 rss += proc.memory_info().rss
                 try:
                     written = written + int(proc.io_counters().write_bytes) if written >= 0 else -1
@@ -227,7 +229,26 @@ def sample(controller: Controller) -> Sample:
                     written = -1
         except psutil.NoSuchProcess:  # a child that ended between the listing and the reading
             continue
-    return Sample(time.perf_counter(), cpu, main, rss, written, db_bytes(controller.db))
+    return Sample(
+        time.perf_counter(),
+        cpu,
+        own["main"],
+        own["detection"],
+        own["fronts"],
+        rss,
+        written,
+        db_bytes(controller.db),
+    )
+
+
+def _role(proc: psutil.Process, parent: psutil.Process) -> str:
+    """main (the controller's process), detection, fronts, or another child counted with main."""
+    if proc.pid == parent.pid:
+        return "main"
+    command = " ".join(proc.cmdline())
+    if "controller.detection.worker" in command:
+        return "detection"
+    return "fronts" if "controller.fronts.front" in command else "main"
 
 
 def db_bytes(db: Path | str) -> int:

@@ -31,6 +31,7 @@ log = logging.getLogger("gpufleet.controller.fronts")
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 5.0
 RESTART_SECONDS = 1.0
+HIGH_WATER_BYTES = 64 * 1024 * 1024  # agent messages waiting per front before its pipe is paused
 METHOD = "/gpufleet.v1.Telemetry/Stream"
 
 
@@ -60,10 +61,13 @@ class RelayContext:
             self.front.send(wire.close_record(self.sid, code, details, metadata))
 
 
-async def _messages(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[pb.AgentMessage]:
+async def _messages(
+    front: FrontProcess, queue: asyncio.Queue[bytes | None]
+) -> AsyncIterator[pb.AgentMessage]:
     """The agent's messages as the front relayed them (bytes that do not parse raise DecodeError,
     which the servicer answers INVALID_ARGUMENT), until it half-closed (None)."""
     while (raw := await queue.get()) is not None:
+        front.consumed(len(raw))
         yield pb.AgentMessage.FromString(raw)
 
 
@@ -78,6 +82,14 @@ class FrontProcess(asyncio.SubprocessProtocol):
         self.port: asyncio.Future[int] = loop.create_future()
         self.exited: asyncio.Future[int | None] = loop.create_future()
         self.transport: asyncio.SubprocessTransport | None = None
+        self.lost = 0  # streams it held when it ended
+        # Bytes of agent messages received and not yet taken by their stream. Past fronts.high_water
+        # the front's pipe is no longer read until they fall under half of it: the front's writes
+        # then wait, it stops reading its agents, and gRPC's flow control holds them back. A
+        # controller behind its fleet so holds a bounded backlog instead of all of it.
+        self.queued = 0
+        self.paused = False
+        self.pauses = 0
         self._stdin: BatchedWriter | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,6 +106,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
     def process_exited(self) -> None:
         assert self.transport is not None
         code = self.transport.get_returncode()
+        self.lost = len(self.streams)
         for _, task in self.streams.values():  # their agents' connections went with the process
             task.cancel()
         if not self.port.done():
@@ -101,6 +114,10 @@ class FrontProcess(asyncio.SubprocessProtocol):
             self.port.set_exception(OSError(why))
         if not self.exited.done():
             self.exited.set_result(code)
+
+    @property
+    def alive(self) -> bool:
+        return self.port.done() and not self.port.exception() and not self.exited.done()
 
     def send(self, data: bytes) -> None:
         if self._stdin is not None and not self._stdin.is_closing():
@@ -110,11 +127,31 @@ class FrontProcess(asyncio.SubprocessProtocol):
         if self._stdin is not None:
             self._stdin.close()
 
+    def consumed(self, size: int) -> None:
+        self.queued -= size
+        if self.paused and self.queued <= self.fronts.high_water // 2:
+            self.paused = False
+            self._reading(True)
+
+    def _reading(self, on: bool) -> None:
+        pipe = None if self.transport is None else self.transport.get_pipe_transport(1)
+        if not isinstance(pipe, asyncio.ReadTransport) or pipe.is_closing():
+            return
+        if on:
+            pipe.resume_reading()
+        else:
+            pipe.pause_reading()
+
     def on_record(self, kind: int, sid: int, payload: bytes) -> None:
         if kind == wire.MSG:
             entry = self.streams.get(sid)
             if entry is not None:
                 entry[0].put_nowait(payload)
+                self.queued += len(payload)
+                if not self.paused and self.queued > self.fronts.high_water:
+                    self.paused = True
+                    self.pauses += 1
+                    self._reading(False)
         elif kind == wire.OPEN:
             peer, auth = wire.unpickled(payload)
             queue: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -133,7 +170,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
     async def _serve(self, sid: int, queue: asyncio.Queue[bytes | None], context: RelayContext) -> None:
         servicer = self.fronts.servicer
         try:
-            async for answer in guarded_stream(servicer.Stream, _messages(queue), context, METHOD):
+            async for answer in guarded_stream(servicer.Stream, _messages(self, queue), context, METHOD):
                 self.send(wire.record(wire.SEND, sid, answer.SerializeToString()))
             context.close(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
@@ -142,13 +179,25 @@ class FrontProcess(asyncio.SubprocessProtocol):
             context.closed = True  # the front's side is gone, or the controller is stopping
         finally:
             self.streams.pop(sid, None)
+            while not queue.empty():  # what the stream never took is no longer waiting
+                left = queue.get_nowait()
+                if left is not None:
+                    self.consumed(len(left))
 
 
 class Fronts:
     """N front processes sharing the agents' port."""
 
-    def __init__(self, servicer: TelemetryServicer, count: int, settings: wire.FrontSettings) -> None:
+    def __init__(
+        self,
+        servicer: TelemetryServicer,
+        count: int,
+        settings: wire.FrontSettings,
+        *,
+        high_water: int = HIGH_WATER_BYTES,
+    ) -> None:
         self.servicer = servicer
+        self.high_water = high_water
         self.count = count
         self.settings = settings
         self.running: list[FrontProcess] = []
@@ -187,7 +236,9 @@ class Fronts:
             stdout=asyncio.subprocess.PIPE,
             stderr=None,  # its log goes where the controller's goes
         )
-        settings = wire.FrontSettings(listen, self.settings.options, self.settings.tls)
+        settings = wire.FrontSettings(
+            listen, self.settings.options, self.settings.tls, self.settings.high_water
+        )
         front.send(wire.pickled(wire.INIT, 0, settings))
         if index < len(self.running):  # one that ended: its pipes closed, its place taken
             ended = self.running[index]
@@ -218,7 +269,7 @@ class Fronts:
                     "ingest front %d ended (status %s) with %d agent streams; starting it again",
                     front.index,
                     front.exited.result(),
-                    len(front.streams),
+                    front.lost,
                 )
                 await asyncio.sleep(RESTART_SECONDS)
                 if self._stopping:

@@ -142,3 +142,14 @@ def test_db_must_be_a_postgresql_url(capsys: pytest.CaptureFixture[str]) -> None
         controller_scale.parse_args(["--db", "postgresql://u:secret@127.0.0.1:5432/"])  # no database
     err = capsys.readouterr().err
     assert "postgresql://u:***@127.0.0.1:5432/" in err and "secret" not in err
+
+
+def test_with_ingest_fronts_each_process_is_counted_and_operators_use_their_port(tmp_path: Path) -> None:
+    document = controller_scale.run(controller_scale.parse_args([*STEP, "--ingest-fronts", "2"]), tmp_path)
+    [step] = document["steps"]
+    assert step["nodes"] == step["connected"] == step["list_nodes_count"] == NODES  # operator port
+    assert step["errors"] == 0 and step["frames_acked"] > 0.5 * step["frames_due"], step
+    parts = [step[f"{part}_ms_per_frame"] for part in ("main", "detection", "fronts")]
+    assert all(part > 0 for part in parts), parts
+    assert sum(parts) == pytest.approx(step["cpu_ms_per_frame"], rel=1e-6)  # every process once
+    assert document["settings"]["ingest_fronts"] == 2

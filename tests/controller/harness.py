@@ -77,6 +77,7 @@ async def running_controller(
             settings = FrontSettings("127.0.0.1:0", server_options(app.config), None)
             relay = Fronts(TelemetryServicer(app), fronts, settings)
             agents = await relay.start()
+            app.fronts = relay
             try:
                 yield Running(app, server, agents, address, relay)
             finally:

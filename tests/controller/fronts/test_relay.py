@@ -16,10 +16,12 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 
 from controller.config import ProbeConfig
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
+from controller.metrics import controller_registry
 from controller.server import server_options
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
@@ -65,6 +67,16 @@ async def agents(running: Running, names: list[str]) -> AsyncIterator[dict[str, 
         yield calls
         for call in calls.values():
             call.cancel()
+
+
+def scrape(running: Running) -> dict[str, float]:
+    """The controller's /metrics page as it would be served: series -> value."""
+    page = generate_latest(controller_registry(running.app)).decode()
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in page.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def held_by(fronts: Fronts) -> list[int]:
@@ -124,6 +136,13 @@ def test_a_front_that_dies_is_started_again_and_its_agents_reconnect_to_the_fron
             for name in sorted(set(names) - set(cut)):  # the other front's agents never noticed
                 await calls[name].write(as_frame(frame(2, name)))
                 assert (await next_message(calls[name], "ack")).ack.seq == 2
+                await until(lambda: fronts.running[0].alive, "the new front to listen")
+                scraped = scrape(running)
+                assert scraped["gpufleet_controller_ingest_fronts"] == 2
+                assert scraped["gpufleet_controller_ingest_front_restarts_total"] == 1
+                series = 'gpufleet_controller_ingest_front_streams{{front="{}"}}'
+                streams = [scraped[series.format(i)] for i in (0, 1)]
+                assert sum(streams) == running.app.connected_agents == len(names) - len(cut)
 
     asyncio.run(go())
 
@@ -162,5 +181,51 @@ def test_a_nodes_certificate_is_checked_on_what_the_fronts_tls_saw(tmp_path: Pat
                 assert running.app.identity.transports["n1"] == "mtls"
             finally:
                 await fronts.stop()
+
+    asyncio.run(go())
+
+
+def test_a_controller_behind_its_agents_holds_a_bounded_backlog_and_loses_nothing() -> None:
+    """Ingest stalls: past high_water bytes waiting, the controller stops reading the front's pipe
+    (its backlog stays bounded) and takes it up again once ingest catches up; every frame is acked,
+    in order."""
+    frames, high_water = 60, 4000
+
+    async def go() -> None:
+        async with running_controller(config()) as running:
+            app = running.app
+            gate = asyncio.Event()
+            ingest_frame = app.ingest.frame
+            peak = [0]
+
+            async def stalled(node: str, f: pb.TelemetryFrame) -> int:
+                peak[0] = max(peak[0], front.queued)
+                await gate.wait()
+                return await ingest_frame(node, f)
+
+            app.ingest.frame = stalled  # type: ignore[method-assign,assignment]
+            settings = FrontSettings("127.0.0.1:0", server_options(app.config), None, high_water=4096)
+            fronts = Fronts(TelemetryServicer(app), 1, settings, high_water=high_water)
+            address = await fronts.start()
+            front = fronts.running[0]
+            try:
+                async with grpc.aio.insecure_channel(address, options=OWN_CONNECTION) as channel:
+                    call = telemetry_pb2_grpc.TelemetryStub(channel).Stream(None)
+                    await call.write(as_hello(hello("n1")))
+                    for seq in range(1, frames + 1):
+                        await call.write(as_frame(frame(seq, "n1")))
+                    await until(lambda: front.paused, "the pipe to pause")
+                    await asyncio.sleep(0.3)  # the front goes on sending: the pipe stays unread
+                    largest = len(as_frame(frame(frames, "n1")).SerializeToString())
+                    assert front.queued <= high_water + largest
+                    gate.set()
+                    acks = [(await next_message(call, "ack")).ack.seq for _ in range(frames)]
+                    assert acks == list(range(1, frames + 1))
+                    assert not front.paused and front.pauses >= 1 and front.queued == 0
+                    assert app.fleet.acked[("n1", "b1")] == frames
+                    call.cancel()
+            finally:
+                await fronts.stop()
+            assert peak[0] <= high_water + largest
 
     asyncio.run(go())
