@@ -307,6 +307,19 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
             "kubernetes.leader_lease is set by the chart: set controller.leaderLease instead",
         ),
         (["--set", "controller.leaderLease=gf-leader"], "controller.leaderLease elects one of several"),
+        (
+            ["--set", "controller.config.ingest_fronts=2"],
+            "ingest_fronts is set by the chart: set controller.ingestFronts instead",
+        ),
+        (
+            ["--set", "controller.config.operator_listen=0.0.0.0:1"],
+            "operator_listen is set by the chart: set controller.ingestFronts and controller.operatorPort",
+        ),
+        (["--set", "controller.ingestFronts=-1"], "at '/controller/ingestFronts'"),
+        (
+            ["--set", "controller.ingestFronts=2", "--set", "controller.operatorPort=50051"],
+            "controller.operatorPort must differ from controller.grpcPort",
+        ),
         (["--set", "controller.leaderLease=Bad_Name"], "at '/controller/leaderLease'"),
         (["--set", "agent.config.stream.tls_ca=ca"], "agent.config.stream.tls_ca is set by the chart"),
         (["--set", "agent.config.stream.insecure=true"], "agent.config.stream.insecure is set by the chart"),
@@ -503,6 +516,10 @@ def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set:
         assert loaded.tuning.mode("power_cap") == "auto"
     if value_set == "drain":
         assert loaded.kubernetes.taint_unhealthy and loaded.kubernetes.mode("nvlink_down") == "auto"
+    if value_set == "fronts":
+        assert loaded.ingest_fronts == 2 and loaded.operator_listen == f"0.0.0.0:{ports['operators']}"
+    else:
+        assert loaded.ingest_fronts == 0 and "operators" not in ports
 
 
 def test_the_sqlite_file_is_on_a_claim_the_chart_keeps() -> None:
@@ -903,6 +920,22 @@ def test_nothing_optional_is_rendered_by_default() -> None:
         f"{FULLNAME}-agent",
         f"{FULLNAME}-controller",
     }
+
+
+def test_with_ingest_fronts_operators_have_a_port_of_their_own() -> None:
+    docs = rendered("fronts")
+    service = one(docs, "Service", f"{FULLNAME}-controller")
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert ports["grpc"] == (50051, "grpc") and ports["operators"] == (50060, "operators")
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-controller")
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    agents = one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert {"podSelector": {"matchLabels": agents}} in rules["grpc"]  # the agents reach the fronts
+    gpu_ops = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpu-ops"}}}
+    assert rules["operators"] == [gpu_ops]  # operators only, not the agents
+    notes = install_notes(*values_args("fronts"))
+    assert f"port-forward service/{FULLNAME}-controller 50060:50060" in notes
+    assert "2 ingest fronts serve the agents on port 50051; operators use port 50060" in notes
 
 
 def test_network_policies_admit_the_agents_to_the_controller() -> None:

@@ -59,6 +59,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* Where the agents stream to: the controller's Service. */}}
+{{/* The operators' port: operatorPort with ingest fronts, else the gRPC port. */}}
+{{- define "gpufleet.operatorPort" -}}
+{{- if gt (int .Values.controller.ingestFronts) 0 }}{{ int .Values.controller.operatorPort }}{{ else }}{{ int .Values.controller.grpcPort }}{{ end }}
+{{- end }}
+
 {{- define "gpufleet.controllerAddress" -}}
 {{- printf "%s-controller.%s.svc:%d" (include "gpufleet.fullname" .) .Release.Namespace (int .Values.controller.grpcPort) }}
 {{- end }}
@@ -288,12 +293,21 @@ URL (and its password) only to the process. */}}
   "insecure" "set tls.enabled=false and tls.insecure=true instead"
   "operator_tokens" "set operatorTokens.secret instead"
   "metrics_web_config" "set metrics.webConfigSecret instead"
-  "kubernetes.leader_lease" "set controller.leaderLease instead" }}
+  "kubernetes.leader_lease" "set controller.leaderLease instead"
+  "ingest_fronts" "set controller.ingestFronts instead"
+  "operator_listen" "set controller.ingestFronts and controller.operatorPort instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.controller.config $managed "controller.config") }}
 {{- include "gpufleet.checkTls" . }}
 {{- $config := deepCopy .Values.controller.config }}
 {{- $_ := set $config "listen" (printf "0.0.0.0:%d" (int .Values.controller.grpcPort)) }}
 {{- $_ := set $config "metrics_address" (printf "0.0.0.0:%d" (int .Values.controller.metricsPort)) }}
+{{- if gt (int .Values.controller.ingestFronts) 0 }}
+{{- if eq (int .Values.controller.operatorPort) (int .Values.controller.grpcPort) }}
+{{- fail "controller.operatorPort must differ from controller.grpcPort: with ingestFronts the fronts serve grpcPort" }}
+{{- end }}
+{{- $_ := set $config "ingest_fronts" (int .Values.controller.ingestFronts) }}
+{{- $_ := set $config "operator_listen" (printf "0.0.0.0:%d" (int .Values.controller.operatorPort)) }}
+{{- end }}
 {{- if include "gpufleet.controllerShared" . }}
 {{- $_ := set $config "health_listen" (printf "0.0.0.0:%d" (int .Values.controller.healthPort)) }}
 {{- with .Values.controller.leaderLease }}
