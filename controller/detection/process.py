@@ -21,6 +21,7 @@ from controller.config import DetectConfig
 from controller.detect.runner import PassReport
 from controller.detection.wire import HEADER, decode, encode
 from controller.fleet.model import Fleet, FrameWrite
+from controller.pipe_sizes import widen
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.detect")
@@ -42,6 +43,7 @@ class DetectionProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._writer: BatchedWriter | None = None
+        self.pipe_bytes = 0  # the capacity of the pipe to the process
         self._waiting: dict[int, asyncio.Future[PassReport]] = {}
         self._next_id = 0
 
@@ -64,6 +66,7 @@ class DetectionProcess:
         transport = self._process.stdin.transport
         assert isinstance(transport, asyncio.WriteTransport)
         self._writer = BatchedWriter(transport)  # a frame's change and the next in one write
+        self.pipe_bytes = widen(transport)  # every frame's change goes through it
         saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
         try:
             self._send(("init", fleet, self.config, self.names))

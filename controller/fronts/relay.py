@@ -24,6 +24,7 @@ import grpc
 from controller.batched_writes import BatchedWriter
 from controller.fronts import wire
 from controller.interceptors import guarded_stream
+from controller.pipe_sizes import widen
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -83,6 +84,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
         self.exited: asyncio.Future[int | None] = loop.create_future()
         self.transport: asyncio.SubprocessTransport | None = None
         self.lost = 0  # streams it held when it ended
+        self.pipe_bytes = (0, 0)  # the capacity of its stdin and stdout pipes
         # Bytes of agent messages received and not yet taken by their stream. Past fronts.high_water
         # the front's pipe is no longer read until they fall under half of it: the front's writes
         # then wait, it stops reading its agents, and gRPC's flow control holds them back. A
@@ -95,9 +97,10 @@ class FrontProcess(asyncio.SubprocessProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
         self.transport = transport
-        stdin = transport.get_pipe_transport(0)
-        assert isinstance(stdin, asyncio.WriteTransport)
+        stdin, stdout = transport.get_pipe_transport(0), transport.get_pipe_transport(1)
+        assert isinstance(stdin, asyncio.WriteTransport) and stdout is not None
         self._stdin = BatchedWriter(stdin)
+        self.pipe_bytes = (widen(stdin), widen(stdout))  # the agents' bytes and the answers
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
         assert isinstance(data, bytes)

@@ -16,6 +16,7 @@ from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.process import DetectionProcess, DetectionUnavailable
 from controller.fleet.state import apply_frame, plan_frame
+from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 from tests.simfleet import SimFleet
 
 FAULTS = {
@@ -34,6 +35,11 @@ def _step(sim: SimFleet, process: DetectionProcess, *, probes: bool = False) -> 
         process.frame(write)
 
 
+def wide_pipe() -> int:
+    """The capacity the controller asks for its processes' pipes, as far as this system allows."""
+    return min(PIPE_BYTES, int(PIPE_MAX.read_text()))
+
+
 def test_the_process_finds_what_the_detectors_find_here() -> None:
     async def go() -> None:
         sim = SimFleet(8, FAULTS)
@@ -42,6 +48,7 @@ def test_the_process_finds_what_the_detectors_find_here() -> None:
         process = DetectionProcess(config, names)
         sim.step(10.0)  # some state before the process starts: it gets a copy
         await process.start(sim.fleet)
+        assert process.pipe_bytes == wide_pipe()  # every frame's change goes through it
         try:
             _step(sim, process, probes=True)
             for _ in range(4):

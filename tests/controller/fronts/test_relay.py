@@ -22,6 +22,7 @@ from controller.config import ProbeConfig
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
 from controller.metrics import controller_registry
+from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 from controller.server import server_options
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
@@ -93,6 +94,8 @@ def test_streams_spread_over_the_fronts_and_commands_and_answers_go_through_each
             assert sum(held_by(running.fronts)) == len(names)
             assert min(held_by(running.fronts)) > 0, held_by(running.fronts)  # the kernel spread them
             assert running.app.connected_agents == len(names)
+            wide = min(PIPE_BYTES, int(PIPE_MAX.read_text()))
+            assert all(front.pipe_bytes == (wide, wide) for front in running.fronts.running)
             async with grpc.aio.insecure_channel(running.operators) as channel:
                 operators = operator_pb2_grpc.OperatorStub(channel)
                 for name, call in calls.items():
