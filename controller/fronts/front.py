@@ -61,9 +61,6 @@ class Front:
         if self._out is not None and not self._out.is_closing():
             self._out.write(data)
 
-    async def writable(self) -> None:
-        await self._writable.wait()
-
     # One agent stream
 
     async def relay(

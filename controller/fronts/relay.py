@@ -137,13 +137,19 @@ class FrontProcess(asyncio.SubprocessProtocol):
             self._reading(True)
 
     def _reading(self, on: bool) -> None:
+        """Take up or stop the front's records: the pipe is not read meanwhile, and records already
+        read wait in `records` (at most one read's worth). Taking up again delivers those first,
+        which may stop it again (the pipe then stays paused)."""
         pipe = None if self.transport is None else self.transport.get_pipe_transport(1)
-        if not isinstance(pipe, asyncio.ReadTransport) or pipe.is_closing():
-            return
+        if isinstance(pipe, asyncio.ReadTransport) and not pipe.is_closing():
+            if on:
+                pipe.resume_reading()
+            else:
+                pipe.pause_reading()
         if on:
-            pipe.resume_reading()
+            self.records.release()
         else:
-            pipe.pause_reading()
+            self.records.hold()
 
     def on_record(self, kind: int, sid: int, payload: bytes) -> None:
         if kind == wire.MSG:

@@ -67,17 +67,29 @@ def status_code(value: int) -> grpc.StatusCode:
 
 
 class Records:
-    """Splits a byte stream into records, calling on_record(kind, stream, payload) for each whole one."""
+    """Splits a byte stream into records, calling on_record(kind, stream, payload) for each whole one.
+    hold() stops the calls (what arrives is kept) until release()."""
 
     def __init__(self, on_record: Callable[[int, int, bytes], None]) -> None:
         self.on_record = on_record
+        self.held = False
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> None:
+        self._buffer += data
+        self._dispatch()
+
+    def hold(self) -> None:
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+        self._dispatch()
+
+    def _dispatch(self) -> None:
         buffer = self._buffer
-        buffer += data
         offset, size_of = 0, len(buffer)
-        while size_of - offset >= HEAD.size:
+        while not self.held and size_of - offset >= HEAD.size:
             size, kind, stream = HEAD.unpack_from(buffer, offset)
             end = offset + 4 + size
             if end > size_of:

@@ -41,3 +41,20 @@ def test_a_close_carries_the_status_details_and_trailing_metadata(code: grpc.Sta
     value, details, metadata = wire.unpickled(payload)
     assert (kind, sid, wire.status_code(value), details) == (wire.CLOSE, 3, code, "replaced")
     assert metadata == (("gpufleet-refused-frame", "b1 4"),)
+
+
+def test_held_records_wait_and_come_in_order_on_release() -> None:
+    got: list[int] = []
+
+    def on_record(kind: int, sid: int, payload: bytes) -> None:
+        got.append(sid)
+        if sid == 2:  # as the controller does past its high-water mark
+            records.hold()
+
+    records = wire.Records(on_record)
+    records.feed(b"".join(wire.record(wire.MSG, sid, b"x" * sid) for sid in range(1, 6)))
+    assert got == [1, 2]
+    records.feed(wire.record(wire.MSG, 6, b"y"))
+    assert got == [1, 2]  # kept, not delivered
+    records.release()
+    assert got == [1, 2, 3, 4, 5, 6]
