@@ -73,6 +73,9 @@ class IngestFronts(Protocol):
     @property
     def restarts(self) -> int: ...
 
+    @property
+    def planned(self) -> int: ...
+
 
 class ControllerApp:
     def __init__(self, config: ControllerConfig, clock: Callable[[], float] = time.time) -> None:

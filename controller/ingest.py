@@ -11,8 +11,8 @@ from typing import Protocol
 
 from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
-from controller.fleet.model import Fleet, FrameWrite
-from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from controller.fleet.model import Fleet
+from controller.fleet.state import FramePlan, apply_frame, apply_hello, plan_changes, write_of
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
 from controller.recording import RecordHub
@@ -26,7 +26,17 @@ MAX_NAME = 253  # a DNS name, as Kubernetes node names are
 class FleetMirror(Protocol):
     def hello(self, hello: pb.Hello, acked: int, now: float) -> None: ...
 
-    def frame(self, write: FrameWrite) -> None: ...
+    def frame(self, node: str, plan: FramePlan, frame: bytes) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedFrame:
+    """A frame an ingest front checked and planned (controller/fronts/planner.py): `raw` is its bytes
+    as screened, `frame` those parsed."""
+
+    frame: pb.TelemetryFrame
+    plan: FramePlan
+    raw: bytes
 
 
 @dataclass(slots=True)
@@ -67,7 +77,10 @@ class Ingest:
         self.state_saved: dict[str, float] = {}
         self.unsaved: set[str] = set()
         self.state_failures = 0
-        # A copy of the fleet elsewhere (the detection process) gets each change applied here.
+        # A copy of the fleet elsewhere (the detection process) gets each change applied here. The
+        # error counters' trends (NodeState.trends: rates over a window) are then kept in the copy
+        # only, where the detectors read them; a copy started again from this fleet (the process
+        # died) starts their rates afresh, as a controller restart does. XID events stay kept here.
         self.mirror: FleetMirror | None = None
 
     def _lock(self, node: str) -> asyncio.Lock:
@@ -138,16 +151,28 @@ class Ingest:
             await self.save_state(names, self.clock())
         return len(names)
 
-    async def frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
+    async def frame(
+        self,
+        stream_node: str,
+        frame: pb.TelemetryFrame,
+        planned: FramePlan | None = None,
+        raw: bytes | None = None,
+    ) -> int:
         """Store one frame; return the seq to ack (the frame's, or the current position for a duplicate).
-        A frame that can never be stored raises RefusedFrame (see ingest_checks.py)."""
+        A frame that can never be stored raises RefusedFrame (see ingest_checks.py).
+
+        `planned`: an ingest front already checked its times and GPU indices and planned it from the
+        node's state, screening it (controller/fronts/planner.py). `raw`: the frame's bytes as they
+        were received (as screened, when planned), spared re-encoding for the detection process."""
         try:
-            return await self._frame(stream_node, frame)
+            return await self._frame(stream_node, frame, planned, raw)
         except RefusedFrame:
             self.counters.refused += 1
             raise
 
-    async def _frame(self, stream_node: str, frame: pb.TelemetryFrame) -> int:
+    async def _frame(
+        self, stream_node: str, frame: pb.TelemetryFrame, planned: FramePlan | None, raw: bytes | None
+    ) -> int:
         checks.frame_id(frame)
         if frame.node != stream_node:
             raise RefusedFrame(
@@ -155,9 +180,10 @@ class Ingest:
                 frame.boot_id,
                 frame.seq,
             )
-        if len({g.index for g in frame.gpus}) != len(frame.gpus):
-            raise RefusedFrame(f"frame {frame.seq}: a GPU index appears twice", frame.boot_id, frame.seq)
-        checks.frame_times(frame, self.clock(), self.max_clock_skew_seconds)
+        if planned is None:
+            if len({g.index for g in frame.gpus}) != len(frame.gpus):
+                raise RefusedFrame(f"frame {frame.seq}: a GPU index appears twice", frame.boot_id, frame.seq)
+            checks.frame_times(frame, self.clock(), self.max_clock_skew_seconds)
         # Only this (node, boot)'s position moves: the node is the stream's, the boot the frame's.
         async with self._lock(stream_node):
             key = (stream_node, frame.boot_id)
@@ -170,12 +196,17 @@ class Ingest:
             if frame.seq > expected:
                 raise SequenceGap(f"boot {frame.boot_id}: expected frame {expected}, got {frame.seq}")
             now = self.clock()
-            write, non_finite = plan_frame(self.fleet.nodes[stream_node], frame, now)
+            plan = planned or plan_changes(self.fleet.nodes[stream_node], frame, now)
+            write = write_of(stream_node, frame, plan)
             write.state = self.state_every_seconds <= 0
             await self.store.save_frame(write)
-            apply_frame(self.fleet, write)
+            # With a copy elsewhere, the error counters' trends are kept there only (see `mirror`).
+            apply_frame(self.fleet, write, counters=self.mirror is None)
             if self.mirror is not None:
-                self.mirror.frame(write)
+                # The bytes as received still are the frame's unless screening cleared a reading.
+                cleared = planned is None and (plan.non_finite or plan.implausible)
+                data = raw if raw is not None and not cleared else frame.SerializeToString()
+                self.mirror.frame(stream_node, plan, data)
             if not write.state and (write.gpus or write.host is not None):
                 self._state_changed(stream_node, now)
             self.hub.frame(frame, now)
@@ -184,12 +215,12 @@ class Ingest:
                 # A clock running ahead would give a negative lag; a histogram has no bucket for it.
                 self.lag.observe(max(0.0, now - frame.time.ToNanoseconds() / 1e9))
             self.last_frame[stream_node] = max(self.last_frame.get(stream_node, 0.0), write.time)
-            if non_finite:
-                self.counters.non_finite += non_finite
+            if plan.non_finite:
+                self.counters.non_finite += plan.non_finite
                 log.warning(
                     "node %s frame %d: %d NaN/Inf readings stored as missing",
                     stream_node,
                     frame.seq,
-                    non_finite,
+                    plan.non_finite,
                 )
             return frame.seq

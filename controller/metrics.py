@@ -78,6 +78,11 @@ class ControllerCollector(Collector):
             "Ingest fronts started again after one ended (their agents reconnected).",
             value=0 if fronts is None else fronts.restarts,
         )
+        yield CounterMetricFamily(
+            PREFIX + "ingest_front_planned_frames",
+            "Frames an ingest front checked and planned (the controller planned the others itself).",
+            value=0 if fronts is None else fronts.planned,
+        )
         streams = GaugeMetricFamily(
             PREFIX + "ingest_front_streams", "Agent streams each ingest front relays.", labels=["front"]
         )

@@ -22,11 +22,13 @@ from google.protobuf.message import DecodeError
 
 from controller.app import ControllerApp
 from controller.errors import InvalidMessage
+from controller.ingest import PlannedFrame
 from controller.security.identity import IdentityRefused, check_node
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller.stream")
+AgentMessage = pb.AgentMessage | PlannedFrame  # a front's planned frames come ready parsed (fronts/relay.py)
 _WAKE = pb.ControllerMessage()  # in an outbox: the stream's reader ended or it was replaced (never sent)
 
 
@@ -38,7 +40,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self.agents = agents
 
     async def Stream(
-        self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
+        self, request_iterator: AsyncIterator[AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ControllerMessage]:
         if not self.agents:
             await context.abort(
@@ -49,7 +51,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None:
             return
-        if first.WhichOneof("msg") != "hello":
+        if not isinstance(first, pb.AgentMessage) or first.WhichOneof("msg") != "hello":
             raise InvalidMessage("the first message on a stream must be a Hello")
         hello = first.hello
         # On TLS the node is the certificate's (a DNS SAN), never only what the Hello says.
@@ -109,17 +111,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             log.info("agent disconnected: node %s", hello.node)
 
     async def _read(
-        self, requests: AsyncIterator[pb.AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
+        self, requests: AsyncIterator[AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
     ) -> None:
         async for msg in requests:
+            if isinstance(msg, PlannedFrame):
+                await self._frame(node, msg.frame, outbox, msg)
+                continue
             kind = msg.WhichOneof("msg")
             if kind == "frame":
-                # Shielded: a stream that ends mid-ingest (the agent reconnecting) must not cancel it
-                # between the store's write and memory's update (the next Hello would then ack a
-                # frame memory never saw).
-                seq = await asyncio.shield(self.app.ingest.frame(node, msg.frame))
-                outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=seq)))
-                self.app.probing.frame_results(node, msg.frame)  # stored first: a waiter sees them stored
+                await self._frame(node, msg.frame, outbox)
             elif kind == "command_result":
                 self.app.commands.answered(node, msg.command_result)
             elif kind == "command_started":
@@ -129,8 +129,27 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             else:
                 raise InvalidMessage("empty or unknown agent message")
 
+    async def _frame(
+        self,
+        node: str,
+        frame: pb.TelemetryFrame,
+        outbox: asyncio.Queue[pb.ControllerMessage],
+        planned: PlannedFrame | None = None,
+    ) -> None:
+        ingest = self.app.ingest
+        work = (
+            ingest.frame(node, frame)
+            if planned is None
+            else ingest.frame(node, frame, planned.plan, planned.raw)
+        )
+        # Shielded: a stream that ends mid-ingest (the agent reconnecting) must not cancel it between
+        # the store's write and memory's update (the next Hello would then ack a frame memory never saw).
+        seq = await asyncio.shield(work)
+        outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
+        self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
 
-async def _decoded(requests: AsyncIterator[pb.AgentMessage]) -> AsyncIterator[pb.AgentMessage]:
+
+async def _decoded(requests: AsyncIterator[AgentMessage]) -> AsyncIterator[AgentMessage]:
     """The stream's messages; bytes that do not parse are the client's error (INVALID_ARGUMENT),
     not an internal one."""
     try:

@@ -4,7 +4,9 @@ buffered by the event loop), and asks it for a pass, whose report it awaits. The
 on another core while the loop goes on storing and acking frames; their CPU no longer delays acks.
 
 A process that dies (or answers nothing for PASS_TIMEOUT_SECONDS) fails that pass; the next pass
-starts a new one with the fleet as the controller holds it then.
+starts a new one with the fleet as the controller holds it then. The error counters' trends (rates
+over a window) are kept in the process only, so a new one starts them afresh, as a controller
+restart does (controller/ingest.py, `mirror`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from controller.batched_writes import BatchedWriter
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport
 from controller.detection.wire import HEADER, decode, encode
-from controller.fleet.model import Fleet, FrameWrite
+from controller.fleet.model import Fleet
+from controller.fleet.state import FramePlan
 from controller.pipe_sizes import widen
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -80,8 +83,10 @@ class DetectionProcess:
     def hello(self, hello: pb.Hello, acked: int, now: float) -> None:
         self._send(("hello", hello, acked, now))
 
-    def frame(self, write: FrameWrite) -> None:
-        self._send(("frame", write))
+    def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
+        """An applied frame: its plan and its bytes as screened (the process builds the same write
+        from them: far less to encode and decode than the write itself, pickled)."""
+        self._send(("frame", node, plan, frame))
 
     def connected(self, node: str, connected: bool) -> None:
         self._send(("connected", node, connected))

@@ -2,7 +2,8 @@
 process it started read them (its own stdin and stdout), never anything from the network.
 
 To the process: ("init", fleet, detect config, detector names), ("hello", hello, acked, now),
-("frame", FrameWrite), ("connected", node, bool), ("forget", names), ("pass", id, now).
+("frame", node, FramePlan, frame bytes as screened), ("connected", node, bool), ("forget", names),
+("pass", id, now).
 From it: ("report", id, PassReport) or ("failed", id, why)."""
 
 from __future__ import annotations

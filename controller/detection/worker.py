@@ -16,8 +16,9 @@ from controller.detect.runner import run_detectors
 from controller.detection.wire import encode, read
 from controller.fleet.expiry import forget
 from controller.fleet.model import Fleet
-from controller.fleet.state import apply_frame, apply_hello
+from controller.fleet.state import apply_frame, apply_hello, write_of
 from controller.gc_policy import CollectorPolicy
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.logsafe import configure_logging
 
 log = logging.getLogger("gpufleet.controller.detect")
@@ -38,8 +39,9 @@ class Mirror:
             _, hello, acked, now = message
             apply_hello(self.fleet, hello, acked, now)
         elif kind == "frame":
-            if message[1].node in self.fleet.nodes:
-                apply_frame(self.fleet, message[1])
+            _, node, plan, frame = message
+            if node in self.fleet.nodes:
+                apply_frame(self.fleet, write_of(node, pb.TelemetryFrame.FromString(frame), plan))
         elif kind == "connected":
             node = self.fleet.nodes.get(message[1])
             if node is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
+from typing import NamedTuple
 
 from google.protobuf.message import Message
 
@@ -28,20 +29,42 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 log = logging.getLogger("gpufleet.controller.ingest")
 
 
+class FramePlan(NamedTuple):
+    """What planning decided about one frame, beside the frame itself as screened: with that frame
+    (its bytes, parsed again elsewhere) write_of builds the same FrameWrite, so another process can
+    plan (an ingest front) or apply (the detection process) from the bytes alone, not a pickled write."""
+
+    time: float  # the frame's time, clamped to now
+    received: float  # the planner's clock when the frame arrived
+    gpus: tuple[tuple[int, dict[str, float]], ...]  # (position in frame.gpus, held) of readings taken
+    host: bool  # frame.host is taken (newer than what is held)
+    bmc_time: float | None  # frame.bmc is taken, polled then; None: not
+    probes: tuple[tuple[int, float], ...]  # (position in frame.probes, its time) of results kept
+    implausible: dict[str, int]  # "Message.field" -> readings cleared
+    non_finite: int  # NaN/Inf readings cleared
+
+
 def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[FrameWrite, int]:
-    """The state changes of one accepted frame, and how many non-finite readings it carried.
+    """The state changes of one accepted frame (plan and write_of), and how many non-finite readings
+    it carried."""
+    plan = plan_changes(node, frame, now)
+    return write_of(node.name, frame, plan), plan.non_finite
+
+
+def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> FramePlan:
+    """What one accepted frame changes; screens the frame in place.
 
     Latest-state rows change only when the frame is newer than what is held (a replay of an older
     boot's spool must not overwrite fresher readings); the BMC sample likewise, by its poll time;
     probe results always count, by their time. Physically impossible readings (fleet/plausible.py)
-    are stored as missing, and a probe result with an impossible value is dropped; the write's
+    are stored as missing, and a probe result with an impossible value is dropped; the plan's
     `implausible` counts them per field.
     """
     at = min(frame.time.ToNanoseconds() / 1e9 if frame.HasField("time") else now, now)
-    probes: list[ProbeRecord] = []
+    probes: list[tuple[int, float]] = []
     dropped = 0
     implausible: Counter[str] = Counter()
-    for result in frame.probes:
+    for position, result in enumerate(frame.probes):
         if result.error or not math.isfinite(result.value) or result.value <= 0:
             dropped += 0 if result.error else 1
             continue
@@ -50,46 +73,66 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
             implausible[PROBE_VALUE] += 1
             continue
         implausible.update(screen(result)[1])  # the value is finite (checked above): NaN elsewhere
-        gpu = result.gpu if result.HasField("gpu") else None
-        probes.append(
-            ProbeRecord(node.name, gpu, result.probe, result.variant, result.value, result.unit, when, result)
-        )
+        probes.append((position, when))
     readings: list[Message] = [*frame.gpus]
     readings += [getattr(frame, part) for part in ("host", "bmc") if frame.HasField(part)]
     for reading in readings:  # NaN/Inf and impossible values stored as missing, in one walk each
         n, labels = screen(reading)
         dropped += n
         implausible.update(labels)
-    write = FrameWrite(node.name, frame.boot_id, frame.seq, at, probes=probes, received=now)
-    write.implausible = dict(implausible)
-    for sample in frame.gpus:
+    gpus: list[tuple[int, dict[str, float]]] = []
+    for position, sample in enumerate(frame.gpus):
         previous = node.gpus.get(sample.index)
         if previous is not None and previous.time > at:
             continue
-        held = update_held(previous.held if previous else {}, sample, at)
-        write.gpus.append(GpuState(sample.index, sample, at, held))
-    if frame.HasField("host") and node.host_time <= at:
-        write.host = frame.host
+        gpus.append((position, update_held(previous.held if previous else {}, sample, at)))
+    bmc_time = None
     if frame.HasField("bmc"):
         # Ordered by the poll's start, not the frame's time; clamped to now like the frame's, so one
         # sample from a clock running ahead cannot hold off every later poll.
         polled = min(frame.bmc.time.ToNanoseconds() / 1e9 if frame.bmc.HasField("time") else at, now)
         if node.bmc_time <= polled:
-            write.bmc, write.bmc_time = frame.bmc, polled
-    return write, dropped
+            bmc_time = polled
+    host = frame.HasField("host") and node.host_time <= at
+    return FramePlan(at, now, tuple(gpus), host, bmc_time, tuple(probes), dict(implausible), dropped)
 
 
-def apply_frame(fleet: Fleet, write: FrameWrite) -> None:
+def write_of(node: str, frame: pb.TelemetryFrame, plan: FramePlan) -> FrameWrite:
+    """The FrameWrite of `frame` (screened as planned) under `plan`."""
+    samples, results = frame.gpus, frame.probes
+    write = FrameWrite(node, frame.boot_id, frame.seq, plan.time, received=plan.received)
+    write.implausible = dict(plan.implausible)
+    for position, when in plan.probes:
+        result = results[position]
+        gpu = result.gpu if result.HasField("gpu") else None
+        write.probes.append(
+            ProbeRecord(node, gpu, result.probe, result.variant, result.value, result.unit, when, result)
+        )
+    for position, held in plan.gpus:
+        sample = samples[position]
+        write.gpus.append(GpuState(sample.index, sample, plan.time, held))
+    if plan.host:
+        write.host = frame.host
+    if plan.bmc_time is not None:
+        write.bmc, write.bmc_time = frame.bmc, plan.bmc_time
+    return write
+
+
+def apply_frame(fleet: Fleet, write: FrameWrite, *, counters: bool = True) -> None:
+    """Apply an accepted frame's changes. counters=False leaves the error counters' trends alone (the
+    detectors, their only readers, then run in the detection process, which keeps them); XID events
+    are kept either way."""
     node = fleet.nodes[write.node]
     node.last_seen = max(node.last_seen, write.time)
     node.last_heard = max(node.last_heard, write.received)
     _count_implausible(fleet, node, write.implausible)
     for gpu in write.gpus:
         node.gpus[gpu.index] = gpu
-        node.trends.observe_gpu(gpu.sample, gpu.time)
+        node.trends.observe_gpu(gpu.sample, gpu.time, counters=counters)
     if write.host is not None:
         node.host, node.host_time = write.host, write.time
-        node.trends.observe_host(write.host, write.time)
+        if counters:
+            node.trends.observe_host(write.host, write.time)
     if write.bmc is not None:
         node.bmc, node.bmc_time = write.bmc, write.bmc_time
     if write.probes:

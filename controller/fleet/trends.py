@@ -165,18 +165,20 @@ class Trends:
     def recent_xids(self, since: float) -> list[XidSeen]:
         return [x for x in self.xids if x.time >= since]
 
-    def observe_gpu(self, sample: pb.GpuSample, time: float) -> None:
-        """A GPU's error counters (unset ones read as 0) and its new XID events."""
+    def observe_gpu(self, sample: pb.GpuSample, time: float, *, counters: bool = True) -> None:
+        """A GPU's error counters (unset ones read as 0; not with counters=False) and its new XID
+        events."""
         index = sample.index
-        self.observe_group(
-            f"gpu{index}",
-            _gpu_names(index),
-            time,
-            (float(sample.ecc_uncorrected_volatile_total), float(sample.pcie_replay_errors_total)),
-        )
-        links = sample.nvlinks
-        if links:
-            self.observe_links(index, time, tuple(map(_LINK_READ, links)))
+        if counters:
+            self.observe_group(
+                f"gpu{index}",
+                _gpu_names(index),
+                time,
+                (float(sample.ecc_uncorrected_volatile_total), float(sample.pcie_replay_errors_total)),
+            )
+            links = sample.nvlinks
+            if links:
+                self.observe_links(index, time, tuple(map(_LINK_READ, links)))
         for event in sample.xid_events:
             at = event.unix_time_seconds or time
             self.xids.append(XidSeen(at, index, event.code))

@@ -1,10 +1,11 @@
 """An ingest front (`python -m controller.fronts.front`, started by the controller with
 `ingest_fronts: N`): a gRPC server on the agents' port, shared with the other fronts by
-SO_REUSEPORT (the kernel spreads connections over them), that relays each agent stream's bytes to
-the controller over its stdin and stdout (wire.py) and the controller's answers back. It parses
-nothing and decides nothing: the controller checks, stores, acks and sends commands as for a stream
-of its own (controller/fronts/relay.py). What it saves the controller is gRPC's own work (HTTP/2,
-TLS, the asyncio server's per-message machinery), done here on other cores.
+SO_REUSEPORT (the kernel spreads connections over them), that relays each agent stream to the
+controller over its stdin and stdout (wire.py) and the controller's answers back. The controller
+checks, stores, acks and sends commands as for a stream of its own (controller/fronts/relay.py).
+What it saves the controller is gRPC's own work (HTTP/2, TLS, the asyncio server's per-message
+machinery) and, for the frames it can (planner.py), parsing, checking and planning them: all done
+here, on other cores.
 
 Its stdin closed (the controller gone), it stops: its agents reconnect to the next controller.
 Operators' RPCs are not served here: they are answered FAILED_PRECONDITION, naming operator_listen.
@@ -24,6 +25,7 @@ import grpc
 
 from controller.batched_writes import BatchedWriter
 from controller.fronts import wire
+from controller.fronts.planner import StreamPlanner
 from controller.security.tls import ServerTls
 from protos.logsafe import configure_logging
 
@@ -35,9 +37,18 @@ OPERATORS_ELSEWHERE = (
 )
 
 
+class _Stream:
+    """One agent stream: the controller's answers, and how its messages go."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self.relayed = 0  # the agent's messages sent on (its Hello first)
+        self.planner: StreamPlanner | None = None
+
+
 class Front:
     def __init__(self) -> None:
-        self.streams: dict[int, asyncio.Queue[tuple[int, bytes]]] = {}
+        self.streams: dict[int, _Stream] = {}
         self.settings: wire.FrontSettings | None = None
         self.ready = asyncio.Event()
         self.done = asyncio.Event()  # the controller's side closed
@@ -53,9 +64,9 @@ class Front:
             self.settings = wire.unpickled(payload)
             self.ready.set()
             return
-        queue = self.streams.get(stream)
-        if queue is not None:  # else a stream already gone: what the controller sent goes with it
-            queue.put_nowait((kind, payload))
+        entry = self.streams.get(stream)
+        if entry is not None:  # else a stream already gone: what the controller sent goes with it
+            entry.answers.put_nowait((kind, payload))
 
     def send(self, data: bytes) -> None:
         if self._out is not None and not self._out.is_closing():
@@ -68,18 +79,21 @@ class Front:
     ) -> AsyncIterator[bytes]:
         self._next += 1
         sid = self._next
-        answers: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
-        self.streams[sid] = answers
+        stream = self.streams[sid] = _Stream()
         auth = {key: list(values) for key, values in (context.auth_context() or {}).items()}
         self.send(wire.pickled(wire.OPEN, sid, (context.peer(), auth)))
         ended = [False]  # END sent: the controller knows this stream is over
-        pump = asyncio.create_task(self._pump(requests, sid, ended))
+        pump = asyncio.create_task(self._pump(requests, sid, stream, ended))
         try:
             while True:
-                kind, payload = await answers.get()
+                kind, payload = await stream.answers.get()
                 if kind == wire.SEND:
                     yield payload
                 elif kind == wire.ACCEPT:
+                    # Frames are planned from the node's state as the controller sent it, which only
+                    # holds if nothing but the Hello went before (agents wait for this answer).
+                    if payload and stream.relayed == 1:
+                        stream.planner = StreamPlanner(wire.unpickled(payload))
                     await context.send_initial_metadata(())
                 elif kind == wire.CLOSE:
                     ended[0] = True  # the controller ended it: nothing to tell it
@@ -93,11 +107,18 @@ class Front:
             if not ended[0]:  # cancelled here (the agent's connection gone, or this front stopping)
                 self.send(wire.record(wire.END, sid, b"cancelled"))
 
-    async def _pump(self, requests: AsyncIterator[bytes], sid: int, ended: list[bool]) -> None:
+    async def _pump(
+        self, requests: AsyncIterator[bytes], sid: int, stream: _Stream, ended: list[bool]
+    ) -> None:
         why = b""
         try:
             async for raw in requests:
-                self.send(wire.record(wire.MSG, sid, raw))
+                stream.relayed += 1
+                planned = None if stream.planner is None else stream.planner.plan(raw)
+                if planned is None:
+                    self.send(wire.record(wire.MSG, sid, raw))
+                else:
+                    self.send(wire.record(wire.PLANNED, sid, planned))
                 if not self._writable.is_set():  # the controller is behind: stop reading this agent
                     await self._writable.wait()
         except asyncio.CancelledError:

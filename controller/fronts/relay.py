@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pickle
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,9 +25,11 @@ import grpc
 
 from controller.batched_writes import BatchedWriter
 from controller.fronts import wire
+from controller.fronts.planner import planned_parts, state_of
+from controller.ingest import PlannedFrame
 from controller.interceptors import guarded_stream
 from controller.pipe_sizes import widen
-from controller.servicer import TelemetryServicer
+from controller.servicer import AgentMessage, TelemetryServicer
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.fronts")
@@ -42,6 +46,7 @@ class RelayContext:
     def __init__(self, front: FrontProcess, sid: int, peer: str, auth: dict[str, list[bytes]]) -> None:
         self.front, self.sid, self._peer, self._auth = front, sid, peer, auth
         self.closed = False
+        self.hello: pb.Hello | None = None  # the stream's first message, when a Hello
 
     def peer(self) -> str:
         return self._peer
@@ -50,7 +55,22 @@ class RelayContext:
         return self._auth
 
     async def send_initial_metadata(self, metadata: Any) -> None:
-        self.front.send(wire.record(wire.ACCEPT, self.sid))
+        """The Hello is accepted: with it goes the node's state as ingest holds it now, for the front
+        to plan the stream's frames from (planner.py)."""
+        self.front.send(wire.record(wire.ACCEPT, self.sid, self._plan_state()))
+
+    def _plan_state(self) -> bytes:
+        """Empty (the controller plans each frame itself) unless its ingest reads the wall clock, as
+        the front does: a test's clock would make the front's checks and clamps differ."""
+        ingest = self.front.fronts.servicer.app.ingest
+        fleet = ingest.fleet
+        node = None if self.hello is None else fleet.nodes.get(self.hello.node)
+        if node is None or self.hello is None or ingest.clock is not time.time:
+            return b""
+        boot_id = self.hello.boot_id
+        acked = fleet.acked.get((node.name, boot_id), 0)
+        state = state_of(node, boot_id, acked, ingest.max_clock_skew_seconds)
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
         self.close(code, details, trailing_metadata)
@@ -63,13 +83,23 @@ class RelayContext:
 
 
 async def _messages(
-    front: FrontProcess, queue: asyncio.Queue[bytes | None]
-) -> AsyncIterator[pb.AgentMessage]:
+    front: FrontProcess, queue: asyncio.Queue[tuple[int, bytes] | None], context: RelayContext
+) -> AsyncIterator[AgentMessage]:
     """The agent's messages as the front relayed them (bytes that do not parse raise DecodeError,
-    which the servicer answers INVALID_ARGUMENT), until it half-closed (None)."""
-    while (raw := await queue.get()) is not None:
+    which the servicer answers INVALID_ARGUMENT), and the frames it planned, until it half-closed
+    (None)."""
+    while (item := await queue.get()) is not None:
+        kind, raw = item
         front.consumed(len(raw))
-        yield pb.AgentMessage.FromString(raw)
+        if kind == wire.PLANNED:
+            plan, frame = planned_parts(raw)
+            front.fronts.planned += 1
+            yield PlannedFrame(pb.TelemetryFrame.FromString(frame), plan, frame)
+            continue
+        message = pb.AgentMessage.FromString(raw)
+        if context.hello is None and message.WhichOneof("msg") == "hello":
+            context.hello = message.hello
+        yield message
 
 
 class FrontProcess(asyncio.SubprocessProtocol):
@@ -78,7 +108,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
     def __init__(self, fronts: Fronts, index: int) -> None:
         self.fronts, self.index = fronts, index
         self.records = wire.Records(self.on_record)
-        self.streams: dict[int, tuple[asyncio.Queue[bytes | None], asyncio.Task[None]]] = {}
+        self.streams: dict[int, tuple[asyncio.Queue[tuple[int, bytes] | None], asyncio.Task[None]]] = {}
         loop = asyncio.get_running_loop()
         self.port: asyncio.Future[int] = loop.create_future()
         self.exited: asyncio.Future[int | None] = loop.create_future()
@@ -152,10 +182,10 @@ class FrontProcess(asyncio.SubprocessProtocol):
             self.records.hold()
 
     def on_record(self, kind: int, sid: int, payload: bytes) -> None:
-        if kind == wire.MSG:
+        if kind in (wire.MSG, wire.PLANNED):
             entry = self.streams.get(sid)
             if entry is not None:
-                entry[0].put_nowait(payload)
+                entry[0].put_nowait((kind, payload))
                 self.queued += len(payload)
                 if not self.paused and self.queued > self.fronts.high_water:
                     self.paused = True
@@ -163,7 +193,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
                     self._reading(False)
         elif kind == wire.OPEN:
             peer, auth = wire.unpickled(payload)
-            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+            queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
             task = asyncio.create_task(self._serve(sid, queue, RelayContext(self, sid, peer, auth)))
             self.streams[sid] = (queue, task)
         elif kind == wire.END:
@@ -176,10 +206,13 @@ class FrontProcess(asyncio.SubprocessProtocol):
         elif kind == wire.READY and not self.port.done():
             self.port.set_result(int(payload))
 
-    async def _serve(self, sid: int, queue: asyncio.Queue[bytes | None], context: RelayContext) -> None:
+    async def _serve(
+        self, sid: int, queue: asyncio.Queue[tuple[int, bytes] | None], context: RelayContext
+    ) -> None:
         servicer = self.fronts.servicer
+        messages = _messages(self, queue, context)
         try:
-            async for answer in guarded_stream(servicer.Stream, _messages(self, queue), context, METHOD):
+            async for answer in guarded_stream(servicer.Stream, messages, context, METHOD):
                 self.send(wire.record(wire.SEND, sid, answer.SerializeToString()))
             context.close(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
@@ -191,7 +224,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
             while not queue.empty():  # what the stream never took is no longer waiting
                 left = queue.get_nowait()
                 if left is not None:
-                    self.consumed(len(left))
+                    self.consumed(len(left[1]))
 
 
 class Fronts:
@@ -211,6 +244,7 @@ class Fronts:
         self.settings = settings
         self.running: list[FrontProcess] = []
         self.restarts = 0
+        self.planned = 0  # frames the fronts planned (the others: planned here)
         self.address = settings.listen  # the bound one once started
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None

@@ -1,16 +1,19 @@
 """The pipe between the controller and its ingest fronts (front.py): one record per message, both
 ways, `size kind stream payload` (size counts kind, stream and payload). Only the controller and
 the processes it started read them (the front's stdin and stdout), never anything from the network:
-the network's bytes travel inside MSG payloads and are parsed by the controller as any stream's.
+the network's bytes travel inside MSG payloads and are parsed by the controller as any stream's,
+except frames a front planned (PLANNED), which it parsed and checked as the controller would.
 
 Front -> controller:
     READY   stream 0, payload the port the front bound (decimal)
     OPEN    a new agent stream: pickled (peer, auth context); the agent's messages follow
     MSG     one AgentMessage, its bytes as received
+    PLANNED one frame the front planned (planner.py): pickled (FramePlan, the frame's bytes as screened)
     END     the agent's side ended: empty when it half-closed, else why (cancelled, reset)
 Controller -> front:
     INIT    stream 0, pickled FrontSettings
-    ACCEPT  the Hello was accepted: send the stream's initial metadata
+    ACCEPT  the Hello was accepted: send the stream's initial metadata; payload the node's pickled
+            PlanState to plan its frames from (planner.py), or empty: relay them unplanned
     SEND    one ControllerMessage, serialized
     CLOSE   end the stream: pickled (status code value, details, trailing metadata); 0 is OK
 """
@@ -28,7 +31,7 @@ import grpc
 from controller.config import TlsConfig
 
 HEAD = struct.Struct(">IBI")  # size, kind, stream
-READY, OPEN, MSG, END = 1, 2, 3, 4
+READY, OPEN, MSG, END, PLANNED = 1, 2, 3, 4, 5
 INIT, ACCEPT, SEND, CLOSE = 11, 12, 13, 14
 OK = grpc.StatusCode.OK.value[0]
 

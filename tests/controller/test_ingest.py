@@ -10,6 +10,7 @@ import pytest
 
 from controller.errors import InvalidMessage, SequenceGap, StoreUnavailable
 from controller.fleet.model import Fleet
+from controller.fleet.state import FramePlan, plan_changes
 from controller.ingest import Ingest
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -52,6 +53,7 @@ def test_in_order_frames_are_acked_and_duplicates_dropped() -> None:
         assert await ingest.frame("n1", frame(2)) == 3  # a resend after reconnect: re-acked, not stored
         assert ingest.counters.frames == 3 and ingest.counters.duplicates == 1
         assert ingest.fleet.nodes["n1"].gpus[0].sample.power_watts == 403.0
+        assert "gpu0" in ingest.fleet.nodes["n1"].trends.groups  # no detection process: kept here
         assert await ingest.hello(hello()) == 3  # a reconnect learns where it stands
 
     with_ingest(body)
@@ -200,5 +202,57 @@ def test_nan_in_bmc_readings_is_missing_and_counted() -> None:
             assert not bmc.gpus[0].HasField("power_watts") and bmc.gpus[0].temperature_celsius == 63.0
             assert not bmc.HasField("power_consumed_watts")
             assert dict(bmc.bios_attributes) == {"ProcCStates": "Disabled", "SriovGlobalEnable": "Enabled"}
+
+    with_ingest(body)
+
+
+class _Mirror:
+    """Records what ingest sends the detection process."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, FramePlan, bytes]] = []
+
+    def hello(self, hello: pb.Hello, acked: int, now: float) -> None:
+        pass
+
+    def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
+        self.frames.append((node, plan, frame))
+
+
+def test_the_detection_process_gets_the_frame_as_screened_and_the_bytes_received_when_unchanged() -> None:
+    async def body(ingest: Ingest) -> None:
+        mirror = _Mirror()
+        ingest.mirror = mirror
+        await ingest.hello(hello())
+        clean = frame(1)
+        received = clean.SerializeToString()
+        await ingest.frame("n1", clean, raw=received)
+        dirty = frame(2)
+        dirty.gpus[0].temperature_celsius = math.nan
+        await ingest.frame("n1", dirty, raw=dirty.SerializeToString())
+        odd = frame(3)
+        odd.gpus[0].power_watts = 1e9  # impossible: cleared, not NaN
+        await ingest.frame("n1", odd, raw=odd.SerializeToString())
+        planned = frame(4)
+        planned.gpus[0].temperature_celsius = math.nan
+        plan = plan_changes(ingest.fleet.nodes["n1"], planned, E + 5000.0)  # as a front plans it
+        screened = planned.SerializeToString()
+        assert await ingest.frame("n1", planned, plan, screened) == 4
+        assert mirror.frames.pop() == ("n1", plan, screened)  # a front's plan and bytes, passed on
+        assert ingest.counters.non_finite == 2 and ingest.fleet.nodes["n1"].gpus[0].sample == planned.gpus[0]
+        trends = ingest.fleet.nodes["n1"].trends
+        assert not trends.groups  # the error counters' rates are the detection process's to keep
+        xid = frame(5)
+        xid.gpus[0].xid_events.add(code=79, unix_time_seconds=E + 1004.0)
+        await ingest.frame("n1", xid)
+        assert [x.code for x in trends.xids] == [79]  # XID events stay kept here
+        del mirror.frames[-1]
+        [(_, _, first), (_, plan, second), (_, _, third)] = mirror.frames
+        assert first is received  # nothing screened out: not encoded again
+        assert plan.non_finite == 1
+        sent = pb.TelemetryFrame.FromString(second)
+        assert not sent.gpus[0].HasField("temperature_celsius") and sent == dirty
+        sent = pb.TelemetryFrame.FromString(third)
+        assert not sent.gpus[0].HasField("power_watts") and sent == odd
 
     with_ingest(body)

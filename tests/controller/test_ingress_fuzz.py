@@ -36,7 +36,7 @@ from controller.config import DetectConfig
 from controller.errors import ControllerError
 from controller.ingest_checks import EARLIEST
 from controller.operator_api import OperatorServicer
-from controller.servicer import TelemetryServicer, _decoded
+from controller.servicer import AgentMessage, TelemetryServicer, _decoded
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import Clock, config
@@ -276,7 +276,7 @@ async def _parsed(data: bytes) -> AsyncIterator[pb.AgentMessage]:
     yield pb.AgentMessage.FromString(data)
 
 
-def _decoded_by_servicer(messages: AsyncIterator[pb.AgentMessage]) -> AsyncIterator[pb.AgentMessage]:
+def _decoded_by_servicer(messages: AsyncIterator[pb.AgentMessage]) -> AsyncIterator[AgentMessage]:
     return _decoded(messages)  # the servicer's decode path: DecodeError -> InvalidMessage
 
 

@@ -15,7 +15,7 @@ from controller.config import DetectConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.process import DetectionProcess, DetectionUnavailable
-from controller.fleet.state import apply_frame, plan_frame
+from controller.fleet.state import apply_frame, plan_changes, write_of
 from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 from tests.simfleet import SimFleet
 
@@ -30,9 +30,10 @@ def _step(sim: SimFleet, process: DetectionProcess, *, probes: bool = False) -> 
     """One frame from every node, applied here and sent to the process, as Ingest does."""
     sim.now += 10.0
     for name in sim.sims:
-        write, _ = plan_frame(sim.fleet.nodes[name], sim.frame(name, probes=probes), sim.now)
-        apply_frame(sim.fleet, write)
-        process.frame(write)
+        frame = sim.frame(name, probes=probes)
+        plan = plan_changes(sim.fleet.nodes[name], frame, sim.now)
+        apply_frame(sim.fleet, write_of(name, frame, plan))
+        process.frame(name, plan, frame.SerializeToString())
 
 
 def wide_pipe() -> int:
