@@ -138,17 +138,23 @@ async def _listen(
     if not app.config.ingest_fronts:
         return servers, None
     try:
-        return servers, await _start_fronts(app, tls)
+        return servers, await _start_fronts(app, tls, servers[0][1])
     except OSError:
         await _stop_grpc(servers, None)
         app.close()
         raise
 
 
-async def _start_fronts(app: ControllerApp, tls: ServerTls | None) -> Fronts:
-    """ingest_fronts processes on `listen`, relaying every agent stream to this controller."""
+async def _start_fronts(app: ControllerApp, tls: ServerTls | None, operators: str) -> Fronts:
+    """ingest_fronts processes on `listen`, relaying every agent stream to this controller (whose
+    operators' port, `operators`, they name to operators who call them)."""
     config = app.config
-    settings = FrontSettings(config.listen, server_options(config), config.tls if tls is not None else None)
+    settings = FrontSettings(
+        config.listen,
+        server_options(config),
+        config.tls if tls is not None else None,
+        operators=operators,
+    )
     fronts = Fronts(TelemetryServicer(app), config.ingest_fronts, settings)
     await fronts.start()
     app.fronts = fronts

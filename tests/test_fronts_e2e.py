@@ -95,6 +95,14 @@ def test_agents_go_through_the_fronts_and_operators_see_them_and_the_fronts_end_
         )
         names = {entry["name"] for entry in json.loads(listed.stdout)["nodes"]}
         assert names == set(NODES), listed.stdout
+        wrong = subprocess.run(
+            [sys.executable, "-m", "controller", "nodes", "--controller", agents],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+        assert wrong.returncode != 0 and operators in wrong.stderr, wrong.stderr  # told where to go
         process.terminate()
         assert process.wait(timeout=TIMEOUT) == 0, log.read_text()[-3000:]
         until(lambda: gone(fronts), "the fronts to end after SIGTERM")

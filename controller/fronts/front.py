@@ -164,9 +164,11 @@ class _Output(asyncio.Protocol):
         self.front.done.set()
 
 
-def _refuse_operators(method: str) -> grpc.RpcMethodHandler[Any, Any]:
+def _refuse_operators(operators: str) -> grpc.RpcMethodHandler[Any, Any]:
+    why = f"{OPERATORS_ELSEWHERE}, {operators}" if operators else OPERATORS_ELSEWHERE
+
     async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, OPERATORS_ELSEWHERE)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
 
     return grpc.unary_unary_rpc_method_handler(refuse)
 
@@ -180,7 +182,7 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[type-arg] # generic only
         if method == STREAM_METHOD:
             return grpc.stream_stream_rpc_method_handler(self.front.relay)  # bytes both ways
         if method.startswith("/gpufleet.v1.Operator/"):
-            return _refuse_operators(method)
+            return _refuse_operators(self.front.settings.operators if self.front.settings else "")
         return None
 
 

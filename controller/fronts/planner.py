@@ -53,9 +53,7 @@ class PlanState(NamedTuple):
 
 def state_of(node: NodeState, boot_id: str, acked: int, max_clock_skew_seconds: float) -> PlanState:
     gpus = {index: (gpu.time, dict(gpu.held)) for index, gpu in node.gpus.items()}
-    return PlanState(
-        node.name, boot_id, acked, gpus, node.host_time, node.bmc_time, max_clock_skew_seconds
-    )
+    return PlanState(node.name, boot_id, acked, gpus, node.host_time, node.bmc_time, max_clock_skew_seconds)
 
 
 def planned_payload(plan: FramePlan, frame: bytes) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import pickle
 import sys
@@ -279,9 +280,7 @@ class Fronts:
             stdout=asyncio.subprocess.PIPE,
             stderr=None,  # its log goes where the controller's goes
         )
-        settings = wire.FrontSettings(
-            listen, self.settings.options, self.settings.tls, self.settings.high_water
-        )
+        settings = dataclasses.replace(self.settings, listen=listen)
         front.send(wire.pickled(wire.INIT, 0, settings))
         if index < len(self.running):  # one that ended: its pipes closed, its place taken
             ended = self.running[index]

@@ -44,6 +44,7 @@ class FrontSettings:
     options: list[tuple[str, int]]  # the controller's gRPC server options (controller/server.py)
     tls: TlsConfig | None  # mutual TLS as on `listen`; None: plaintext
     high_water: int = 4 * 1024 * 1024  # bytes waiting for the controller before reads pause
+    operators: str = ""  # the operators' address (operator_listen as bound), told to operators here
 
 
 def record(kind: int, stream: int, payload: bytes = b"") -> bytes:

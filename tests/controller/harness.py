@@ -74,7 +74,7 @@ async def running_controller(
             if not fronts:
                 yield Running(app, server, address)
                 return
-            settings = FrontSettings("127.0.0.1:0", server_options(app.config), None)
+            settings = FrontSettings("127.0.0.1:0", server_options(app.config), None, operators=address)
             relay = Fronts(TelemetryServicer(app), fronts, settings)
             agents = await relay.start()
             app.fronts = relay

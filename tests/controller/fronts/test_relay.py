@@ -159,7 +159,8 @@ def test_operators_on_the_agents_port_are_told_to_use_theirs() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await operator_pb2_grpc.OperatorStub(channel).ListNodes(operator_pb2.ListNodesRequest())
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "operator_listen" in (refused.value.details() or "")
+            details = refused.value.details() or ""
+            assert "operator_listen" in details and details.endswith(f", {running.operators}")
 
     asyncio.run(go())
 
