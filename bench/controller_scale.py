@@ -108,6 +108,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the controller's ingest_fronts: N processes serve the agents' port and relay to it",
     )
     parser.add_argument(
+        "--detect-processes",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the controller's detect.processes: K detection processes share out each pass's detectors",
+    )
+    parser.add_argument(
         "--reconnect-storm",
         action="store_true",
         help="at the last step, drop every stream and reconnect all at once",
@@ -383,6 +390,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "disable_detector",
                 "detect_in_loop",
                 "ingest_fronts",
+                "detect_processes",
             )
         },
         "store": store(args),
@@ -402,6 +410,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         args.db,
         detect_in_loop=args.detect_in_loop,
         fronts=args.ingest_fronts,
+        detect_processes=args.detect_processes,
     )
     fleet: Fleet | None = None
     try:

@@ -23,7 +23,7 @@ from controller.commands.channel import CommandChannel
 from controller.config import ConfigError, ControllerConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
-from controller.detection.process import DetectionProcess
+from controller.detection.pool import DetectionPool
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
@@ -106,7 +106,7 @@ class ControllerApp:
         self.identity = NodeIdentities()  # streams' certificates: refusals, each node's transport
         self.detectors = config.detect.enabled(sorted(discover()))
         # The detectors in a process of their own (start_detection_process), or on the event loop.
-        self.detection: DetectionProcess | None = None
+        self.detection: DetectionPool | None = None
         self.fronts: IngestFronts | None = None  # relaying the agents' streams (server.py sets it)
         self.last_pass: PassReport | None = None
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
@@ -323,7 +323,7 @@ class ControllerApp:
     async def start_detection_process(self) -> None:
         """Run the detectors in a process of their own from now on (`gpufleet controller` does,
         unless detect.process is false), fed every change this controller applies to its fleet."""
-        self.detection = DetectionProcess(self.config.detect, self.detectors)
+        self.detection = DetectionPool(self.config.detect, self.detectors, self.config.detect.processes)
         self.ingest.mirror = self.detection
         await self.detection.start(self.fleet)
 

@@ -24,6 +24,9 @@ class _Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+MAX_DETECTION_PROCESSES = 16
+
+
 class DetectorConfig(_Config):
     enabled: bool = True
 
@@ -33,6 +36,9 @@ class DetectConfig(_Config):
     # The detectors in a process of their own (`gpufleet controller`), fed every change the controller
     # applies: their CPU then no longer delays acks. false: on the controller's event loop.
     process: bool = True
+    # With process: that many processes, each with a copy of the fleet, sharing out each pass's
+    # detectors (controller/detection/pool.py): shorter passes at the cost of a fleet's memory each.
+    processes: int = 1
     margin: float = 0.05  # a probe this far below its baseline (peer-group median) is slow...
     min_robust_z: float = 3.0  # ...and this many robust sigmas below: noisy groups widen the margin
     min_peers: int = 4  # no baseline from fewer results than this
@@ -95,6 +101,8 @@ class DetectConfig(_Config):
             raise ValueError("detect.interval_seconds must be > 0 and throttle_window_seconds >= 0")
         if self.min_peers < 2:
             raise ValueError("detect.min_peers must be >= 2")
+        if not 1 <= self.processes <= MAX_DETECTION_PROCESSES:
+            raise ValueError(f"detect.processes must be within 1..{MAX_DETECTION_PROCESSES}")
         if not (
             0.0 < self.clock_busy_utilization <= 1.0
             and 0.0 < self.clock_peer_utilization <= 1.0

@@ -98,12 +98,14 @@ def config(
     *,
     detect_in_loop: bool = False,
     fronts: int = 0,
+    detect_processes: int = 1,
 ) -> dict[str, object]:
     """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
     postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
     detectors turned off where given; the detectors on the event loop with detect_in_loop (the
     controller's detect.process: false), else in their process; with `fronts`, that many ingest
-    fronts serve the agents' port and operators get a port of their own."""
+    fronts serve the agents' port and operators get a port of their own; detect_processes share out
+    the detectors (detect.processes)."""
     document: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "metrics_address": f"127.0.0.1:{free_port()}",
@@ -118,6 +120,8 @@ def config(
         detect["detectors"] = {name: {"enabled": False} for name in disabled}
     if detect_in_loop:
         detect["process"] = False
+    if detect_processes > 1:
+        detect["processes"] = detect_processes
     if fronts:
         document["ingest_fronts"] = fronts
         document["operator_listen"] = "127.0.0.1:0"
@@ -135,11 +139,19 @@ def start(
     *,
     detect_in_loop: bool = False,
     fronts: int = 0,
+    detect_processes: int = 1,
 ) -> Controller:
     """`python -m controller controller` with its config, log and ready file in `directory`; its
     store an SQLite file there, or the postgresql:// URL `db`."""
     settings = config(
-        directory, nodes, detect_interval, disabled, db, detect_in_loop=detect_in_loop, fronts=fronts
+        directory,
+        nodes,
+        detect_interval,
+        disabled,
+        db,
+        detect_in_loop=detect_in_loop,
+        fronts=fronts,
+        detect_processes=detect_processes,
     )
     path, ready, log = (
         directory / "controller.yaml",

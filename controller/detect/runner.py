@@ -15,15 +15,21 @@ log = logging.getLogger("gpufleet.controller.detect")
 
 @dataclass(slots=True)
 class PassReport:
-    findings: list[Finding]
+    findings: list[Finding]  # merged (see merge)
     durations: dict[str, float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    # With merged=False: each detector's own findings, in the order the detectors ran, and no merge
+    # yet (`findings` empty): reports of detectors run apart are merged together (detection/pool.py).
+    raw: dict[str, list[Finding]] = field(default_factory=dict)
 
 
-def run_detectors(ctx: DetectContext, names: list[str] | None = None) -> PassReport:
+def run_detectors(ctx: DetectContext, names: list[str] | None = None, *, merged: bool = True) -> PassReport:
     steps = _Steps(ctx, names)
     for _ in steps:
         pass
+    if not merged:
+        steps.report.findings = []
+        steps.report.raw = steps.raw
     return steps.report
 
 
@@ -51,7 +57,7 @@ class _Steps:
         self.ctx = ctx
         self.registry = registry
         self.pending = list(names if names is not None else ctx.config.enabled(sorted(registry)))
-        self.raw: list[Finding] = []
+        self.raw: dict[str, list[Finding]] = {}
         self.report = PassReport(findings=[])
 
     def __iter__(self) -> _Steps:
@@ -59,12 +65,12 @@ class _Steps:
 
     def __next__(self) -> str:
         if not self.pending:
-            self.report.findings = merge(self.raw)
+            self.report.findings = merge([f for found in self.raw.values() for f in found])
             raise StopIteration
         name = self.pending.pop(0)
         start = time.perf_counter()
         try:
-            self.raw.extend(self.registry[name](self.ctx))
+            self.raw[name] = list(self.registry[name](self.ctx))
         except Exception as exc:  # one broken detector must not hide what the others found
             log.exception("detector %s failed", name)
             self.report.failed[name] = str(exc)

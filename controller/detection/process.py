@@ -54,8 +54,9 @@ class DetectionProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
-    async def start(self, fleet: Fleet) -> None:
-        """A new process, holding a copy of `fleet` as it is now."""
+    async def start(self, fleet: Fleet, init: bytes | None = None) -> None:
+        """A new process, holding a copy of `fleet` as it is now (`init`: that copy already encoded,
+        as init_message makes it)."""
         await self.stop()
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -70,13 +71,16 @@ class DetectionProcess:
         assert isinstance(transport, asyncio.WriteTransport)
         self._writer = BatchedWriter(transport)  # a frame's change and the next in one write
         self.pipe_bytes = widen(transport)  # every frame's change goes through it
-        saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
-        try:
-            self._send(("init", fleet, self.config, self.names))
-        finally:
-            fleet.derived = saved
+        self.send(init if init is not None else self.init_message(fleet))
         self._reader = asyncio.create_task(self._read(self._process))
         log.info("detection runs in process %d (%d nodes)", self._process.pid, len(fleet.nodes))
+
+    def init_message(self, fleet: Fleet) -> bytes:
+        saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
+        try:
+            return encode(("init", fleet, self.config, self.names))
+        finally:
+            fleet.derived = saved
 
     # The fleet's changes, in the order the controller applied them
 
@@ -94,8 +98,11 @@ class DetectionProcess:
     def forget(self, names: Sequence[str]) -> None:
         self._send(("forget", list(names)))
 
-    async def run_pass(self, now: float) -> PassReport:
-        """The detectors' report over the fleet as changed up to now; DetectionUnavailable if the
+    async def run_pass(
+        self, now: float, names: list[str] | None = None, *, merged: bool = True
+    ) -> PassReport:
+        """The detectors' report over the fleet as changed up to now (these detectors only: `names`;
+        merged=False: each one's findings, unmerged, in PassReport.raw); DetectionUnavailable if the
         process is gone or silent for PASS_TIMEOUT_SECONDS."""
         if not self.running:
             raise DetectionUnavailable("the detection process is not running")
@@ -104,7 +111,7 @@ class DetectionProcess:
         answer: asyncio.Future[PassReport] = asyncio.get_running_loop().create_future()
         self._waiting[pass_id] = answer
         try:
-            self._send(("pass", pass_id, now))
+            self._send(("pass", pass_id, now, names, merged))
             return await asyncio.wait_for(answer, PASS_TIMEOUT_SECONDS)
         except TimeoutError:
             await self.stop()
@@ -130,6 +137,10 @@ class DetectionProcess:
             self._reader = None
 
     def _send(self, message: tuple[Any, ...]) -> None:
+        self.send(encode(message))
+
+    def send(self, data: bytes) -> None:
+        """An encoded message (wire.encode): the pool encodes each change once for all its processes."""
         process = self._process
         if process is None or process.stdin is None or process.stdin.is_closing():
             return  # no process: the next pass starts one from the controller's fleet
@@ -141,7 +152,7 @@ class DetectionProcess:
             process.kill()
             return
         assert self._writer is not None
-        self._writer.write(encode(message))
+        self._writer.write(data)
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

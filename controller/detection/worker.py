@@ -49,9 +49,10 @@ class Mirror:
         elif kind == "forget":
             forget(self.fleet, message[1])
         elif kind == "pass":
-            _, pass_id, now = message
+            _, pass_id, now, names, merged = message
+            names = self.names if names is None else names
             try:
-                report = run_detectors(DetectContext(self.fleet, self.config, now), self.names)
+                report = run_detectors(DetectContext(self.fleet, self.config, now), names, merged=merged)
             except Exception as exc:  # the pass fails, the process goes on
                 log.exception("detection pass failed")
                 return ("failed", pass_id, f"{type(exc).__name__}: {exc}")

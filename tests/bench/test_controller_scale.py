@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from tests.postgres_server import PostgresServer
 
@@ -145,11 +146,14 @@ def test_db_must_be_a_postgresql_url(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_with_ingest_fronts_each_process_is_counted_and_operators_use_their_port(tmp_path: Path) -> None:
-    document = controller_scale.run(controller_scale.parse_args([*STEP, "--ingest-fronts", "2"]), tmp_path)
+    """Two fronts and two detection processes: every process's CPU is counted, once."""
+    args = controller_scale.parse_args([*STEP, "--ingest-fronts", "2", "--detect-processes", "2"])
+    document = controller_scale.run(args, tmp_path)
     [step] = document["steps"]
     assert step["nodes"] == step["connected"] == step["list_nodes_count"] == NODES  # operator port
     assert step["errors"] == 0 and step["frames_acked"] > 0.5 * step["frames_due"], step
     parts = [step[f"{part}_ms_per_frame"] for part in ("main", "detection", "fronts")]
     assert all(part > 0 for part in parts), parts
     assert sum(parts) == pytest.approx(step["cpu_ms_per_frame"], rel=1e-6)  # every process once
-    assert document["settings"]["ingest_fronts"] == 2
+    assert document["settings"]["ingest_fronts"] == 2 and document["settings"]["detect_processes"] == 2
+    assert yaml.safe_load((tmp_path / "controller.yaml").read_text())["detect"]["processes"] == 2

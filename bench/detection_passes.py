@@ -1,0 +1,100 @@
+"""How long a detection pass takes with K detection processes (detect.processes), on an idle
+machine: a fleet of 8-GPU nodes built from the scale bench's frames (controller_scale_load), copied
+into each pool's processes, then passes timed. Prints a table; asserts nothing
+(tests/bench/test_detection_passes.py runs a small step of it).
+
+    .venv/bin/python bench/detection_passes.py [--nodes 6000] [--processes 1,2] [--passes 3]
+
+A pass with K processes takes about its longest share of the detectors, if K cores are free; the
+scale bench shows it under load (--detect-processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from controller_scale_load.templates import build_archetype, frame_message, hello_message
+
+from controller.config import DetectConfig
+from controller.detect.base import discover
+from controller.detection.pool import DetectionPool, share_out
+from controller.fleet.model import Fleet
+from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+ARCHETYPES = 8
+FRAMES = 7  # per node: the first (with its probe round) and a BMC poll among the next
+
+
+def build(nodes: int) -> tuple[Fleet, float]:
+    """The fleet after FRAMES frames of every node, and the time of the last."""
+    start = time.time() - 3600
+    archetypes = [build_archetype(i, 1, start, 10.0) for i in range(ARCHETYPES)]
+    fleet = Fleet()
+    for n in range(nodes):
+        archetype, name = archetypes[n % ARCHETYPES], f"node-{n:05d}"
+        hello = pb.AgentMessage.FromString(hello_message(archetype, name, "boot", start)).hello
+        apply_hello(fleet, hello, 0, start)
+        for seq in range(1, FRAMES + 1):
+            now = start + 10 * seq
+            message = frame_message(archetype, name, "boot", seq=seq, floor=0, now=now)
+            write, _ = plan_frame(fleet.nodes[name], pb.AgentMessage.FromString(message).frame, now + 1)
+            apply_frame(fleet, write)
+    return fleet, start + 10 * FRAMES + 1
+
+
+async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[str, Any]:
+    config = DetectConfig()
+    names = config.enabled(sorted(discover()))
+    pool = DetectionPool(config, names, processes)
+    await pool.start(fleet)
+    try:
+        seconds = []
+        for _ in range(passes + 1):  # the first shares the detectors out untimed: not counted
+            began = time.perf_counter()
+            report = await pool.run_pass(now)
+            seconds.append(time.perf_counter() - began)
+        parts = share_out(names, pool.durations, processes)
+        shares = [sum(pool.durations[n] for n in part) for part in parts]
+        return {
+            "processes": processes,
+            "pass_s": min(seconds[1:]),
+            "detectors_s": sum(pool.durations.values()),
+            "longest_share_s": max(shares),
+            "findings": len(report.findings),
+        }
+    finally:
+        await pool.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=6000)
+    parser.add_argument("--processes", default="1,2", help="pool sizes to time, comma separated")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes per pool (the best is shown)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(k) for k in args.processes.split(",")]
+    began = time.perf_counter()
+    fleet, now = build(args.nodes)
+    built = time.perf_counter() - began
+    rows = [asyncio.run(timed(fleet, now, k, args.passes)) for k in sizes]
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "cores": os.cpu_count(), "rows": rows}))
+        return
+    print(f"detection_passes: {args.nodes} nodes (built in {built:.0f} s), {os.cpu_count()} cores")
+    print("processes  pass s  detectors s  longest share s  findings")
+    for row in rows:
+        print(
+            f"{row['processes']:>9}  {row['pass_s']:6.2f}  {row['detectors_s']:11.2f}  "
+            f"{row['longest_share_s']:15.2f}  {row['findings']:8}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""A small step of bench/detection_passes.py, so that it cannot rot: 24 nodes, pools of 1 and 3
+detection processes, the same findings from each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "detection_passes.py"
+
+
+def test_passes_are_timed_for_each_pool_size() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--nodes", "24", "--processes", "1,3", "--passes", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    document = json.loads(done.stdout)
+    one, three = document["rows"]
+    assert (one["processes"], three["processes"], document["nodes"]) == (1, 3, 24)
+    assert one["findings"] == three["findings"]
+    for row in (one, three):
+        assert 0 < row["longest_share_s"] <= row["detectors_s"] and row["pass_s"] > 0
+    assert three["longest_share_s"] < one["longest_share_s"]  # shared out: no share holds them all
