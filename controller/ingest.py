@@ -201,7 +201,7 @@ class Ingest:
             write.state = self.state_every_seconds <= 0
             await self.store.save_frame(write)
             # With a copy elsewhere, the error counters' trends are kept there only (see `mirror`).
-            apply_frame(self.fleet, write, counters=self.mirror is None)
+            apply_frame(self.fleet, write, counters=self.mirror is None, links_unchanged=plan.links_unchanged)
             if self.mirror is not None:
                 # The bytes as received still are the frame's unless screening cleared a reading.
                 cleared = planned is None and (plan.non_finite or plan.implausible)

@@ -41,7 +41,8 @@ class Mirror:
         elif kind == "frame":
             _, node, plan, frame = message
             if node in self.fleet.nodes:
-                apply_frame(self.fleet, write_of(node, pb.TelemetryFrame.FromString(frame), plan))
+                write = write_of(node, pb.TelemetryFrame.FromString(frame), plan)
+                apply_frame(self.fleet, write, links_unchanged=plan.links_unchanged)
         elif kind == "connected":
             node = self.fleet.nodes.get(message[1])
             if node is not None:

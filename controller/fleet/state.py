@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
+from collections.abc import Collection
 from typing import NamedTuple
 
 from google.protobuf.message import Message
@@ -42,6 +43,9 @@ class FramePlan(NamedTuple):
     probes: tuple[tuple[int, float], ...]  # (position in frame.probes, its time) of results kept
     implausible: dict[str, int]  # "Message.field" -> readings cleared
     non_finite: int  # NaN/Inf readings cleared
+    # GPU indices whose NVLink error counters read as in the GPU's previous reading this planner
+    # took (an ingest front's, which sees a stream's frames in order; apply_frame skips reading them)
+    links_unchanged: tuple[int, ...] = ()
 
 
 def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[FrameWrite, int]:
@@ -118,17 +122,21 @@ def write_of(node: str, frame: pb.TelemetryFrame, plan: FramePlan) -> FrameWrite
     return write
 
 
-def apply_frame(fleet: Fleet, write: FrameWrite, *, counters: bool = True) -> None:
+def apply_frame(
+    fleet: Fleet, write: FrameWrite, *, counters: bool = True, links_unchanged: Collection[int] = ()
+) -> None:
     """Apply an accepted frame's changes. counters=False leaves the error counters' trends alone (the
     detectors, their only readers, then run in the detection process, which keeps them); XID events
-    are kept either way."""
+    are kept either way. links_unchanged: FramePlan.links_unchanged."""
     node = fleet.nodes[write.node]
     node.last_seen = max(node.last_seen, write.time)
     node.last_heard = max(node.last_heard, write.received)
     _count_implausible(fleet, node, write.implausible)
     for gpu in write.gpus:
         node.gpus[gpu.index] = gpu
-        node.trends.observe_gpu(gpu.sample, gpu.time, counters=counters)
+        node.trends.observe_gpu(
+            gpu.sample, gpu.time, counters=counters, links_unchanged=gpu.index in links_unchanged
+        )
     if write.host is not None:
         node.host, node.host_time = write.host, write.time
         if counters:

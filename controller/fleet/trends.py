@@ -36,6 +36,11 @@ GPU_COUNTERS = ("ecc_uncorrected_volatile_total", "pcie_replay_errors_total")
 _LINK_READ = attrgetter("link", *NVLINK_COUNTERS)  # (link, its counters...), read in C
 
 
+def link_read(sample: pb.GpuSample) -> tuple[tuple[int, ...], ...]:
+    """A GPU's NVLink error counters as observe_links takes them: (link, crc, replay, recovery) each."""
+    return tuple(map(_LINK_READ, sample.nvlinks))
+
+
 def gpu_key(gpu: int, counter: str) -> str:
     return f"gpu{gpu}.{counter}"
 
@@ -165,9 +170,12 @@ class Trends:
     def recent_xids(self, since: float) -> list[XidSeen]:
         return [x for x in self.xids if x.time >= since]
 
-    def observe_gpu(self, sample: pb.GpuSample, time: float, *, counters: bool = True) -> None:
+    def observe_gpu(
+        self, sample: pb.GpuSample, time: float, *, counters: bool = True, links_unchanged: bool = False
+    ) -> None:
         """A GPU's error counters (unset ones read as 0; not with counters=False) and its new XID
-        events."""
+        events. links_unchanged: its NVLinks read (link_read) as in the GPU's reading observed
+        last, as the frame's planner found (controller/fronts/planner.py): not read again."""
         index = sample.index
         if counters:
             self.observe_group(
@@ -177,8 +185,11 @@ class Trends:
                 (float(sample.ecc_uncorrected_volatile_total), float(sample.pcie_replay_errors_total)),
             )
             links = sample.nvlinks
-            if links:
-                self.observe_links(index, time, tuple(map(_LINK_READ, links)))
+            g = self.groups.get(nvlink_group(index)) if links_unchanged and links else None
+            if g is not None and time >= g.last:
+                self._advance(g, time)  # as observe_links does with a reading equal to the newest
+            elif links:
+                self.observe_links(index, time, link_read(sample))
         for event in sample.xid_events:
             at = event.unix_time_seconds or time
             self.xids.append(XidSeen(at, index, event.code))

@@ -5,6 +5,8 @@ screening NaN and impossible readings) from the node's state, which the controll
 acceptance of the stream's Hello (ACCEPT) and the front then keeps up to date with its own plans.
 The controller gets the plan and the frame as screened (a PLANNED record): it parses that frame,
 stores, applies and acks it as any other, and passes the same bytes on to the detection process.
+The plan also names the GPUs whose NVLink error counters read as in the GPU's previous reading on
+the stream (the usual case), which no copy of the fleet then reads again (18 links a GPU).
 
 Planning is only ever a shortcut: a frame the planner is not sure of goes to the controller as the
 agent sent it (MSG), which checks and plans it itself, and from then on the stream's frames all go
@@ -32,6 +34,7 @@ from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame
 from controller.fleet.model import GpuState, NodeState
 from controller.fleet.state import FramePlan, plan_changes
+from controller.fleet.trends import link_read
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.front")
@@ -94,6 +97,7 @@ class StreamPlanner:
         self.clock = clock
         self.active = True
         self.planned = 0
+        self.links: dict[int, tuple[tuple[int, ...], ...]] = {}  # GPU -> its last NVLink reading taken
 
     def plan(self, message: bytes) -> bytes | None:
         """The PLANNED payload for this AgentMessage, or None: relay it as the agent sent it."""
@@ -119,6 +123,7 @@ class StreamPlanner:
             self.active = False
             return None
         plan = plan_changes(self.node, frame, now)  # screens the frame
+        plan = plan._replace(links_unchanged=self._links_unchanged(frame, plan))
         self._applied(frame, plan)
         self.planned += 1
         body = None if plan.non_finite or plan.implausible else frame_bytes(message)
@@ -137,6 +142,19 @@ class StreamPlanner:
         if len({g.index for g in frame.gpus}) != len(frame.gpus):
             return False
         return checks.first_bad_time(frame, now, self.max_clock_skew_seconds) is None
+
+    def _links_unchanged(self, frame: pb.TelemetryFrame, plan: FramePlan) -> tuple[int, ...]:
+        """The GPUs taken whose NVLink error counters read as in their reading this planner took
+        before (read here, on the front's core, rather than by every copy of the fleet)."""
+        same = []
+        samples = frame.gpus
+        for position, _ in plan.gpus:
+            sample = samples[position]
+            read = link_read(sample)
+            if read and self.links.get(sample.index) == read:
+                same.append(sample.index)
+            self.links[sample.index] = read
+        return tuple(same)
 
     def _applied(self, frame: pb.TelemetryFrame, plan: FramePlan) -> None:
         """The node's state as the controller's apply_frame leaves it, as far as planning reads it."""

@@ -5,9 +5,11 @@ front saw, initial metadata, abort). Checks, identity, storage, acks, the comman
 and recording are therefore unchanged; a node's commands go to whichever front holds its stream.
 
 The controller's event loop then does no gRPC work for agents: it reads the fronts' pipes (one
-read carries many messages), parses each AgentMessage and serializes each answer. A front that
-dies ends its streams (their agents reconnect, to the other fronts) and is started again on the
-same port after RESTART_SECONDS.
+read carries many messages), parses each message and serializes each answer. Most frames come
+planned (planner.py): the answer to a Hello carries the node's state, the front checks and plans
+each next frame from it, and the controller parses the screened frame once and takes the plan as
+it is. A front that dies ends its streams (their agents reconnect, to the other fronts) and is
+started again on the same port after RESTART_SECONDS.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ front processes, planned frames leave the fleet as ingesting them directly does.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ def _message(f: pb.TelemetryFrame) -> bytes:
 
 def _sim() -> tuple[SimFleet, StreamPlanner]:
     """A throttling node with some history, and a planner started from the controller's state of it."""
-    sim = SimFleet(1, {NODE: [FaultSpec("thermal_throttle", 3)]})
+    sim = SimFleet(1, {NODE: [FaultSpec("thermal_throttle", 3), FaultSpec("nvlink_crc_errors", 2)]})
     for _ in range(3):
         sim.step(10.0)
     node = sim.fleet.nodes[NODE]
@@ -68,7 +69,8 @@ def _next(sim: SimFleet, k: int) -> pb.TelemetryFrame:
 def test_a_planned_frame_builds_the_write_the_controller_would_build() -> None:
     sim, planner = _sim()
     node = sim.fleet.nodes[NODE]
-    held = 0
+    reference = copy.deepcopy(sim.fleet)  # applied without the planner's NVLink hints
+    held = hinted = 0
     for k in range(6):
         sent = _next(sim, k)
         message = _message(sent)
@@ -78,12 +80,18 @@ def test_a_planned_frame_builds_the_write_the_controller_would_build() -> None:
         theirs = write_of(NODE, pb.TelemetryFrame.FromString(body), plan)
         here = pb.AgentMessage.FromString(message).frame  # the controller's own path, on the same bytes
         mine = plan_changes(node, here, sim.now)
-        assert plan == mine
+        assert plan._replace(links_unchanged=()) == mine
         assert theirs == write_of(NODE, here, mine)
         if not (mine.non_finite or mine.implausible):
             assert body == message[-len(body) :]  # as the agent sent it: not encoded again
-        apply_frame(sim.fleet, theirs)
+        apply_frame(sim.fleet, theirs, links_unchanged=plan.links_unchanged)
+        apply_frame(reference, write_of(NODE, here, mine))
         held += sum(1 for _, conditions in plan.gpus if conditions)
+        hinted += len(plan.links_unchanged)
+        assert 2 not in plan.links_unchanged  # its CRC errors rise
+        assert node.trends == reference.nodes[NODE].trends  # the hints change nothing but the work
+    assert hinted >= 5 * 7  # after the first frame, the seven quiet GPUs'
+    assert node.trends.changed("gpu2.nvlink") and not node.trends.changed("gpu1.nvlink")
     assert planner.planned == 6 and planner.active
     assert node.gpus[0].held_for("hw_power_brake_slowdown") == 30.0
     assert held, "no GPU held a condition: the throttling node's plans say nothing about `held`"
