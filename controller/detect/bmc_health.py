@@ -23,6 +23,7 @@ keeping the newest good sample per section in fleet state would let them stand.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from controller.detect.base import DetectContext, peer_groups, register
 from controller.fleet.finding import Evidence, Finding
@@ -211,22 +212,48 @@ def _finding(node: NodeState, cause: str, evidence: list[tuple[bool, Evidence]])
     return Finding(node.name, None, cause, severity, summary, items[0], items[1:], [NAME])
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What a node's BMC sample says on its own (its fans, PSUs, intakes), worked out once per
+    sample: a BMC is polled every minute or so, a pass runs every few seconds."""
+
+    sample: bmc_pb2.BmcSample
+    fans: Finding | None
+    psus: Finding | None
+    intakes: list[bmc_pb2.BmcTemperature]
+
+
+def _read(node: NodeState, sample: bmc_pb2.BmcSample, previous: dict[str, _Read]) -> _Read:
+    known = previous.get(node.name)
+    if known is not None and known.sample is sample:
+        return known
+    return _Read(sample, fan_finding(node, sample), psu_finding(node, sample), intakes(sample))
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     max_age, margin = ctx.config.bmc_max_age_seconds, ctx.config.inlet_margin_celsius
+    cached = ctx.fleet.derived.get(NAME)
+    previous: dict[str, _Read] = cached[0] if cached and isinstance(cached[0], dict) else {}
+    reads: dict[str, _Read] = {}  # this pass's, kept for the next (nodes gone drop out)
     findings: list[Finding | None] = []
     for group in peer_groups(ctx).values():
-        thermal = {n.name: section(n, "thermal", max_age) for n in group}
+        # Each is the node's latest sample, or None: too old, or the poll did not read the section.
+        sections = {n.name: (section(n, "thermal", max_age), section(n, "power", max_age)) for n in group}
+        for node in group:
+            sample = node.bmc
+            if sample is not None and sections[node.name] != (None, None):
+                reads[node.name] = _read(node, sample, previous)
         # One intake per node for the group's median: the node's hottest, as its worst air.
-        inlets = [intakes(s) for s in thermal.values() if s]
+        inlets = [reads[name].intakes for name, (thermal, _) in sections.items() if thermal is not None]
         readings = [max(t.reading_celsius for t in found) for found in inlets if found]
         median = statistics.median(readings) if len(readings) >= ctx.config.min_peers else None
         for node in group:
-            sample = thermal[node.name]
-            if sample is not None:
-                findings.append(fan_finding(node, sample))
-                findings.append(inlet_finding(node, sample, median, len(readings), margin))
-            power = section(node, "power", max_age)
+            thermal, power = sections[node.name]
+            if thermal is not None:
+                findings.append(reads[node.name].fans)
+                findings.append(inlet_finding(node, thermal, median, len(readings), margin))
             if power is not None:
-                findings.append(psu_finding(node, power))
+                findings.append(reads[node.name].psus)
+    ctx.fleet.derived[NAME] = (reads,)
     return [f for f in findings if f is not None]

@@ -14,6 +14,8 @@ def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
     for node in ctx.fleet.nodes.values():
         for index, gpu in sorted(node.gpus.items()):
+            if "nvlink_inactive" not in gpu.held:  # fleet/conditions.py: from the same reading
+                continue
             evidence = nvlink_evidence(gpu.sample)
             if evidence is None:
                 continue

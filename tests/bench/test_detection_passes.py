@@ -1,5 +1,5 @@
 """A small step of bench/detection_passes.py, so that it cannot rot: 24 nodes, pools of 1 and 3
-detection processes, the same findings from each."""
+detection processes, the same findings from each (its times are figures, not asserted)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,6 @@ def test_passes_are_timed_for_each_pool_size() -> None:
     one, three = document["rows"]
     assert (one["processes"], three["processes"], document["nodes"]) == (1, 3, 24)
     assert one["findings"] == three["findings"]
+    assert one["longest_share_s"] == one["detectors_s"]  # one process runs them all
     for row in (one, three):
         assert 0 < row["longest_share_s"] <= row["detectors_s"] and row["pass_s"] > 0
-    assert three["longest_share_s"] < one["longest_share_s"]  # shared out: no share holds them all

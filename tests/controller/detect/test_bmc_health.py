@@ -150,3 +150,21 @@ def test_an_absent_psu_bay_and_an_idle_fan_alone_are_no_failures() -> None:
     fleet.run(60)
     f = bmc(fleet)[("node-01", "psu_failure")]
     assert f.severity == "warning" and f.evidence.reasons == ("PSU_1", "health_ok", "no_output")
+
+
+def test_a_bmc_sample_is_judged_once_and_a_new_poll_again() -> None:
+    """A BMC is polled about once a minute, passes run every few seconds: a node's fans and PSUs
+    are judged once per sample (fleet.derived), and judged again when a new poll arrives."""
+    fleet = HostSimFleet(4, {"node-01": [FaultSpec.parse("fan_failure:3")]})
+    fleet.run(60)
+    first = bmc(fleet)
+    assert set(first) == {("node-01", "fan_failure")}
+    (reads,) = fleet.fleet.derived["bmc_health"]
+    assert bmc(fleet) == first  # no new poll: the same judgement, not worked out again
+    (again,) = fleet.fleet.derived["bmc_health"]
+    assert again["node-01"] is reads["node-01"]  # type: ignore[index]
+    fleet.add("node-01", [])  # repaired: its next polls show every fan spinning
+    fleet.run(60)
+    assert bmc(fleet) == {}
+    (later,) = fleet.fleet.derived["bmc_health"]
+    assert later["node-01"] is not reads["node-01"]  # type: ignore[index]
