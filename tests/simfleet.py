@@ -1,7 +1,7 @@
 """Build controller fleet state from simulated nodes, through the real wire messages.
 
 Agent side: SimNode readings -> agent.stream.frames (the same conversion the agent streams).
-Controller side: plan_frame/apply_frame (the same updates ingest makes, without the store).
+Controller side: plan_changes/write_of/apply_frame (the same updates ingest makes, without the store).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from agent.sources.sim import FaultSpec, SimNode
 from agent.sources.sim.probes import ModelledProbes
 from agent.stream import frames
 from controller.fleet.model import Fleet
-from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from controller.fleet.state import apply_frame, apply_hello, plan_changes, write_of
+from controller.ingest import FleetMirror
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -48,9 +49,13 @@ class SimFleet:
         self.seq[name] += 1
         return frames.frame(snapshot, f"boot-{name}", self.seq[name])
 
-    def step(self, seconds: float = 1.0, *, probes: bool = False) -> None:
-        """Advance time and ingest one frame from every node."""
+    def step(self, seconds: float = 1.0, *, probes: bool = False, mirror: FleetMirror | None = None) -> None:
+        """Advance time and ingest one frame from every node; with `mirror` (a detection process or
+        pool), each applied frame is also sent there, as Ingest does."""
         self.now += seconds
         for name in self.sims:
-            write, _ = plan_frame(self.fleet.nodes[name], self.frame(name, probes=probes), self.now)
-            apply_frame(self.fleet, write)
+            frame = self.frame(name, probes=probes)
+            plan = plan_changes(self.fleet.nodes[name], frame, self.now)
+            apply_frame(self.fleet, write_of(name, frame, plan))
+            if mirror is not None:
+                mirror.frame(name, plan, frame.SerializeToString())

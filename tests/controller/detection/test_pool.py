@@ -17,7 +17,6 @@ from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.pool import DetectionPool, share_out
 from controller.detection.process import DetectionUnavailable
-from controller.fleet.state import apply_frame, plan_changes, write_of
 from tests.controller.harness import config, frame, hello, running_controller
 from tests.simfleet import SimFleet
 
@@ -27,16 +26,6 @@ FAULTS = {
     "node-05": [FaultSpec("pcie_downtrained", 1)],
     "node-06": [FaultSpec("nvlink_crc_errors", 2)],
 }
-
-
-def _step(sim: SimFleet, pool: DetectionPool, *, probes: bool = False) -> None:
-    """One frame from every node, applied here and sent to the pool, as Ingest does."""
-    sim.now += 10.0
-    for name in sim.sims:
-        frame = sim.frame(name, probes=probes)
-        plan = plan_changes(sim.fleet.nodes[name], frame, sim.now)
-        apply_frame(sim.fleet, write_of(name, frame, plan))
-        pool.frame(name, plan, frame.SerializeToString())
 
 
 def test_detectors_are_shared_out_longest_first_onto_the_least_loaded() -> None:
@@ -60,10 +49,10 @@ def test_a_pool_reports_what_the_detectors_find_here_pass_after_pass() -> None:
         await pool.start(sim.fleet)
         try:
             assert pool.running and pool.starts == 3
-            _step(sim, pool, probes=True)
+            sim.step(10.0, probes=True, mirror=pool)
             for passes in range(3):
                 for _ in range(3):
-                    _step(sim, pool)
+                    sim.step(10.0, mirror=pool)
                 here = run_detectors(DetectContext(sim.fleet, config, sim.now), names)
                 there = await pool.run_pass(sim.now)
                 assert there.findings == here.findings, f"pass {passes}"

@@ -15,7 +15,6 @@ from controller.config import DetectConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.process import DetectionProcess, DetectionUnavailable
-from controller.fleet.state import apply_frame, plan_changes, write_of
 from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 from tests.simfleet import SimFleet
 
@@ -24,16 +23,6 @@ FAULTS = {
     "node-03": [FaultSpec("thermal_throttle", 6)],
     "node-05": [FaultSpec("pcie_downtrained", 1)],
 }
-
-
-def _step(sim: SimFleet, process: DetectionProcess, *, probes: bool = False) -> None:
-    """One frame from every node, applied here and sent to the process, as Ingest does."""
-    sim.now += 10.0
-    for name in sim.sims:
-        frame = sim.frame(name, probes=probes)
-        plan = plan_changes(sim.fleet.nodes[name], frame, sim.now)
-        apply_frame(sim.fleet, write_of(name, frame, plan))
-        process.frame(name, plan, frame.SerializeToString())
 
 
 def wide_pipe() -> int:
@@ -51,9 +40,9 @@ def test_the_process_finds_what_the_detectors_find_here() -> None:
         await process.start(sim.fleet)
         assert process.pipe_bytes == wide_pipe()  # every frame's change goes through it
         try:
-            _step(sim, process, probes=True)
+            sim.step(10.0, probes=True, mirror=process)
             for _ in range(4):
-                _step(sim, process)
+                sim.step(10.0, mirror=process)
             process.connected("node-02", True)
             sim.fleet.nodes["node-02"].connected = True
             here = run_detectors(DetectContext(sim.fleet, config, sim.now), names)
