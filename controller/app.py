@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import Protocol
 
 from controller.commands.channel import CommandChannel
@@ -45,6 +45,7 @@ from controller.recording import FileSink, RecordHub
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
 from controller.remediate.retune import Tuner
+from controller.replicas import ReplicaFeed
 from controller.security.identity import NodeIdentities
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -82,6 +83,7 @@ class ControllerApp:
         self.config = config
         self.clock = clock
         self.store = Store(config.db, synchronous=config.db_synchronous)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"  # this replica, in the store's rows
         self.fleet = Fleet()
         # Every accepted Hello and stored frame, to the operator RPC Record's streams and, with
         # `record: FILE` (--record), to that file (controller/recording.py).
@@ -100,9 +102,22 @@ class ControllerApp:
             hub=self.recording,
             state_every_seconds=config.db_state_seconds,
         )
+        self.connections: dict[str, int] = {}
+        # replica_ingest (controller/replicas.py): this replica owns the nodes streaming to it, and
+        # as the leader it takes in what the other replicas store.
+        self.replicas: ReplicaFeed | None = None
+        if config.replica_ingest:
+            self.store.owner, self.store.owner_clock = self.holder, clock
+            self.replicas = ReplicaFeed(
+                self.store,
+                fleet=lambda: self.fleet,
+                connections=self.connections,
+                mirror=lambda: self.ingest.mirror,
+                clock=clock,
+                sync_seconds=config.replica_sync_seconds,
+            )
         self.active: dict[FindingKey, StoredFinding] = {}
         self.finding_tracker = FindingTracker.for_config(config.detect)  # hysteresis: pending findings
-        self.connections: dict[str, int] = {}
         self.identity = NodeIdentities()  # streams' certificates: refusals, each node's transport
         self.detectors = config.detect.enabled(sorted(discover()))
         # The detectors in a process of their own (start_detection_process), or on the event loop.
@@ -170,20 +185,33 @@ class ControllerApp:
             clock=clock,
         )
 
-    async def start(self, on_standby: Callable[[], None] | None = None) -> None:
-        """Open the store, lead it (waiting as a standby while another leads: on_standby() then),
-        load."""
+    async def start(
+        self,
+        on_standby: Callable[[], None] | None = None,
+        standby_work: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Open the store, lead it (waiting as a standby while another leads: on_standby() then, and
+        standby_work() runs until the lead is won: serving agents, with replica_ingest), load."""
         await self.store.open()
         # One controller leads a store; any other waits here, before it loads, listens or acts.
         description = self.store.description
+        work: list[asyncio.Task[None]] = []
 
         def standby() -> None:
             log.info("standby: another controller leads the store %s; waiting to take over", description)
             if on_standby is not None:
                 on_standby()
+            if standby_work is not None:
+                work.append(asyncio.create_task(self._standby(standby_work)))
 
-        holder = f"{socket.gethostname()}:{os.getpid()}"
-        epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
+        holder = self.holder
+        try:
+            epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
+        finally:
+            for task in work:  # its agents reconnect: to this replica again once it listens as leader
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         log.info("leading the store %s: term %d", description, epoch)
         self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
@@ -197,12 +225,27 @@ class ControllerApp:
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:
                 self.ingest.last_frame[node.name] = newest
+        if self.replicas is not None:  # what the other replicas store from now is taken in
+            self.replicas.begin()
         log.info(
             "store %s: %d nodes, %d active findings",
             self.store.description,
             len(self.fleet.nodes),
             len(self.active),
         )
+
+    async def _standby(self, work: Callable[[], Awaitable[None]]) -> None:
+        """A standby's ingest: its nodes' readings stored every replica_sync_seconds at least, for the
+        leader to take in (controller/replicas.py); what memory holds unsaved is stored when it ends."""
+        self.ingest.state_every_seconds = min(self.config.db_state_seconds, self.config.replica_sync_seconds)
+        try:
+            await work()
+        finally:
+            self.ingest.state_every_seconds = self.config.db_state_seconds
+            try:
+                await self.ingest.flush_state()
+            except Exception:  # a store error: the readings come again with the agents' next frames
+                log.exception("storing a standby's latest readings failed")
 
     def _election(self, holder: str) -> KubeLease | None:
         """The Kubernetes Lease that elects the leader (kubernetes.leader_lease), or None: the store's
@@ -235,6 +278,14 @@ class ControllerApp:
         self.fleet.nodes[node].connected = True
         if self.detection is not None:
             self.detection.connected(node, True)
+
+    def streaming(self, node: str) -> bool:
+        """Whether the node's agent streams: to this controller, or (replica_ingest) to another
+        replica, which wrote the node lately."""
+        state = self.fleet.nodes.get(node)
+        if state is not None and state.connected:
+            return True
+        return self.replicas is not None and self.replicas.streaming(node)
 
     @property
     def connected_agents(self) -> int:
@@ -310,6 +361,8 @@ class ControllerApp:
             )
             self.connections.pop(name, None)
             self.ingest.forget(name)
+            if self.replicas is not None:
+                self.replicas.elsewhere.pop(name, None)
         forget(self.fleet, names)
         if self.detection is not None:
             self.detection.forget(names)

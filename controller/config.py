@@ -341,6 +341,12 @@ class ControllerConfig(_Config):
     # (controller/fronts/). 0: the controller serves `listen` itself. Needs operator_listen: the
     # fronts serve agents only.
     ingest_fronts: int = 0
+    # Standbys ingest too (controller/replicas.py): every replica serves the agents that connect to
+    # it on `listen` and owns their nodes in the shared store (the newest stream's replica owns a
+    # node); the leader takes in what the others stored every replica_sync_seconds, and they store
+    # their nodes' latest readings at least that often. Needs a store the replicas share.
+    replica_ingest: bool = False
+    replica_sync_seconds: float = 10.0
     # Plaintext gRPC on a non-loopback address, explicitly chosen (--insecure, or `tls: off`).
     # Plaintext on a loopback address is allowed without it, with a warning.
     insecure: bool = False
@@ -385,6 +391,10 @@ class ControllerConfig(_Config):
             raise ValueError("db_state_seconds must be between 0 and 3600")
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
+        if not 1 <= self.replica_sync_seconds <= 300:
+            raise ValueError("replica_sync_seconds must be between 1 and 300")
+        if self.replica_ingest and self.db == ":memory:":
+            raise ValueError("replica_ingest needs a store the replicas share: a file or a postgresql:// URL")
         if not 0 <= self.ingest_fronts <= MAX_FRONTS:
             raise ValueError(f"ingest_fronts must be between 0 and {MAX_FRONTS}")
         if self.ingest_fronts and self.operator_listen is None:

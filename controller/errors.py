@@ -43,3 +43,14 @@ class StoreUnavailable(ControllerError):
 
 class NotLeader(StoreUnavailable):
     """This controller's term as leader is over (controller/store/lease.py): it may not act."""
+
+
+class NotOwner(StoreUnavailable):
+    """Another replica ingests the node now (controller/store/owners.py): this one may not write it.
+    The stream ends (ABORTED); the agent's next stream goes wherever its Service sends it."""
+
+    def __init__(self, node: str, owner: str | None) -> None:
+        now = "no replica" if owner is None else f"replica {owner}"
+        super().__init__(f"node {node} is ingested by {now} now (it connected there)")
+        self.node = node
+        self.owner = owner

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
-from controller.fleet.model import Fleet
+from controller.fleet.adopt import adopt
+from controller.fleet.model import Fleet, GpuState, NodeState
 from controller.fleet.state import FramePlan, apply_frame, apply_hello, plan_changes, write_of
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
@@ -27,6 +28,8 @@ class FleetMirror(Protocol):
     def hello(self, hello: pb.Hello, acked: int, now: float) -> None: ...
 
     def frame(self, node: str, plan: FramePlan, frame: bytes) -> None: ...
+
+    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class IngestCounters:
     duplicates: int = 0
     non_finite: int = 0
     refused: int = 0  # frames refused for good (RefusedFrame): the agent sets them aside
+    taken_over: int = 0  # nodes taken over from another replica (replica_ingest)
 
 
 class Ingest:
@@ -77,6 +81,9 @@ class Ingest:
         self.state_saved: dict[str, float] = {}
         self.unsaved: set[str] = set()
         self.state_failures = 0
+        # replica_ingest: each node's XID events since its readings were last written, written with
+        # them (the readings hold only the latest frame's), so the leader sees every one.
+        self.unsaved_xids: dict[str, list[pb.GpuSample]] = {}
         # A copy of the fleet elsewhere (the detection process) gets each change applied here. The
         # error counters' trends (NodeState.trends: rates over a window) are then kept in the copy
         # only, where the detectors read them; a copy started again from this fleet (the process
@@ -97,6 +104,8 @@ class Ingest:
         checks.hello_times(hello, self.clock(), self.max_clock_skew_seconds)
         # The limit first: a refused name leaves nothing behind (not even its lock).
         async with self.node_limit.joining(self.fleet.nodes, hello.node), self._lock(hello.node):
+            if self.store.owner is not None:
+                await self._take(hello.node)
             now = self.clock()
             acked = await self.store.save_hello(hello, now)
             apply_hello(self.fleet, hello, acked, now)
@@ -104,6 +113,27 @@ class Ingest:
                 self.mirror.hello(hello, acked, now)
             self.hub.hello(hello, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
+
+    async def _take(self, node: str) -> None:
+        """replica_ingest: this replica ingests `node` from now (controller/store/owners.py). When
+        another replica did until now, or this one never did, the node is first taken in as that one
+        stored it: its ack positions, readings and probe results (controller/fleet/adopt.py)."""
+        before = await self.store.claim_node(node)
+        if before is None and node in self.fleet.nodes:
+            return
+        stored = await self.store.load_nodes([node])
+        if before is not None:
+            log.info("node %s: taken over from replica %s (its agent connected here)", node, before)
+            self.counters.taken_over += 1
+        row = stored.nodes.get(node)
+        heard = {node: row.last_seen} if row is not None else {}
+        adopt(self.fleet, stored, heard, counters=self.mirror is None)
+        if self.mirror is not None:
+            self.mirror.adopt(stored, heard)
+        if row is not None:
+            newest = max([g.time for g in row.gpus.values()] + [row.host_time])
+            if newest > 0:
+                self.last_frame[node] = max(self.last_frame.get(node, 0.0), newest)
 
     def _state_changed(self, node: str, now: float) -> None:
         self.unsaved.add(node)
@@ -117,7 +147,10 @@ class Ingest:
         for node in nodes:
             self.state_saved[node.name] = now
             self.unsaved.discard(node.name)
-        future = self.store.queue_latest(nodes)
+        gpus = {
+            n.name: with_xids(n, self.unsaved_xids.pop(n.name)) for n in nodes if n.name in self.unsaved_xids
+        }
+        future = self.store.queue_latest(nodes, gpus)
 
         def settled(done: asyncio.Future[None]) -> None:
             if done.cancelled() or done.exception() is None:
@@ -207,6 +240,10 @@ class Ingest:
                 cleared = planned is None and (plan.non_finite or plan.implausible)
                 data = raw if raw is not None and not cleared else frame.SerializeToString()
                 self.mirror.frame(stream_node, plan, data)
+            if self.store.owner is not None and not write.state:
+                xids = [g.sample for g in write.gpus if g.sample.xid_events]
+                if xids:
+                    self.unsaved_xids.setdefault(stream_node, []).extend(xids)
             if not write.state and (write.gpus or write.host is not None):
                 self._state_changed(stream_node, now)
             self.hub.frame(frame, now)
@@ -224,3 +261,23 @@ class Ingest:
                     plan.non_finite,
                 )
             return frame.seq
+
+
+def with_xids(node: NodeState, samples: list[pb.GpuSample]) -> list[GpuState]:
+    """The node's GPU readings, each carrying the XID events of every sample of that GPU in
+    `samples` (the frames since they were last written), in order."""
+    events: dict[int, list[pb.XidEvent]] = {}
+    for sample in samples:
+        events.setdefault(sample.index, []).extend(sample.xid_events)
+    states = []
+    for state in node.gpus.values():
+        mine = events.get(state.index)
+        if not mine or list(state.sample.xid_events) == mine:
+            states.append(state)
+            continue
+        sample = pb.GpuSample()
+        sample.CopyFrom(state.sample)
+        del sample.xid_events[:]
+        sample.xid_events.extend(mine)
+        states.append(GpuState(state.index, sample, state.time, state.held))
+    return states

@@ -64,6 +64,30 @@ class ControllerCollector(Collector):
         yield _log_lines_suppressed()
         yield from self._identity()
         yield from self._fronts()
+        yield from self._replicas()
+
+    def _replicas(self) -> Iterator[Metric]:
+        feed = self.app.replicas
+        yield GaugeMetricFamily(
+            PREFIX + "replica_nodes_elsewhere",
+            "Nodes whose agents stream to another replica (replica_ingest: it wrote them lately).",
+            value=0 if feed is None else feed.elsewhere_streaming(),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "replica_nodes_taken_in",
+            "Nodes taken in as other replicas stored them (replica_ingest, every replica_sync_seconds).",
+            value=0 if feed is None else feed.taken,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "replica_take_in_failures",
+            "Looks at what other replicas stored that failed (the store unavailable): taken again next time.",
+            value=0 if feed is None else feed.failures,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "replica_takeovers",
+            "Nodes this replica took over from another when their agents connected here.",
+            value=self.app.ingest.counters.taken_over,
+        )
 
     def _fronts(self) -> Iterator[Metric]:
         fronts = self.app.fronts

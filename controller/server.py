@@ -62,6 +62,7 @@ async def build_server(
     *,
     operator: bool = False,
     auth: OperatorAuth | None = None,
+    operators_api: bool = True,
 ) -> tuple[grpc.aio.Server, str]:
     """A started server bound to app.config.listen (agents and operators), or with operator=True to
     app.config.operator_listen (operators only: Telemetry refuses streams there); returns it and the
@@ -75,7 +76,8 @@ async def build_server(
     interceptors = [ErrorInterceptor(), auth if auth is not None else operator_auth(app.config)]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(app.config))
     telemetry_pb2_grpc.add_TelemetryServicer_to_server(TelemetryServicer(app, agents=not operator), server)
-    operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
+    if operators_api:  # (a standby's agents' port serves no operators: replica_ingest)
+        operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
     address = app.config.operator_listen if operator else app.config.listen
     assert address is not None, "operator=True needs operator_listen"
     if tls is None and app.config.tls.enabled:
@@ -185,10 +187,26 @@ async def serve(
     standing = Standing(app.cluster, os.environ)  # /readyz and the pod's role label, from now on
     try:
         await standing.begin(config.health_listen)
-        await app.start(on_standby=standing.standby)
+        standby_work = (lambda: _standby_ingest(app, tls)) if config.replica_ingest else None
+        await app.start(on_standby=standing.standby, standby_work=standby_work)
         await _lead(config, app, tls, standing, on_ready)
     finally:
         await standing.end()
+
+
+async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
+    """replica_ingest: serve agents on `listen` while waiting for the lead (until cancelled); no
+    operators here (controller/replicas.py). A port that cannot be bound leaves this standby idle."""
+    try:
+        server, address = await build_server(app, tls, operators_api=False)
+    except OSError as exc:
+        log.error("standby: not ingesting: %s", exc)
+        return
+    log.info("standby: ingesting the agents that connect to %s (replica_ingest)", address)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop(2.0)
 
 
 async def _lead(
@@ -243,10 +261,14 @@ async def _lead(
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     lost: list[str] = []
     leading = asyncio.create_task(_keep_leading(app, stop, lost))
-    collecting = asyncio.create_task(app.collector.run_forever(stop))
+    # The collector's policy, and taking in what the other replicas store (replica_ingest).
+    upkeep = [app.collector.run_forever(stop)] + (
+        [] if app.replicas is None else [app.replicas.run_forever(stop)]
+    )
+    upkept = asyncio.gather(*upkeep)
     await stop.wait()
     await leading
-    await collecting
+    await upkept
     log.info("controller stopping")
     if metrics is not None:
         await metrics.stop()

@@ -17,7 +17,7 @@ fleet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport, merge
@@ -85,6 +85,10 @@ class DetectionPool:
 
     def forget(self, names: Sequence[str]) -> None:
         self._send(("forget", list(names)))
+
+    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+        """Nodes another replica ingests, as stored (controller/fleet/adopt.py)."""
+        self._send(("adopt", stored, dict(heard)))
 
     async def run_pass(self, now: float) -> PassReport:
         if len(self.processes) == 1:

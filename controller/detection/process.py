@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.batched_writes import BatchedWriter
@@ -97,6 +97,10 @@ class DetectionProcess:
 
     def forget(self, names: Sequence[str]) -> None:
         self._send(("forget", list(names)))
+
+    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+        """Nodes another replica ingests, as stored (controller/fleet/adopt.py)."""
+        self._send(("adopt", stored, dict(heard)))
 
     async def run_pass(
         self, now: float, names: list[str] | None = None, *, merged: bool = True

@@ -14,6 +14,7 @@ from controller.config import DetectConfig
 from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
 from controller.detection.wire import encode, read
+from controller.fleet.adopt import adopt
 from controller.fleet.expiry import forget
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, write_of
@@ -49,6 +50,8 @@ class Mirror:
                 node.connected = message[2]
         elif kind == "forget":
             forget(self.fleet, message[1])
+        elif kind == "adopt":
+            adopt(self.fleet, message[1], message[2])
         elif kind == "pass":
             _, pass_id, now, names, merged = message
             names = self.names if names is None else names

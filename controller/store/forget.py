@@ -17,6 +17,7 @@ NODE_TABLES = (
     ("probe_results", "node"),
     ("probe_history", "node"),
     ("findings", "node"),
+    ("node_owners", "node"),
 )
 
 

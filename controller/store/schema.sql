@@ -153,3 +153,11 @@ CREATE TABLE IF NOT EXISTS leader (       -- added within version 1: the leading
     holder      TEXT NOT NULL,          -- host:pid of the controller that took it
     since       REAL NOT NULL
 )
+;
+CREATE TABLE IF NOT EXISTS node_owners (  -- added within version 1: the replica that ingests each node (owners.py)
+    node        TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,          -- host:pid of the replica holding the node's stream
+    since       REAL NOT NULL,          -- when that replica took the node (its clock)
+    written     REAL NOT NULL           -- when it last wrote the node's rows (its clock)
+);
+CREATE INDEX IF NOT EXISTS node_owners_written ON node_owners (written)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from time import perf_counter
 from typing import TypeVar
 
+from controller.errors import NotOwner
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import Fleet, FrameWrite, NodeState
+from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState
 from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.paging import FindingKey
@@ -27,6 +29,7 @@ from controller.store import finding_pages
 from controller.store import forget as forget_rows
 from controller.store import leader as leader_rows
 from controller.store import nodes as node_rows
+from controller.store import owners as owner_rows
 from controller.store import recommendations as recommendation_rows
 from controller.store import silences as silence_rows
 from controller.store.audit import AuditEntry
@@ -59,6 +62,7 @@ OPERATIONS = (
     "drains",
     "silences",
     "leader",
+    "owners",
 )
 
 
@@ -73,6 +77,10 @@ class Store:
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
         self.epoch: int | None = None  # this controller's term as leader, once lead() returned
         self._lease: Lease | None = None
+        # replica_ingest (controller/replicas.py): this replica's name. Every write of a node's rows
+        # then checks that it still owns the node (controller/store/owners.py); None: no check.
+        self.owner: str | None = None
+        self.owner_clock: Callable[[], float] = time.time  # when rows were written, for the leader
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -159,15 +167,55 @@ class Store:
         return await self._call("save_hello", lambda c: node_rows.save_hello(c, hello, now))
 
     async def save_frame(self, write: FrameWrite) -> None:
-        await self._call("save_frame", lambda c: node_rows.save_frame(c, write))
+        """NotOwner (nothing written) when another replica took the node."""
+        owner = self.owner
+        if owner is None:
+            await self._call("save_frame", lambda c: node_rows.save_frame(c, write))
+            return
+        now = self.owner_clock()
 
-    def queue_latest(self, nodes: Sequence[NodeState]) -> asyncio.Future[None]:
-        """Queue these nodes' latest readings as memory holds them now (Ingest.save_state); the
-        future settles once they are committed."""
-        rows = [(n.name, list(n.gpus.values()), n.host, n.host_time) for n in nodes]
+        def owned(conn: Connection) -> None:
+            owner_rows.mark_written(conn, write.node, owner, now)
+            node_rows.save_frame(conn, write)
+
+        await self._call("save_frame", owned)
+
+    # Nodes spread over replicas (controller/store/owners.py)
+
+    async def claim_node(self, node: str) -> str | None:
+        """This replica (`owner`) ingests `node` from now; the replica that did before, or None."""
+        owner = self.owner
+        if owner is None:
+            raise RuntimeError("claim_node needs the store's owner set")
+        now = self.owner_clock()
+        return await self._call("owners", lambda c: owner_rows.claim(c, node, owner, now))
+
+    async def changed_nodes(self, since: float) -> dict[str, tuple[str, float]]:
+        """The nodes other replicas wrote after `since`: node -> (replica, when)."""
+        owner = self.owner or ""
+        return await self._call("owners", lambda c: owner_rows.changed(c, owner, since))
+
+    async def load_nodes(self, names: Sequence[str]) -> Fleet:
+        """The named nodes as stored (no probe history, no findings)."""
+        names = list(names)
+        return await self._call("load", lambda c: node_rows.load_nodes(c, names))
+
+    def queue_latest(
+        self, nodes: Sequence[NodeState], gpus: Mapping[str, list[GpuState]] | None = None
+    ) -> asyncio.Future[None]:
+        """Queue these nodes' latest readings as memory holds them now (Ingest.save_state; `gpus`:
+        a node's GPU readings to write instead); the future settles once they are committed."""
+        instead = gpus or {}
+        rows = [(n.name, instead.get(n.name) or list(n.gpus.values()), n.host, n.host_time) for n in nodes]
+        owner, now = self.owner, self.owner_clock()
 
         def save(conn: Connection) -> None:
             for row in rows:
+                if owner is not None:
+                    try:
+                        owner_rows.mark_written(conn, row[0], owner, now)
+                    except NotOwner:  # another replica took it: its readings are that one's to write
+                        continue
                 node_rows.save_latest(conn, *row)
 
         start = perf_counter()

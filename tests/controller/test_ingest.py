@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import pytest
 
@@ -217,6 +217,9 @@ class _Mirror:
 
     def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
         self.frames.append((node, plan, frame))
+
+    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+        pass
 
 
 def test_the_detection_process_gets_the_frame_as_screened_and_the_bytes_received_when_unchanged() -> None:

@@ -180,6 +180,7 @@ def test_frames_duplicates_non_finite_lag_and_store_latency() -> None:
                 "drains": 0,  # no cluster configured: no drains to resume
                 "silences": 1,  # acks, silences and maintenance, loaded at start
                 "leader": 1,  # the leader's term, begun at start (controller/store/lease.py)
+                "owners": 0,  # no replica_ingest: no node claimed
             }
             assert (page.value(P + "store_latency_seconds_sum", operation="save_frame") or 0) > 0
             assert page.value(P + "node_last_frame_timestamp_seconds", node="n1") == T0 - 7

@@ -62,6 +62,12 @@ SQLITE_REPLICAS = (
     "controller.replicas > 1 needs postgresql.url or postgresql.existingSecret:"
     " an SQLite file cannot be shared by several controllers"
 )
+SQLITE_REPLICA_INGEST = (
+    "controller.replicaIngest needs postgresql.url or postgresql.existingSecret:"
+    " the replicas record in the shared store which of them owns each node"
+)
+# controller.replicaIngest: the agents' Service, every controller pod's gRPC port.
+AGENTS_SERVICE = f"{FULLNAME}-controller-agents"
 
 Doc = dict[str, Any]
 
@@ -132,9 +138,9 @@ def agent_container(docs: list[Doc]) -> Doc:
     return container
 
 
-def config_file(docs: list[Doc], component: str, tmp_path: Path) -> Path:
+def config_file(docs: list[Doc], component: str, tmp_path: Path, fullname: str = FULLNAME) -> Path:
     """The component's rendered config file, written where its loader can read it."""
-    configmap = one(docs, "ConfigMap", f"{FULLNAME}-{component}")
+    configmap = one(docs, "ConfigMap", f"{fullname}-{component}")
     path = tmp_path / f"{component}.yaml"
     path.write_text(configmap["data"][f"{component}.yaml"])
     return path
@@ -316,6 +322,23 @@ def test_the_chart_packages_with_the_linked_files(tmp_path: Path) -> None:
             "operator_listen is set by the chart: set controller.ingestFronts and controller.operatorPort",
         ),
         (["--set", "controller.ingestFronts=-1"], "at '/controller/ingestFronts'"),
+        (["--set", "controller.replicaIngest=true"], SQLITE_REPLICA_INGEST),
+        (
+            ["--set", "controller.replicaIngest=true,controller.replicas=0"],
+            SQLITE_REPLICA_INGEST,
+        ),
+        (
+            ["--set", "controller.config.replica_ingest=true"],
+            "controller.config.replica_ingest is set by the chart: set controller.replicaIngest instead",
+        ),
+        (
+            ["--set", "postgresql.url=postgresql://u@db/g,controller.config.replica_ingest=false"],
+            "controller.config.replica_ingest is set by the chart: set controller.replicaIngest instead",
+        ),
+        (
+            ["--set", "controller.replicaIngest=yes"],
+            "at '/controller/replicaIngest': got string, want boolean",
+        ),
         (
             ["--set", "controller.ingestFronts=2", "--set", "controller.operatorPort=50051"],
             "controller.operatorPort must differ from controller.grpcPort",
@@ -465,9 +488,11 @@ def test_the_agents_config_loads_with_the_agents_own_loader(value_set: str, tmp_
         overrides["stream"] = {"tls_cert": flags["--tls-cert"], "tls_key": flags["--tls-key"]}
     loaded = agent_config.load(config_file(docs, "agent", tmp_path), overrides)
     assert loaded.node == "gpu-node-1" and loaded.host_root == "/host"
-    service = one(docs, "Service", f"{FULLNAME}-controller")
+    # The leader's Service, or with replicaIngest the one of every controller pod.
+    dialled = AGENTS_SERVICE if value_set == "replica-ingest" else f"{FULLNAME}-controller"
+    service = one(docs, "Service", dialled)
     grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
-    assert loaded.stream.controller == f"{FULLNAME}-controller.{NAMESPACE}.svc:{grpc['port']}"
+    assert loaded.stream.controller == f"{dialled}.{NAMESPACE}.svc:{grpc['port']}"
     assert loaded.metrics.address == f"0.0.0.0:{container['ports'][0]['containerPort']}"
     assert loaded.stream.spool_dir is not None
     assert not mount_of(container, loaded.stream.spool_dir).get("readOnly"), "the spool is not writable"
@@ -520,6 +545,7 @@ def test_the_controllers_config_loads_with_the_controllers_own_loader(value_set:
         assert loaded.ingest_fronts == 2 and loaded.operator_listen == f"0.0.0.0:{ports['operators']}"
     else:
         assert loaded.ingest_fronts == 0 and "operators" not in ports
+    assert loaded.replica_ingest == (value_set == "replica-ingest")
 
 
 def test_the_sqlite_file_is_on_a_claim_the_chart_keeps() -> None:
@@ -936,6 +962,80 @@ def test_with_ingest_fronts_operators_have_a_port_of_their_own() -> None:
     notes = install_notes(*values_args("fronts"))
     assert f"port-forward service/{FULLNAME}-controller 50060:50060" in notes
     assert "2 ingest fronts serve the agents on port 50051; operators use port 50060" in notes
+
+
+@pytest.mark.parametrize("value_set", ["default", "postgresql"])
+def test_without_replica_ingest_the_agents_stream_to_the_leaders_service(
+    value_set: str, tmp_path: Path
+) -> None:
+    docs = rendered(value_set)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Service"] == [f"{FULLNAME}-controller"]
+    agent = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert agent.stream.controller == f"{FULLNAME}-controller.{NAMESPACE}.svc:50051"
+    assert "replica_ingest" not in yaml.safe_load(config_file(docs, "controller", tmp_path).read_text())
+    assert "replicaIngest" not in install_notes(*values_args(value_set))
+
+
+def test_with_replica_ingest_the_agents_stream_to_every_controller_pod(tmp_path: Path) -> None:
+    docs = rendered("replica-ingest")  # PostgreSQL, 3 controllers, cert-manager, NetworkPolicies
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    # The agents' Service: every controller pod (no role), the gRPC port alone (no metrics to scrape).
+    service = one(docs, "Service", AGENTS_SERVICE)
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert ROLE_LABEL not in service["spec"]["selector"]
+    assert service["spec"]["ports"] == [
+        {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+    ]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert (
+        service["metadata"]["labels"] == one(docs, "Service", f"{FULLNAME}-controller")["metadata"]["labels"]
+    )
+    # The leader's Service stays the operators' and the scrapes': the leader's pod only.
+    assert_routed_to_the_leader_only(docs, tmp_path)
+    ports = {p["name"] for p in one(docs, "Service", f"{FULLNAME}-controller")["spec"]["ports"]}
+    assert ports == {"grpc", "metrics"}
+    # Every replica ingests; the user's replica_sync_seconds is kept.
+    controller = controller_config.load(config_file(docs, "controller", tmp_path), {"db": DB_URL})
+    assert controller.replica_ingest and controller.replica_sync_seconds == 5
+    # The agents dial the agents' Service, under a name the controller's certificate holds.
+    agent = agent_config.load(config_file(docs, "agent", tmp_path), {"node": "gpu-node-1"})
+    assert agent.stream.controller == f"{AGENTS_SERVICE}.{NAMESPACE}.svc:50051"
+    dns_names = set(one(docs, "Certificate")["spec"]["dnsNames"])
+    assert {f"{AGENTS_SERVICE}.{NAMESPACE}.svc", f"{FULLNAME}-controller.{NAMESPACE}.svc"} <= dns_names
+    # The NetworkPolicy admits the agents to the gRPC port of every controller pod, standbys too.
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-controller")
+    assert policy["spec"]["podSelector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "grpc")
+    agents = {"podSelector": {"matchLabels": one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]}}
+    assert agents in grpc_rule["from"]
+    notes = install_notes(*values_args("replica-ingest"))
+    assert f"stream to\n{AGENTS_SERVICE}.{NAMESPACE}.svc:50051." in notes
+    assert f"the agents spread over the controller replicas through Service {AGENTS_SERVICE}" in notes
+    assert f"port-forward service/{FULLNAME}-controller 50051:50051" in notes
+
+
+def test_replica_ingest_with_one_controller_and_a_long_name(tmp_path: Path) -> None:
+    """One controller with PostgreSQL: allowed (harmless). The agents' Service's name stays within
+    Kubernetes' 63 characters, and is not the leader's, whatever the fullname."""
+    fullname = "g" * 52  # the schema's longest fullnameOverride
+    args = [*TLS_SECRETS, "--set", f"postgresql.url={DB_URL},controller.replicaIngest=true"]
+    docs = render(*args, "--set", f"fullnameOverride={fullname}")
+    assert one(docs, "Deployment")["spec"]["replicas"] == 1
+    (agents,) = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] != f"{fullname}-controller"
+    ]
+    assert len(agents) <= 63 and agents.endswith("-controller-agents")
+    agent = agent_config.load(config_file(docs, "agent", tmp_path, fullname), {"node": "gpu-node-1"})
+    assert agent.stream.controller == f"{agents}.{NAMESPACE}.svc:50051"
+    controller = controller_config.load(config_file(docs, "controller", tmp_path, fullname), {"db": DB_URL})
+    assert controller.replica_ingest and controller.replica_sync_seconds == 10
+    done = kubernetes_validate(
+        template(*args, "--set", f"fullnameOverride={fullname}"), KUBE_VERSION, tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_network_policies_admit_the_agents_to_the_controller() -> None:

@@ -58,14 +58,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Where the agents stream to: the controller's Service. */}}
 {{/* The operators' port: operatorPort with ingest fronts, else the gRPC port. */}}
 {{- define "gpufleet.operatorPort" -}}
 {{- if gt (int .Values.controller.ingestFronts) 0 }}{{ int .Values.controller.operatorPort }}{{ else }}{{ int .Values.controller.grpcPort }}{{ end }}
 {{- end }}
 
+{{/* With controller.replicaIngest, the Service the agents stream to: every controller pod's gRPC
+port (controller-agents-service.yaml). `<fullname>-controller-agents`, the fullname cut so that
+the name stays within 63 characters and never becomes the leader's `<fullname>-controller`. */}}
+{{- define "gpufleet.controllerAgentsService" -}}
+{{- printf "%s-controller-agents" (include "gpufleet.fullname" . | trunc 45 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Service the agents stream to: the leader's `<fullname>-controller`, or with
+controller.replicaIngest the one of every controller pod. */}}
+{{- define "gpufleet.agentsService" -}}
+{{- if .Values.controller.replicaIngest }}
+{{- include "gpufleet.controllerAgentsService" . }}
+{{- else }}
+{{- printf "%s-controller" (include "gpufleet.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the agents stream to. */}}
 {{- define "gpufleet.controllerAddress" -}}
-{{- printf "%s-controller.%s.svc:%d" (include "gpufleet.fullname" .) .Release.Namespace (int .Values.controller.grpcPort) }}
+{{- printf "%s.%s.svc:%d" (include "gpufleet.agentsService" .) .Release.Namespace (int .Values.controller.grpcPort) }}
 {{- end }}
 
 {{/* Paths inside the containers. */}}
@@ -116,7 +133,8 @@ names the one that leads; the others wait as standbys) and no claim (a ReadWrite
 {{- end }}
 
 {{/* With a shared store (PostgreSQL), the leader's pod alone carries this label (controller/kube/role.py):
-the Service and the PodMonitor select it, so agents and scrapes reach the leader and never a standby. */}}
+the Service and the PodMonitor select it, so operators, scrapes and (without controller.replicaIngest)
+agents reach the leader and never a standby. */}}
 {{- define "gpufleet.controllerRoleSelector" -}}
 {{- if include "gpufleet.controllerShared" . }}
 gpufleet.io/controller-role: leader
@@ -132,6 +150,14 @@ gpufleet.io/controller-role: leader
 {{- with include "gpufleet.controllerClaim" . }}
 {{- fail (printf "controller.replicas > 1 with controller.config.record under %s: the replicas cannot share its claim (%s) or the file; put record elsewhere (e.g. under /tmp) or set controller.persistence.enabled=false" (include "gpufleet.stateDir" $) .) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Fails when controller.replicaIngest has no store the replicas share: they record there which
+replica owns each node. */}}
+{{- define "gpufleet.checkReplicaIngest" -}}
+{{- if and .Values.controller.replicaIngest (not (include "gpufleet.dbSecret" .)) }}
+{{- fail "controller.replicaIngest needs postgresql.url or postgresql.existingSecret: the replicas record in the shared store which of them owns each node" }}
 {{- end }}
 {{- end }}
 
@@ -295,7 +321,8 @@ URL (and its password) only to the process. */}}
   "metrics_web_config" "set metrics.webConfigSecret instead"
   "kubernetes.leader_lease" "set controller.leaderLease instead"
   "ingest_fronts" "set controller.ingestFronts instead"
-  "operator_listen" "set controller.ingestFronts and controller.operatorPort instead" }}
+  "operator_listen" "set controller.ingestFronts and controller.operatorPort instead"
+  "replica_ingest" "set controller.replicaIngest instead" }}
 {{- include "gpufleet.refuseManagedKeys" (list .Values.controller.config $managed "controller.config") }}
 {{- include "gpufleet.checkTls" . }}
 {{- $config := deepCopy .Values.controller.config }}
@@ -307,6 +334,10 @@ URL (and its password) only to the process. */}}
 {{- end }}
 {{- $_ := set $config "ingest_fronts" (int .Values.controller.ingestFronts) }}
 {{- $_ := set $config "operator_listen" (printf "0.0.0.0:%d" (int .Values.controller.operatorPort)) }}
+{{- end }}
+{{- include "gpufleet.checkReplicaIngest" . }}
+{{- if .Values.controller.replicaIngest }}
+{{- $_ := set $config "replica_ingest" true }}
 {{- end }}
 {{- if include "gpufleet.controllerShared" . }}
 {{- $_ := set $config "health_listen" (printf "0.0.0.0:%d" (int .Values.controller.healthPort)) }}

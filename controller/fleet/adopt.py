@@ -1,0 +1,59 @@
+"""Taking in nodes that another replica ingests (replica_ingest, controller/replicas.py), as it
+stored them: the leader's fleet (and its detection copy) and a replica that takes a node over are
+changed by this, where a frame would be by state.apply_frame.
+
+Only what is newer than the fleet holds replaces it: a GPU's, the host's and the BMC's readings by
+their times, probe results by theirs (each also goes into its key's history). The error counters'
+trends observe each newer reading, so rates come at the pace the owner writes its readings
+(`replica_sync_seconds`), not at every frame; XID events between two such writes are not seen
+here (a held condition the owner computed is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.fleet.model import Fleet, NodeState
+from controller.fleet.state import remember
+
+
+def adopt(fleet: Fleet, stored: Fleet, heard: Mapping[str, float], *, counters: bool = True) -> list[str]:
+    """Merge `stored` (nodes loaded from the store) into `fleet`; the names of the nodes merged.
+    heard: node -> when its owner last wrote it (its clock), for NodeState.last_heard.
+    counters=False leaves the error counters' trends alone, as for apply_frame."""
+    names = []
+    for name, row in stored.nodes.items():
+        node = fleet.nodes.get(name)
+        if node is None:
+            node = fleet.nodes[name] = NodeState(name, row.hello, row.first_seen, row.last_seen)
+            fleet.probe_version += 1
+        elif node.hello != row.hello:
+            node.hello = row.hello
+            fleet.probe_version += 1  # its inventory and probe facts may differ
+            present = {g.index for g in row.hello.inventory.gpus}
+            for index in [i for i in node.gpus if i not in present]:
+                del node.gpus[index]
+        node.last_seen = max(node.last_seen, row.last_seen)
+        node.last_heard = max(node.last_heard, heard.get(name, 0.0))
+        for index, gpu in sorted(row.gpus.items()):
+            held = node.gpus.get(index)
+            if held is None or held.time < gpu.time:
+                node.gpus[index] = gpu
+                node.trends.observe_gpu(gpu.sample, gpu.time, counters=counters)
+        if row.host is not None and node.host_time < row.host_time:
+            node.host, node.host_time = row.host, row.host_time
+            if counters:
+                node.trends.observe_host(row.host, row.host_time)
+        if row.bmc is not None and node.bmc_time < row.bmc_time:
+            node.bmc, node.bmc_time = row.bmc, row.bmc_time
+        names.append(name)
+    for key, record in stored.probes.items():
+        current = fleet.probes.get(key)
+        if record.node in fleet.nodes and (current is None or current.time < record.time):
+            fleet.probes[key] = record
+            remember(fleet, key, record.time, record.value)
+            fleet.probe_version += 1
+    for boot, acked in stored.acked.items():
+        if boot[0] in fleet.nodes:
+            fleet.acked[boot] = max(fleet.acked.get(boot, 0), acked)
+    return names

@@ -1,0 +1,54 @@
+"""Which replica ingests each node (`replica_ingest`, controller/replicas.py): the node_owners rows.
+
+A node belongs to the replica that holds its newest stream: a Hello takes the node (claim), from
+whichever replica had it before, dead or alive. Every write of a node's rows first checks, in the
+same transaction, that this replica still owns it (mark_written, which also records when the rows
+were written). It takes the row's lock, so a replica that lost the node cannot write after the
+taking replica's claim commits: its write fails with NotOwner and its stream ends. The leader
+reads the nodes other replicas wrote since its last look (changed) and loads their rows.
+
+Times are each replica's own clock: readers allow for skew between hosts (CHANGE_MARGIN_SECONDS).
+"""
+
+from __future__ import annotations
+
+from controller.errors import NotOwner
+from controller.store.sql import Conn
+
+CHANGE_MARGIN_SECONDS = 30.0  # rows written up to this long before a look are read again
+
+
+def claim(conn: Conn, node: str, holder: str, now: float) -> str | None:
+    """`holder` owns `node` from now; the replica that owned it before, or None (none, or itself)."""
+    row = conn.execute("SELECT holder FROM node_owners WHERE node = ?", (node,)).fetchone()
+    conn.execute(
+        "INSERT INTO node_owners (node, holder, since, written) VALUES (?, ?, ?, ?) ON CONFLICT (node)"
+        " DO UPDATE SET since = CASE WHEN node_owners.holder = excluded.holder THEN node_owners.since"
+        " ELSE excluded.since END, holder = excluded.holder, written = excluded.written",
+        (node, holder, now, now),
+    )
+    return None if row is None or row[0] == holder else str(row[0])
+
+
+def mark_written(conn: Conn, node: str, holder: str, now: float) -> None:
+    """Record that `holder` writes `node`'s rows now; NotOwner when another replica took the node."""
+    moved = conn.execute(
+        "UPDATE node_owners SET written = ? WHERE node = ? AND holder = ?", (now, node, holder)
+    ).rowcount
+    if moved == 0:
+        row = conn.execute("SELECT holder FROM node_owners WHERE node = ?", (node,)).fetchone()
+        raise NotOwner(node, None if row is None else str(row[0]))
+
+
+def changed(conn: Conn, holder: str, since: float) -> dict[str, tuple[str, float]]:
+    """The nodes other replicas than `holder` wrote after `since` (their clocks): node -> (owner,
+    written)."""
+    rows = conn.execute(
+        "SELECT node, holder, written FROM node_owners WHERE written > ? AND holder <> ?", (since, holder)
+    )
+    return {str(node): (str(owner), float(written)) for node, owner, written in rows}
+
+
+def owners(conn: Conn) -> dict[str, str]:
+    """Every owned node's replica."""
+    return {str(n): str(h) for n, h in conn.execute("SELECT node, holder FROM node_owners")}

@@ -1,0 +1,83 @@
+"""Taking in nodes another replica stored (controller/fleet/adopt.py): only what is newer replaces
+what the fleet holds; counters' rates come from the readings taken in; a new Hello is a new
+inventory."""
+
+from __future__ import annotations
+
+from controller.fleet.adopt import adopt
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.trends import gpu_key
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+
+def _hello(gpus: int = 2, boot: str = "b1") -> pb.Hello:
+    msg = pb.Hello(node="n1", boot_id=boot)
+    for i in range(gpus):
+        msg.inventory.gpus.add(index=i, name="NVIDIA H100")
+    return msg
+
+
+def _stored(t: float, ecc: int = 0, gpus: int = 2, boot: str = "b1", seq: int = 5) -> Fleet:
+    """n1 as another replica stored it at time t."""
+    fleet = Fleet()
+    node = fleet.nodes["n1"] = NodeState("n1", _hello(gpus, boot), 10.0, t)
+    for i in range(gpus):
+        sample = pb.GpuSample(index=i, power_watts=t, ecc_uncorrected_volatile_total=ecc)
+        node.gpus[i] = GpuState(i, sample, t, {"hw_slowdown": t - 5} if i == 0 else {})
+    node.host, node.host_time = pb.HostSample(load1=t), t
+    result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=t)
+    record = ProbeRecord("n1", 0, "gemm", "bf16", t, "TFLOP/s", t, result)
+    fleet.probes[record.key] = record
+    fleet.acked[("n1", boot)] = seq
+    return fleet
+
+
+def test_a_new_node_is_taken_in_whole() -> None:
+    fleet = Fleet()
+    assert adopt(fleet, _stored(100.0), {"n1": 101.0}) == ["n1"]
+    node = fleet.nodes["n1"]
+    assert sorted(node.gpus) == [0, 1] and node.gpus[0].held == {"hw_slowdown": 95.0}
+    assert node.last_seen == 100.0 and node.last_heard == 101.0
+    assert node.host is not None and node.host.load1 == 100.0
+    assert fleet.acked == {("n1", "b1"): 5}
+    assert list(fleet.history[("n1", 0, "gemm", "bf16")]) == [(100.0, 100.0)]
+    assert fleet.probe_version > 0
+
+
+def test_only_newer_readings_replace_what_the_fleet_holds() -> None:
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0), {})
+    version = fleet.probe_version
+    older = _stored(90.0, seq=3)
+    adopt(fleet, older, {})
+    node = fleet.nodes["n1"]
+    assert node.gpus[0].time == 100.0 and node.host_time == 100.0 and node.last_seen == 100.0
+    assert fleet.probes[("n1", 0, "gemm", "bf16")].value == 100.0
+    assert fleet.acked[("n1", "b1")] == 5  # a position never goes back
+    assert fleet.probe_version == version  # nothing about probes changed
+    adopt(fleet, _stored(110.0, seq=6), {})
+    assert node.gpus[1].sample.power_watts == 110.0 and node.host_time == 110.0
+    assert fleet.acked[("n1", "b1")] == 6
+    assert [t for t, _ in fleet.history[("n1", 0, "gemm", "bf16")]] == [100.0, 110.0]
+
+
+def test_counters_rates_come_from_the_readings_taken_in_unless_a_copy_keeps_them() -> None:
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0, ecc=2), {})
+    adopt(fleet, _stored(110.0, ecc=12), {})
+    assert fleet.nodes["n1"].trends.rate(gpu_key(0, "ecc_uncorrected_volatile_total")) == 1.0
+    kept_elsewhere = Fleet()
+    adopt(kept_elsewhere, _stored(100.0, ecc=2), {}, counters=False)
+    adopt(kept_elsewhere, _stored(110.0, ecc=12), {}, counters=False)
+    assert kept_elsewhere.nodes["n1"].trends.rate(gpu_key(0, "ecc_uncorrected_volatile_total")) is None
+
+
+def test_a_new_hello_is_a_new_inventory() -> None:
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0), {})
+    version = fleet.probe_version
+    adopt(fleet, _stored(50.0, gpus=1, boot="b2", seq=1), {})  # rebooted with one GPU; older readings
+    node = fleet.nodes["n1"]
+    assert node.boot_id == "b2" and sorted(node.gpus) == [0]
+    assert fleet.probe_version > version
+    assert fleet.acked == {("n1", "b1"): 5, ("n1", "b2"): 1}

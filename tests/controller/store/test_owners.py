@@ -1,0 +1,136 @@
+"""Nodes spread over replicas, in the store, on both backends (tests/store_backends.py): the newest
+stream's replica owns a node; a replica that lost it writes nothing more of it; the leader finds
+what the others wrote, and loads just those nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.errors import NotOwner
+from controller.fleet.model import NodeState
+from controller.store import nodes as node_rows
+from controller.store.owners import owners
+from controller.store.store import Store
+from tests.controller.store.test_store import hello, run, write
+
+
+def _replica(db: str, name: str, clock: list[float]) -> Store:
+    store = Store(db)
+    store.owner, store.owner_clock = name, lambda: clock[0]
+    return store
+
+
+def test_the_newest_streams_replica_owns_the_node_and_the_one_before_writes_nothing_more(
+    store_db: str,
+) -> None:
+    clock = [100.0]
+
+    async def go() -> None:
+        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
+        await a.open()
+        await b.open()
+        assert await a.claim_node("n1") is None  # nobody had it
+        assert await a.claim_node("n1") is None  # itself
+        await a.save_hello(hello(), 100.0)
+        await a.save_frame(write(1))
+        clock[0] = 110.0
+        assert await b.claim_node("n1") == "a:1"  # its agent connected to b: b owns it now
+        with pytest.raises(NotOwner, match=r"node n1 is ingested by replica b:2 now"):
+            await a.save_frame(write(2))
+        await b.save_frame(write(2))
+        with pytest.raises(NotOwner):
+            await a.save_frame(write(3))
+        assert await b.save_hello(hello(), 111.0) == 2  # the refused frame 3 never moved the position
+        fleet, _ = await b.load()
+        assert fleet.nodes["n1"].gpus[0].sample.power_watts == 502.0  # frame 2's readings, not 3's
+        assert await b._thread.call(owners) == {"n1": "b:2"}
+        assert await a.claim_node("n1") == "b:2"  # and back: newest stream wins again
+        await a.save_frame(write(3))
+        a.close()
+        b.close()
+
+    run(go())
+
+
+def test_a_replica_that_lost_a_node_skips_its_readings_and_still_writes_its_others(store_db: str) -> None:
+    clock = [100.0]
+
+    async def go() -> None:
+        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
+        await a.open()
+        await b.open()
+        nodes = []
+        for name in ("n1", "n2"):
+            await a.claim_node(name)
+            await a.save_hello(hello(name), 100.0)
+            await a.save_frame(write(1, name))
+            state = NodeState(name, hello(name), 100.0, 100.0)
+            state.gpus = {g.index: g for g in write(7, name).gpus}
+            nodes.append(state)
+        await b.claim_node("n2")
+        await a.queue_latest(nodes)  # n2's readings are b's to write now
+        fleet, _ = await a.load()
+        assert fleet.nodes["n1"].gpus[0].sample.power_watts == 507.0
+        assert fleet.nodes["n2"].gpus[0].sample.power_watts == 501.0
+        a.close()
+        b.close()
+
+    run(go())
+
+
+def test_the_leader_finds_what_other_replicas_wrote_since_it_looked(store_db: str) -> None:
+    clock = [100.0]
+
+    async def go() -> None:
+        leader, other = _replica(store_db, "lead:1", clock), _replica(store_db, "other:2", clock)
+        await leader.open()
+        await other.open()
+        for name, store in (("mine", leader), ("n1", other), ("n2", other)):
+            await store.claim_node(name)
+            await store.save_hello(hello(name), 100.0)
+        clock[0] = 120.0
+        await other.save_frame(write(1, "n1"))
+        assert await leader.changed_nodes(110.0) == {"n1": ("other:2", 120.0)}
+        assert set(await leader.changed_nodes(99.0)) == {"n1", "n2"}  # never its own
+        assert await leader.changed_nodes(120.0) == {}
+        leader.close()
+        other.close()
+
+    run(go())
+
+
+def test_load_nodes_loads_just_the_named_nodes_in_chunks(
+    store_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_rows, "NAMES_PER_QUERY", 2)
+
+    async def go() -> None:
+        store = Store(store_db)
+        await store.open()
+        for i in range(5):
+            await store.save_hello(hello(f"n{i}"), 100.0)
+            await store.save_frame(write(1 + i, f"n{i}"))
+        part = await store.load_nodes(["n0", "n2", "n3", "n4"])
+        assert sorted(part.nodes) == ["n0", "n2", "n3", "n4"]
+        assert part.nodes["n3"].gpus[0].sample.power_watts == 504.0
+        assert part.nodes["n4"].host is not None
+        assert part.acked == {(f"n{i}", "b1"): 1 + i for i in (0, 2, 3, 4)}
+        assert {key[0] for key in part.probes} == {"n0", "n2", "n3", "n4"}
+        assert (await store.load_nodes([])).nodes == {}
+        store.close()
+
+    run(go())
+
+
+def test_forgetting_a_node_forgets_its_owner(store_db: str) -> None:
+    clock = [100.0]
+
+    async def go() -> None:
+        store = _replica(store_db, "a:1", clock)
+        await store.open()
+        await store.claim_node("n1")
+        await store.forget_nodes(["n1"])
+        assert await store._thread.call(owners) == {}
+        store.close()
+
+    run(go())

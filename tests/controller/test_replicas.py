@@ -1,0 +1,101 @@
+"""Agents spread over replicas (replica_ingest, controller/replicas.py), two controllers in one
+process on one store (an SQLite file, a real PostgreSQL database): a standby ingests the agents that
+connect to it; the leader takes its nodes in; an agent that moves takes its node along, from the
+stored position, and the replica it left can write nothing more of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import generate_latest
+
+from controller.app import ControllerApp
+from controller.errors import NotOwner
+from controller.metrics import controller_registry
+from controller.replicas import ReplicaFeed
+from tests.controller.harness import T0, Clock, config, frame, hello
+from tests.controller.store.test_store import run
+
+
+def _apps(db: str, clock: Clock) -> tuple[ControllerApp, ControllerApp]:
+    cfg = config(db=db, replica_ingest=True, replica_sync_seconds=5.0)
+    return ControllerApp(cfg, clock=clock), ControllerApp(cfg, clock=clock)
+
+
+async def _three_frames(standby: ControllerApp) -> None:
+    """n1's Hello and frames 1..3 on the standby, an XID in frame 2; its readings then written."""
+    assert await standby.ingest.hello(hello("n1")) == 0
+    for seq in (1, 2, 3):
+        sent = frame(seq)
+        if seq == 2:  # between two writes of its readings: written with the next
+            sent.gpus[0].xid_events.add(code=79, unix_time_seconds=T0 - 8)
+        assert await standby.ingest.frame("n1", sent) == seq
+    await standby.ingest.flush_state()
+
+
+def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves_takes_its_node_along(
+    store_db: str,
+) -> None:
+    clock = Clock(T0)
+
+    async def go() -> None:
+        leader, standby = _apps(store_db, clock)
+        standby.holder = standby.store.owner = "standby:2"  # one process: give them two names
+        await leader.start()
+        serving = asyncio.Event()
+
+        async def ingest_here() -> None:
+            serving.set()
+            await asyncio.Event().wait()
+
+        waiting = asyncio.create_task(standby.start(standby_work=ingest_here))
+        try:
+            await asyncio.wait_for(serving.wait(), 10)
+            assert standby.ingest.state_every_seconds == 5.0  # its readings stored for the leader to see
+
+            await _three_frames(standby)
+            assert "n1" not in leader.fleet.nodes
+            clock.now += 1
+            feed = leader.replicas
+            assert isinstance(feed, ReplicaFeed)
+            assert await feed.take_in() == ["n1"]
+            seen = leader.fleet.nodes["n1"]
+            assert seen.gpus[0].sample.power_watts == 403.0 and leader.fleet.acked[("n1", "b1")] == 3
+            assert leader.fleet.probes[("n1", 0, "gemm", "bf16")].value == 703.0
+            assert [(x.gpu, x.code) for x in seen.trends.xids] == [(0, 79)]  # frame 2's, not lost
+            assert leader.streaming("n1") and not seen.connected  # streams to the standby
+            page = generate_latest(controller_registry(leader)).decode()
+            assert "gpufleet_controller_replica_nodes_elsewhere 1.0" in page
+            assert "gpufleet_controller_replica_nodes_taken_in_total 1.0" in page
+            report = await leader.detection_pass()  # its detectors judge the node
+            assert [(f.node, f.cause) for f in report.findings] == [("n1", "xid_error")]
+            clock.now += 3 * 5.0
+            assert not leader.streaming("n1")  # not written for three syncs: not streaming anywhere
+
+            # Its agent reconnects to the leader: from the position the standby stored.
+            assert await leader.ingest.hello(hello("n1")) == 3
+            assert await leader.ingest.frame("n1", frame(4)) == 4
+            with pytest.raises(NotOwner, match="node n1 is ingested by replica"):
+                await standby.ingest.frame("n1", frame(4))
+            assert standby.fleet.acked[("n1", "b1")] == 3  # nothing applied either
+            assert await feed.take_in() == []  # the leader's own node now
+            assert leader.ingest.counters.taken_over == 1 and feed.elsewhere_streaming() == 0
+
+            leader.close()  # the standby leads now, with the store as the leader left it
+            await asyncio.wait_for(waiting, 20)
+            assert standby.ingest.state_every_seconds == standby.config.db_state_seconds
+            assert standby.fleet.acked[("n1", "b1")] == 4
+        finally:
+            waiting.cancel()
+            leader.close()
+            standby.close()
+
+    run(go())
+
+
+def test_replica_ingest_needs_a_store_the_replicas_share() -> None:
+    with pytest.raises(ValueError, match="replica_ingest needs a store the replicas share"):
+        config(replica_ingest=True)
+    with pytest.raises(ValueError, match="replica_sync_seconds"):
+        config(db="x.db", replica_sync_seconds=0.5)

@@ -1,0 +1,130 @@
+"""Real processes: agents spread over two controller replicas (replica_ingest) on one store (a
+PostgreSQL database, and an SQLite file on one host), behind a stand-in for their Service that sends
+each connection to the first replica up (tests/service_proxy.py).
+
+The agent's connection reaches the standby, which ingests and owns its node; the leader's operators'
+API lists the node, streaming, with the standby's position. kill -9 the standby mid-stream: the
+agent reconnects through the Service to the leader, which takes the node over (the store names it
+the owner) and goes on from the stored position, no acked frame lost and none stored twice."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+import yaml
+
+from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
+from tests.processes import spawn, stop
+from tests.service_proxy import ServiceProxy
+from tests.support import free_port
+from tests.test_controller_crash_e2e import (
+    NODE,
+    _position_or_zero,
+    assert_each_seq_once,
+    stored_position,
+    wait_for,
+    write_configs,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _owner(db: str) -> str:
+    """The replica (host:pid) that owns the node, or "" before any does."""
+    try:
+        if db.startswith("postgresql://"):
+            with psycopg.connect(db, connect_timeout=5) as pg:
+                row = pg.execute("SELECT holder FROM node_owners WHERE node = %s", (NODE,)).fetchone()
+        else:
+            with sqlite3.connect(db, timeout=5) as conn:
+                row = conn.execute("SELECT holder FROM node_owners WHERE node = ?", (NODE,)).fetchone()
+    except (sqlite3.Error, psycopg.Error):
+        return ""
+    return "" if row is None else str(row[0])
+
+
+def _listed(address: str) -> operator_pb2.NodeSummary | None:
+    """The node as the controller at `address` lists it (None: not listed)."""
+    with grpc.insecure_channel(address) as channel:
+        nodes = operator_pb2_grpc.OperatorStub(channel).ListNodes(operator_pb2.ListNodesRequest(), timeout=5)
+    return next((n for n in nodes.nodes if n.name == NODE), None)
+
+
+def _controller(directory: Path, name: str, db: str, metrics_port: int) -> tuple[Path, str]:
+    """A replica's config: its own ports, replica_ingest, syncing every second."""
+    listen = f"127.0.0.1:{free_port()}"
+    cfg = directory / f"{name}.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "listen": listen,
+                "metrics_address": f"127.0.0.1:{metrics_port}",
+                "db": db,
+                "probes": {"on_connect": False, "periodic": False},
+                "replica_ingest": True,
+                "replica_sync_seconds": 1.0,
+            }
+        )
+    )
+    return cfg, listen
+
+
+def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
+    tmp_path: Path, store_db: str
+) -> None:
+    _, agent_cfg, leader_metrics = write_configs(tmp_path, store_db)
+    leader_cfg, leader_address = _controller(tmp_path, "leader", store_db, leader_metrics)
+    standby_cfg, standby_address = _controller(tmp_path, "standby", store_db, free_port())
+    logs = [tmp_path / "leader.log", tmp_path / "standby.log", tmp_path / "agent.log"]
+    ready = tmp_path / "leader.ready"
+    processes: list[subprocess.Popen[bytes]] = []
+    with ServiceProxy([standby_address, leader_address]) as service:
+        agent_yaml = yaml.safe_load(agent_cfg.read_text())
+        agent_yaml["stream"]["controller"] = service.address
+        agent_cfg.write_text(yaml.safe_dump(agent_yaml))
+        try:
+            leader = spawn(
+                ["controller", "controller", "--config", str(leader_cfg), "--ready-file", str(ready)], logs[0]
+            )
+            processes.append(leader)
+            wait_for("the leader did not start", ready.exists, logs)
+            standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
+            processes.append(standby)
+            wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
+            processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
+            agent = processes[-1]
+
+            wait_for("the standby stored no frames", lambda: _position_or_zero(store_db) >= 30, logs)
+            assert _owner(store_db).endswith(f":{standby.pid}")
+
+            def leader_sees_it_streaming() -> bool:
+                node = _listed(leader_address)
+                return node is not None and node.connected and node.acked_seq >= 30
+
+            wait_for("the leader does not list the standby's node", leader_sees_it_streaming, logs)
+
+            standby.kill()  # mid-stream: frames in flight, acks unsent
+            standby.wait(timeout=10)
+            at_kill = stored_position(store_db)
+            wait_for(
+                "the leader did not take the node over",
+                lambda: _owner(store_db).endswith(f":{leader.pid}"),
+                logs,
+            )
+            wait_for(
+                "the agent's stream did not go on with the leader",
+                lambda: _position_or_zero(store_db) >= at_kill + 30,
+                logs,
+            )
+            assert_each_seq_once(store_db, leader_metrics, at_kill, agent)  # by the leader, from there
+            text = logs[0].read_text()
+            assert f"node {NODE}: taken over from replica" in text, text[-3000:]
+            assert "OUT_OF_RANGE" not in text and "expected frame" not in text, text[-3000:]
+        finally:
+            for process in reversed(processes):
+                stop(process)
