@@ -115,6 +115,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the controller's detect.processes: K detection processes share out each pass's detectors",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="K",
+        help=(
+            "K controllers on the store with replica_ingest: the leader and K-1 standbys that ingest "
+            "too; the generator's workers spread over them (worker i to replica i mod K)"
+        ),
+    )
+    parser.add_argument(
+        "--replica-sync",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --replicas: replica_sync_seconds, how often the leader takes in (default: --interval)",
+    )
+    parser.add_argument(
         "--reconnect-storm",
         action="store_true",
         help="at the last step, drop every stream and reconnect all at once",
@@ -154,8 +171,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--steps must be ascending fleet sizes >= 1")
     if args.hold <= 0 or args.interval <= 0 or args.workers < 1 or args.archetypes < 1:
         parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
+    if not 1 <= args.replicas <= 8 or args.workers < args.replicas:
+        parser.error("--replicas must be 1..8, with at least as many --workers")
     if args.ramp is None:
         args.ramp = args.interval
+    if args.replica_sync is None:  # the standbys write their readings at the frames' pace
+        args.replica_sync = min(300.0, max(1.0, args.interval))
+    if not 1 <= args.replica_sync <= 300:
+        parser.error("--replica-sync must be 1..300 seconds")
     if args.db is not None:
         if not is_postgres_url(args.db):
             parser.error(f"--db {redact_url(args.db)}: give a postgresql:// URL (SQLite is the default)")
@@ -233,6 +256,7 @@ def step_figures(
     main = after.main_cpu_seconds - before.main_cpu_seconds
     detection = after.detection_cpu_seconds - before.detection_cpu_seconds
     fronts = after.fronts_cpu_seconds - before.fronts_cpu_seconds
+    replicas = after.replicas_cpu_seconds - before.replicas_cpu_seconds
     written = after.write_bytes - before.write_bytes if before.write_bytes >= 0 else None
     return {
         "nodes": nodes,
@@ -252,6 +276,7 @@ def step_figures(
         "main_ms_per_frame": main / acked * 1e3 if acked else None,
         "detection_ms_per_frame": detection / acked * 1e3 if acked else None,
         "fronts_ms_per_frame": fronts / acked * 1e3 if acked else None,
+        "replicas_ms_per_frame": replicas / acked * 1e3 if acked else None,
         "ack_p50_s": report.percentile(latencies, 50),
         "ack_p99_s": report.percentile(latencies, 99),
         "ack_max_s": max(latencies) if latencies else None,
@@ -391,6 +416,8 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "detect_in_loop",
                 "ingest_fronts",
                 "detect_processes",
+                "replicas",
+                "replica_sync",
             )
         },
         "store": store(args),
@@ -411,10 +438,13 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         detect_in_loop=args.detect_in_loop,
         fronts=args.ingest_fronts,
         detect_processes=args.detect_processes,
+        replicas=args.replicas,
+        replica_sync_seconds=args.replica_sync,
     )
     fleet: Fleet | None = None
     try:
-        specs = [_spec(i, args, controller.address) for i in range(args.workers)]
+        addresses = [controller.address, *controller.standby_addresses]
+        specs = [_spec(i, args, addresses[i % len(addresses)]) for i in range(args.workers)]
         fleet = Fleet(specs)
         for nodes in args.step_sizes:
             step = measure_step(controller, fleet, nodes, args)
@@ -428,7 +458,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     finally:
         if fleet is not None:
             fleet.stop()
-        target.stop(controller.process)
+        target.stop_all(controller)
     if args.transport_floor and document["steps"]:
         document["floor"] = transport_floor(document["steps"][-1]["nodes"], args, directory)
     document["growth"] = report.growth(document["steps"])

@@ -129,7 +129,12 @@ class ControllerApp:
         self.failed_passes = 0
         self.collector = CollectorPolicy()  # serve() runs it (controller/gc_policy.py)
         self.commands = CommandChannel(self.store, clock)
+        if self.replicas is not None:
+            self.replicas.commands = self.commands
+            self.commands.elsewhere = self.replicas.streaming
         self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
+        if self.replicas is not None:
+            self.replicas.on_results = self.probing.commands.add_results
         # Operators' acks, silences and maintenance (controller/fleet/silencing.py; start() loads
         # them): silenced findings drive no action, nodes under maintenance are not probed.
         self.silencing = Silencing()
@@ -278,14 +283,6 @@ class ControllerApp:
         self.fleet.nodes[node].connected = True
         if self.detection is not None:
             self.detection.connected(node, True)
-
-    def streaming(self, node: str) -> bool:
-        """Whether the node's agent streams: to this controller, or (replica_ingest) to another
-        replica, which wrote the node lately."""
-        state = self.fleet.nodes.get(node)
-        if state is not None and state.connected:
-            return True
-        return self.replicas is not None and self.replicas.streaming(node)
 
     @property
     def connected_agents(self) -> int:

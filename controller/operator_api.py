@@ -79,7 +79,7 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
             agent_version=node.hello.agent_version,
             gpu_count=len(node.hello.inventory.gpus),
             gpu_model=node.gpu_model,
-            connected=self.app.streaming(node.name),
+            connected=node.connected,
             last_seen=_ts(node.last_seen),
             acked_seq=self.app.fleet.acked.get((node.name, node.boot_id), 0),
             health=node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds),

@@ -8,13 +8,17 @@ writes nothing more of it. When a replica dies, its agents reconnect through the
 others, which take their nodes over from the store: ack positions included, so nothing is resent
 twice or lost.
 
-A standby ingests (checks, stores, acks) and answers its agents' command results; it runs no
-detection, breaker, tuning or drain, and serves no operators. The leader does all fleet-wide work:
-every replica_sync_seconds it takes in (controller/fleet/adopt.py) the nodes that the others wrote
-since its last look, so its detectors, operators' lists and /metrics see the whole fleet.
+A standby ingests (checks, stores, acks) and probes its agents on connect; it runs no detection,
+breaker, tuning or drain, and serves no operators. The leader does all fleet-wide work: every
+replica_sync_seconds it takes in (controller/fleet/adopt.py) the nodes that the others wrote since
+its last look, so its detectors, operators' lists and /metrics see the whole fleet; a node another
+replica wrote lately is connected in the leader's fleet.
 
-Not yet: commands the leader issues (periodic probes, retunes, an operator's probe) reach only
-the nodes that stream to the leader itself; for the others they are refused as not connected.
+Commands go through the store both ways. The leader issues a command for a node that streams to
+another replica as for its own (its row stored first); that replica finds it among its nodes'
+unfinished commands (every COMMAND_POLL_SECONDS), sends it on the node's stream and stores how it
+went; the leader reads the rows of the commands it is waiting for at the same pace and finishes them
+as stored (CommandChannel.take_up, settle).
 """
 
 from __future__ import annotations
@@ -24,15 +28,21 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from controller.commands.channel import CommandChannel
 from controller.errors import StoreUnavailable
-from controller.fleet.adopt import adopt
+from controller.fleet.adopt import UNCHANGED, adopt
 from controller.fleet.model import Fleet
 from controller.ingest import FleetMirror
 from controller.store.owners import CHANGE_MARGIN_SECONDS
 from controller.store.store import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.replicas")
 STREAMING_SYNCS = 3  # a node another replica wrote within this many replica_sync_seconds streams there
+COMMAND_POLL_SECONDS = 2.0
+NODES_PER_LOAD = (
+    250  # nodes taken in per store call  # how often commands across replicas are looked for, both ways
+)
 
 
 class ReplicaFeed:
@@ -49,6 +59,9 @@ class ReplicaFeed:
         sync_seconds: float,
     ) -> None:
         self.store, self._fleet, self._connections, self._mirror = store, fleet, connections, mirror
+        self.commands: CommandChannel | None = None  # the app's, once made
+        # Probe results taken in that name a command (the app's probe commands keep them).
+        self.on_results: Callable[[str, list[pb.ProbeResult]], None] = lambda node, results: None
         self.clock = clock
         self.sync_seconds = sync_seconds
         self.since: float | None = None  # this replica's clock at its last look
@@ -66,20 +79,44 @@ class ReplicaFeed:
         now = self.clock()
         since = (now if self.since is None else self.since) - CHANGE_MARGIN_SECONDS
         changed = await self.store.changed_nodes(since)
-        names = sorted(n for n in changed if self._connections.get(n, 0) == 0)
-        stored = await self.store.load_nodes(names) if names else Fleet()
+        # Rows read again for the margin's sake are loaded only when rewritten since.
+        names = sorted(
+            n
+            for n, seen in changed.items()
+            if self._connections.get(n, 0) == 0 and self.elsewhere.get(n) != seen
+        )
+        for start in range(0, len(names), NODES_PER_LOAD):  # the event loop serves between loads
+            chunk = names[start : start + NODES_PER_LOAD]
+            self._adopt(await self.store.load_nodes(chunk), {n: changed[n][1] for n in chunk})
+            self.elsewhere.update((n, changed[n]) for n in chunk)
         self.since = now  # (a failed look is taken again from the same time)
         self.elsewhere.update(changed)
-        if not names:
-            return []
-        heard = {n: changed[n][1] for n in names}
+        fleet = self._fleet()
+        for name, node in fleet.nodes.items():  # connected: streaming here or to another replica
+            if self._connections.get(name, 0) == 0:
+                node.connected = self.streaming(name)
+        return names
+
+    def _adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+        fleet = self._fleet()
         mirror = self._mirror()
+        same = [r for n, r in stored.nodes.items() if n in fleet.nodes and fleet.nodes[n].hello == r.hello]
         # With a detection copy, the error counters' trends are kept there only (as for frames).
-        adopt(self._fleet(), stored, heard, counters=mirror is None)
+        adopt(fleet, stored, heard, counters=mirror is None)
+        for name in stored.nodes:
+            if name in fleet.nodes:
+                fleet.nodes[name].connected = self.streaming(name)
         if mirror is not None:
+            for row in same:  # the copy holds that Hello already: not sent again
+                row.hello = UNCHANGED
             mirror.adopt(stored, heard)
         self.taken += len(stored.nodes)
-        return names
+        results: dict[str, list[pb.ProbeResult]] = {}
+        for record in stored.probes.values():
+            if record.result.command_id:
+                results.setdefault(record.node, []).append(record.result)
+        for node, found in results.items():  # an operator waiting for a command's results sees them
+            self.on_results(node, found)
 
     def streaming(self, node: str) -> bool:
         """Whether another replica wrote the node lately (its agent streams there)."""
@@ -96,11 +133,64 @@ class ReplicaFeed:
             if now - written < window and self._connections.get(node, 0) == 0
         )
 
+    # Commands across replicas
+
+    async def settle_commands(self) -> int:
+        """The leader's side: the commands it issued for nodes streaming elsewhere, as their
+        replicas stored them (finished ones finished here); how many finished."""
+        channel = self.commands
+        if channel is None:
+            return 0
+        waiting = channel.delegated()
+        if not waiting:
+            return 0
+        rows = await self.store.commands_by_id([r.id for r in waiting])
+        done = [row for row in rows if row.finished is not None]
+        nodes = sorted({row.node for row in done if self._connections.get(row.node, 0) == 0})
+        if nodes:  # what they sent before answering (probe results) is stored: taken in first
+            self._adopt(await self.store.load_nodes(nodes), {})
+        for row in rows:
+            channel.settle(row)
+        return len(done)
+
+    async def deliver_commands(self) -> int:
+        """A standby's side: its streaming nodes' unfinished commands that another replica issued,
+        sent on their streams; those it sent that the issuer finished meanwhile let go (and its own
+        past their deadline timed out). How many it sent."""
+        channel = self.commands
+        if channel is None:
+            return 0
+        channel.expire()
+        nodes = sorted(channel.streams)
+        stored = await self.store.open_commands_of(nodes) if nodes else []
+        channel.let_go({r.id for r in stored})
+        return sum(channel.take_up(record) for record in stored)
+
+    async def deliver_forever(self) -> None:
+        """deliver_commands every COMMAND_POLL_SECONDS, until cancelled (a standby's lifetime)."""
+        while True:
+            await asyncio.sleep(COMMAND_POLL_SECONDS)
+            try:
+                await self.deliver_commands()
+            except StoreUnavailable as exc:
+                log.warning("could not look for commands to send: %s", exc)
+
     async def run_forever(self, stop: asyncio.Event) -> None:
+        """The leader's side: take_in every sync_seconds, settle_commands every COMMAND_POLL_SECONDS."""
+        loop = asyncio.get_running_loop()
+        next_take = loop.time() + self.sync_seconds
+        tick = min(COMMAND_POLL_SECONDS, self.sync_seconds)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.sync_seconds)
+                await asyncio.wait_for(stop.wait(), timeout=tick)
                 return
+            try:
+                await self.settle_commands()
+            except StoreUnavailable as exc:
+                log.warning("could not read the commands other replicas send: %s", exc)
+            if loop.time() < next_take:
+                continue
+            next_take = loop.time() + self.sync_seconds
             try:
                 await self.take_in()
             except StoreUnavailable as exc:  # tried again next time, from the same look

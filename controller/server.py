@@ -204,7 +204,10 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
         return
     log.info("standby: ingesting the agents that connect to %s (replica_ingest)", address)
     try:
-        await asyncio.Event().wait()
+        if app.replicas is None:
+            await asyncio.Event().wait()
+        else:  # commands the leader issues for the nodes streaming here
+            await app.replicas.deliver_forever()
     finally:
         await server.stop(2.0)
 

@@ -3,14 +3,18 @@ PostgreSQL database, and an SQLite file on one host), behind a stand-in for thei
 each connection to the first replica up (tests/service_proxy.py).
 
 The agent's connection reaches the standby, which ingests and owns its node; the leader's operators'
-API lists the node, streaming, with the standby's position. kill -9 the standby mid-stream: the
-agent reconnects through the Service to the leader, which takes the node over (the store names it
-the owner) and goes on from the stored position, no acked frame lost and none stored twice."""
+API lists the node, streaming, with the standby's position, and an operator's probe through the
+leader runs there (the standby sends the command) and answers with its results. kill -9 the standby
+mid-stream: the agent reconnects through the Service to the leader, which takes the node over (the
+store names it the owner) and goes on from the stored position, no acked frame lost and none stored
+twice."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -32,6 +36,7 @@ from tests.test_controller_crash_e2e import (
 )
 
 pytestmark = pytest.mark.slow
+PROBE_NODE = [sys.executable, "-m", "controller", "probe-node", NODE, "--probe", "gemm"]
 
 
 def _owner(db: str) -> str:
@@ -107,6 +112,19 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
                 return node is not None and node.connected and node.acked_seq >= 30
 
             wait_for("the leader does not list the standby's node", leader_sees_it_streaming, logs)
+            # An operator's probe, through the leader: the standby sends it on the node's stream.
+            probed = subprocess.run(
+                [*PROBE_NODE, "--controller", leader_address, "-o", "json"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                check=False,
+            )
+            assert probed.returncode == 0, probed.stderr + logs[1].read_text()[-3000:]
+            answer = json.loads(probed.stdout)
+            assert (answer["done"], answer["ok"]) == (True, True), answer
+            assert {(r["probe"], r["gpu"]) for r in answer["results"]} == {("gemm", 0), ("gemm", 1)}
+            assert f"command {answer['command_id']} (run_probes" in logs[1].read_text()  # sent from there
 
             standby.kill()  # mid-stream: frames in flight, acks unsent
             standby.wait(timeout=10)

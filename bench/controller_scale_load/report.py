@@ -173,6 +173,7 @@ COLUMNS = (
     ("main ms/f", "main_ms_per_frame", "{:.2f}"),
     ("det ms/f", "detection_ms_per_frame", "{:.2f}"),
     ("fronts ms/f", "fronts_ms_per_frame", "{:.2f}"),
+    ("standbys ms/f", "replicas_ms_per_frame", "{:.2f}"),
     ("ack p50", "ack_p50_s", "{:.3f}"),
     ("ack p99", "ack_p99_s", "{:.3f}"),
     ("pass s", "pass_mean_s", "{:.3f}"),

@@ -4,8 +4,10 @@ store's growth: the SQLite file's size, or a PostgreSQL server's WAL position)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,7 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -31,6 +33,7 @@ CONNECT_TIMEOUT_S = 10
 PREFIX = "gpufleet_controller_"
 PASS = PREFIX + "detector_pass_duration_seconds"
 SQLITE_FILE = "scale.db"  # in the run directory, when no --db URL is given
+STANDBY_INGESTING = re.compile(r"standby: ingesting the agents that connect to (\S+) ")
 WAL_POSITION = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
 
 
@@ -42,6 +45,9 @@ class Controller:
     directory: Path
     db: Path | str  # the SQLite file, or a postgresql:// URL (with its password: never print it)
     operator_address: str = ""  # operators, when not `address` (the controller's ingest fronts)
+    # With replicas: the standbys (replica_ingest), each serving agents on its own address.
+    standbys: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    standby_addresses: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -57,6 +63,7 @@ class Sample:
     main_cpu_seconds: float  # the controller's own process alone (its event loop, store and gRPC threads)
     detection_cpu_seconds: float  # its detection process (controller/detection/)
     fronts_cpu_seconds: float  # its ingest fronts together (controller/fronts/)
+    replicas_cpu_seconds: float  # the standbys ingesting beside it (replica_ingest), with their children
     rss_bytes: int
     write_bytes: int  # bytes the process caused to be written to storage (/proc/PID/io); -1: unreadable
     # SQLite: the file, its WAL and shared memory together. PostgreSQL: the server's WAL position
@@ -99,6 +106,8 @@ def config(
     detect_in_loop: bool = False,
     fronts: int = 0,
     detect_processes: int = 1,
+    replica_ingest: bool = False,
+    replica_sync_seconds: float = 10.0,
 ) -> dict[str, object]:
     """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
     postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
@@ -127,6 +136,9 @@ def config(
         document["operator_listen"] = "127.0.0.1:0"
     if detect:
         document["detect"] = detect
+    if replica_ingest:
+        document["replica_ingest"] = True
+        document["replica_sync_seconds"] = replica_sync_seconds
     return document
 
 
@@ -140,9 +152,12 @@ def start(
     detect_in_loop: bool = False,
     fronts: int = 0,
     detect_processes: int = 1,
+    replicas: int = 1,
+    replica_sync_seconds: float = 10.0,
 ) -> Controller:
     """`python -m controller controller` with its config, log and ready file in `directory`; its
-    store an SQLite file there, or the postgresql:// URL `db`."""
+    store an SQLite file there, or the postgresql:// URL `db`. With `replicas`, that many
+    controllers on the store with replica_ingest: the leader, then standbys that ingest too."""
     settings = config(
         directory,
         nodes,
@@ -152,6 +167,8 @@ def start(
         detect_in_loop=detect_in_loop,
         fronts=fronts,
         detect_processes=detect_processes,
+        replica_ingest=replicas > 1,
+        replica_sync_seconds=replica_sync_seconds,
     )
     path, ready, log = (
         directory / "controller.yaml",
@@ -175,7 +192,50 @@ def start(
     process, address, operators = _launch(command, ready, log, "the controller")
     metrics = f"http://{settings['metrics_address']}/metrics"
     store: Path | str = db if db is not None else Path(str(settings["db"]))
-    return Controller(process, address, metrics, directory, store, operators)
+    controller = Controller(process, address, metrics, directory, store, operators)
+    try:
+        for index in range(1, replicas):
+            standby, bound = _start_standby(directory, index, settings)
+            controller.standbys.append(standby)
+            controller.standby_addresses.append(bound)
+    except BaseException:
+        stop_all(controller)
+        raise
+    return controller
+
+
+def _start_standby(
+    directory: Path, index: int, leader: dict[str, object]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A standby with the leader's settings, its own ports: ingesting once its log says so."""
+    settings = {**leader, "listen": f"127.0.0.1:{free_port()}", "metrics_address": None}
+    settings.pop("operator_listen", None)
+    settings.pop("ingest_fronts", None)  # a standby serves its agents itself
+    path, log = directory / f"standby{index}.yaml", directory / f"standby{index}.log"
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(settings))
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controller", "controller", "--config", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (found := STANDBY_INGESTING.search(log.read_text())) is None:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise RuntimeError(f"standby {index} did not start ingesting:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return process, found.group(1)
+
+
+def stop_all(controller: Controller) -> None:
+    """The standbys, then the leader (none takes over: they go first)."""
+    for standby in controller.standbys:
+        stop(standby)
+    stop(controller.process)
 
 
 def start_floor(directory: Path) -> Controller:
@@ -227,13 +287,19 @@ def sample(controller: Controller) -> Sample:
     """The controller's CPU, RSS and writes, its children's included (the detection process)."""
     parent = psutil.Process(controller.pid)
     cpu, rss, written = 0.0, 0, 0
-    own = {"main": 0.0, "detection": 0.0, "fronts": 0.0}
-    for proc in [parent, *parent.children(recursive=True)]:
+    own = {"main": 0.0, "detection": 0.0, "fronts": 0.0, "replicas": 0.0}
+    standbys = []
+    for standby in controller.standbys:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(standby.pid)
+            standbys += [top, *top.children(recursive=True)]
+    for proc in [parent, *parent.children(recursive=True), *standbys]:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 cpu += times.user + times.system
-                own[_role(proc, parent)] += times.user + times.system
+                role = "replicas" if proc in standbys else _role(proc, parent)
+                own[role] += times.user + times.system
                 rss += proc.memory_info().rss
                 try:
                     written = written + int(proc.io_counters().write_bytes) if written >= 0 else -1
@@ -247,6 +313,7 @@ def sample(controller: Controller) -> Sample:
         own["main"],
         own["detection"],
         own["fronts"],
+        own["replicas"],
         rss,
         written,
         db_bytes(controller.db),

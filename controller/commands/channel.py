@@ -83,6 +83,10 @@ class CommandChannel:
         self._finished: OrderedDict[str, CommandRecord] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
         self.listeners: list[Callable[[CommandRecord], None]] = []  # told of every finished command
+        # replica_ingest (controller/replicas.py): whether a node streams to another replica, whose
+        # channel sends it the commands issued here (take_up) and stores their answers (settle).
+        self.elsewhere: Callable[[str], bool] | None = None
+        self.taken_up: set[str] = set()  # ids of open commands another replica issued, sent from here
 
     async def load(self) -> list[CommandRecord]:
         """Take up the commands a previous controller left unfinished: sent on the node's next
@@ -132,8 +136,59 @@ class CommandChannel:
             del self.streams[stream.node]
 
     def reachable(self, node: str) -> bool:
-        """A stream of the node is open: a command issued now goes out at once."""
-        return node in self.streams
+        """A stream of the node is open, here or (replica_ingest) on another replica: a command issued
+        now goes out at once (from there, within a few seconds)."""
+        return node in self.streams or (self.elsewhere is not None and self.elsewhere(node))
+
+    # Commands across replicas (replica_ingest): the store carries them both ways
+
+    def delegated(self) -> list[CommandRecord]:
+        """Open commands issued here for nodes that stream elsewhere: their replica sends them."""
+        return [r for r in self.open.values() if r.node not in self.streams]
+
+    def settle(self, stored: CommandRecord) -> None:
+        """A delegated command's row as its node's replica last wrote it: its state taken up here; a
+        finished one finishes here too (listeners told), without writing the row again."""
+        record = self.open.get(stored.id)
+        if record is None or record.node in self.streams:  # its node streams here now: answered here
+            return
+        if stored.finished is None:
+            record.state, record.sent, record.boot_id = stored.state, stored.sent, stored.boot_id
+            return
+        failure = {"succeeded": "", "timed_out": "timeout", "cancelled": "cancelled"}.get(
+            stored.state, "error"
+        )
+        if stored.error == RESTARTED:
+            failure = "restarted"
+        self._finish(
+            record, stored.state, error=stored.error, result=stored.result, failure=failure, persist=False
+        )
+
+    def take_up(self, stored: CommandRecord) -> bool:
+        """A command another replica issued for a node that streams here: sent on its stream, same
+        id (the agent runs an id once), its states stored from here. False: not taken up (known
+        here already, or the node does not stream here)."""
+        stream = self.streams.get(stored.node)
+        if (
+            stream is None
+            or stored.id in self.open
+            or stored.id in self._finished
+            or stored.id in self._issuing
+        ):
+            return False
+        self.open[stored.id] = stored
+        self.taken_up.add(stored.id)
+        self._send(stored, stream, again=stored.state != "pending")
+        return True
+
+    def let_go(self, still_open: set[str]) -> list[str]:
+        """Forget the taken-up commands no longer open in the store (their issuer finished them: timed
+        out, cancelled); their ids."""
+        gone = [i for i in self.taken_up if i not in still_open and i in self.open]
+        for command_id in gone:
+            del self.open[command_id]
+        self.taken_up &= set(self.open)
+        return gone
 
     # Issuing
 
@@ -147,7 +202,7 @@ class CommandChannel:
         kind = self.kinds.get(kind_of(command))
         if kind is None:
             raise InvalidMessage(f"unknown command kind {kind_of(command)!r}")
-        if node not in self.streams:
+        if not self.reachable(node):
             raise FailedPrecondition(f"node {node} is not connected")
         if kind.mutating:
             busy = self.mutating_holder(node)
@@ -265,6 +320,7 @@ class CommandChannel:
         error: str = "",
         result: pb.CommandResult | None = None,
         failure: str = "",
+        persist: bool = True,
     ) -> None:
         record.state, record.finished, record.error, record.failure = state, self.clock(), error, failure
         if result is not None:
@@ -273,7 +329,9 @@ class CommandChannel:
         self._finished[record.id] = record
         while len(self._finished) > KEEP_FINISHED:
             self._finished.popitem(last=False)
-        self._persist(record)
+        self.taken_up.discard(record.id)
+        if persist:
+            self._persist(record)
         if state == "succeeded":
             log.info("node %s: command %s (%s) succeeded", record.node, record.id, record.kind)
         else:

@@ -15,19 +15,25 @@ from collections.abc import Mapping
 
 from controller.fleet.model import Fleet, NodeState
 from controller.fleet.state import remember
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+UNCHANGED = pb.Hello()  # a stored node's Hello when the copy it is sent to has the same one
 
 
 def adopt(fleet: Fleet, stored: Fleet, heard: Mapping[str, float], *, counters: bool = True) -> list[str]:
     """Merge `stored` (nodes loaded from the store) into `fleet`; the names of the nodes merged.
     heard: node -> when its owner last wrote it (its clock), for NodeState.last_heard.
-    counters=False leaves the error counters' trends alone, as for apply_frame."""
+    counters=False leaves the error counters' trends alone, as for apply_frame. A node whose Hello
+    is UNCHANGED keeps the one it has (one not held yet is left out)."""
     names = []
     for name, row in stored.nodes.items():
         node = fleet.nodes.get(name)
         if node is None:
+            if not row.hello.node:  # (UNCHANGED: a node this copy should hold already)
+                continue
             node = fleet.nodes[name] = NodeState(name, row.hello, row.first_seen, row.last_seen)
             fleet.probe_version += 1
-        elif node.hello != row.hello:
+        elif row.hello.node and node.hello != row.hello:
             node.hello = row.hello
             fleet.probe_version += 1  # its inventory and probe facts may differ
             present = {g.index for g in row.hello.inventory.gpus}

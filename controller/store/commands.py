@@ -5,10 +5,11 @@ The functions run in the store thread (see writer.py); Store in sqlite.py is the
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from controller.store.rows import newest_rows
-from controller.store.sql import Conn, upsert
+from controller.store.sql import Conn, placeholders, upsert
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 OPEN_STATES = ("pending", "sent", "running")
@@ -43,9 +44,15 @@ COLUMNS = (
 )
 
 
+# A finished command's row never goes back to open: with replica_ingest two controllers write a
+# command's row (its issuer, the replica that sends it), and a state one of them sent before the
+# other finished it may commit after (a late answer still replaces a finished state).
+SAVE = upsert("commands", COLUMNS, "id") + " WHERE commands.finished IS NULL OR excluded.finished IS NOT NULL"
+
+
 def save_command(conn: Conn, r: CommandRecord) -> None:
     conn.execute(
-        upsert("commands", COLUMNS, "id"),
+        SAVE,
         (
             r.id,
             r.node,
@@ -95,6 +102,35 @@ def open_commands(conn: Conn) -> list[CommandRecord]:
     """Commands not finished, oldest first: what a restarted controller still owes its nodes."""
     rows = conn.execute(f"SELECT {COLUMNS} FROM commands WHERE finished IS NULL ORDER BY created, id")
     return [_record(row) for row in rows]
+
+
+IDS_PER_QUERY = 500
+
+
+def _chunks(values: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    for start in range(0, len(values), IDS_PER_QUERY):
+        yield tuple(values[start : start + IDS_PER_QUERY])
+
+
+def open_commands_of(conn: Conn, nodes: Sequence[str]) -> list[CommandRecord]:
+    """These nodes' unfinished commands, oldest first (replica_ingest: the ones to send)."""
+    records = []
+    for chunk in _chunks(nodes):
+        rows = conn.execute(
+            f"SELECT {COLUMNS} FROM commands WHERE finished IS NULL AND node IN ({placeholders(chunk)})",
+            chunk,
+        )
+        records += [_record(row) for row in rows]
+    return sorted(records, key=lambda r: (r.created, r.id))
+
+
+def commands_by_id(conn: Conn, ids: Sequence[str]) -> list[CommandRecord]:
+    """These commands as stored (replica_ingest: how another replica's sending of them went)."""
+    records = []
+    for chunk in _chunks(ids):
+        rows = conn.execute(f"SELECT {COLUMNS} FROM commands WHERE id IN ({placeholders(chunk)})", chunk)
+        records += [_record(row) for row in rows]
+    return records
 
 
 def unanswered_commands(conn: Conn) -> list[CommandRecord]:

@@ -113,11 +113,15 @@ class Store:
         if election is not None:
             lease = BothLeases(election, lease)
         waited = False
-        while not await asyncio.to_thread(lease.try_acquire):
-            if not waited:
-                on_wait()
-                waited = True
-            await asyncio.sleep(poll)
+        try:
+            while not await asyncio.to_thread(lease.try_acquire):
+                if not waited:
+                    on_wait()
+                    waited = True
+                await asyncio.sleep(poll)
+        except BaseException:  # cancelled while waiting (a standby stopped): what it opened, closed
+            lease.release()
+            raise
         self._lease = lease
         try:
             self.epoch = await self._call("leader", lambda c: leader_rows.begin_term(c, holder, now))
@@ -282,6 +286,15 @@ class Store:
         """What a starting controller takes up: the unfinished commands, and those timed out with no
         answer yet (a late answer is still recorded against them)."""
         return await self._call("load_commands", command_rows.load_commands)
+
+    async def open_commands_of(self, nodes: Sequence[str]) -> list[CommandRecord]:
+        """These nodes' unfinished commands, oldest first."""
+        names = list(nodes)
+        return await self._call("list_commands", lambda c: command_rows.open_commands_of(c, names))
+
+    async def commands_by_id(self, ids: Sequence[str]) -> list[CommandRecord]:
+        wanted = list(ids)
+        return await self._call("list_commands", lambda c: command_rows.commands_by_id(c, wanted))
 
     async def add_audit(self, entry: AuditEntry) -> None:
         """Write a request's audit entry; returns once it is committed (so before anything acts)."""

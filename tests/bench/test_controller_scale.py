@@ -101,11 +101,12 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
 
 def test_no_process_is_left_behind(document: dict[str, Any]) -> None:
     assert document["steps"]
-    # multiprocessing's resource tracker (started by spawn) lives as long as this process: not ours.
+    # multiprocessing's resource tracker (started by spawn) lives as long as this process, and so
+    # does the session's PostgreSQL server when an earlier test started it: not the bench's.
     left = [
         p
         for p in psutil.Process().children(recursive=True)
-        if "resource_tracker" not in " ".join(p.cmdline())
+        if "resource_tracker" not in " ".join(p.cmdline()) and p.name() != "postgres"
     ]
     assert left == []
 
@@ -157,3 +158,28 @@ def test_with_ingest_fronts_each_process_is_counted_and_operators_use_their_port
     assert sum(parts) == pytest.approx(step["cpu_ms_per_frame"], rel=1e-6)  # every process once
     assert document["settings"]["ingest_fronts"] == 2 and document["settings"]["detect_processes"] == 2
     assert yaml.safe_load((tmp_path / "controller.yaml").read_text())["detect"]["processes"] == 2
+
+
+def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """Two replicas (replica_ingest) on a PostgreSQL store, one worker's streams to each: the
+    standby's CPU is counted on its own, and the leader lists the whole fleet."""
+    url = postgres_server.new_database()
+    args = controller_scale.parse_args([*STEP, "--workers", "2", "--replicas", "2", "--db", url])
+    document = controller_scale.run(args, tmp_path)
+    [step] = document["steps"]
+    assert step["connected"] == NODES and step["frames_acked"] > 0.5 * step["frames_due"], step
+    assert step["errors"] == 0 and step["list_nodes_count"] == NODES
+    assert step["replicas_ms_per_frame"] > 0 and step["main_ms_per_frame"] > 0
+    # The leader ingested only its own worker's streams: about half of the frames.
+    assert 0 < step["controller_frames_per_second"] < 0.8 * step["frames_per_second"], step
+    assert "standby: ingesting" in (tmp_path / "standby1.log").read_text()
+    assert document["settings"]["replicas"] == 2
+    left = [p for p in psutil.Process().children(recursive=True) if "controller" in " ".join(p.cmdline())]
+    assert left == []  # the standby stopped too
+
+
+def test_replicas_need_as_many_workers() -> None:
+    with pytest.raises(SystemExit):
+        controller_scale.parse_args(["--replicas", "3", "--workers", "2"])

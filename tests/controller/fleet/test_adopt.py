@@ -4,7 +4,7 @@ inventory."""
 
 from __future__ import annotations
 
-from controller.fleet.adopt import adopt
+from controller.fleet.adopt import UNCHANGED, adopt
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
 from controller.fleet.trends import gpu_key
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -81,3 +81,16 @@ def test_a_new_hello_is_a_new_inventory() -> None:
     assert node.boot_id == "b2" and sorted(node.gpus) == [0]
     assert fleet.probe_version > version
     assert fleet.acked == {("n1", "b1"): 5, ("n1", "b2"): 1}
+
+
+def test_an_unchanged_hello_keeps_the_held_one_and_a_node_not_held_is_left_out() -> None:
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0), {})
+    version = fleet.probe_version
+    again = _stored(110.0)
+    again.nodes["n1"].hello = UNCHANGED
+    adopt(fleet, again, {})
+    assert fleet.nodes["n1"].hello == _hello() and fleet.nodes["n1"].gpus[0].time == 110.0
+    assert fleet.probe_version == version + 1  # the newer probe result, not a new Hello
+    empty = Fleet()
+    assert adopt(empty, again, {}) == [] and empty.nodes == {} and empty.probes == {}

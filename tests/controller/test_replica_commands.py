@@ -1,0 +1,136 @@
+"""Commands across replicas (replica_ingest, controller/replicas.py), two controllers in one process
+on one store (an SQLite file, a real PostgreSQL database): the leader issues a command for a node
+that streams to the standby; the standby sends it on that stream, same id, and stores the answer;
+the leader finishes it as stored. A command the leader gave up on is let go there."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from controller.app import ControllerApp
+from controller.commands.channel import CommandChannel
+from controller.errors import FailedPrecondition
+from controller.replicas import ReplicaFeed
+from controller.store.commands import CommandRecord
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.harness import T0, Clock, config, frame, hello
+from tests.controller.store.test_store import run
+
+Body = Callable[[ControllerApp, ControllerApp, asyncio.Queue[pb.ControllerMessage], Clock], Awaitable[None]]
+
+
+def _with_replicas(db: str, body: Body) -> None:
+    """A leader, and a standby (serving its agents) with n1 streaming to it, which the leader took in."""
+    clock = Clock(T0)
+
+    async def go() -> None:
+        cfg = config(db=db, replica_ingest=True, replica_sync_seconds=5.0)
+        leader, standby = ControllerApp(cfg, clock=clock), ControllerApp(cfg, clock=clock)
+        standby.holder = standby.store.owner = "standby:2"
+        await leader.start()
+        serving = asyncio.Event()
+
+        async def ingest_here() -> None:
+            serving.set()
+            await asyncio.Event().wait()
+
+        waiting = asyncio.create_task(standby.start(standby_work=ingest_here))
+        try:
+            await asyncio.wait_for(serving.wait(), 10)
+            outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
+            await standby.ingest.hello(hello("n1"))
+            standby.commands.open_stream(hello("n1"), outbox, "ipv4:10.0.0.9:4000")
+            await standby.ingest.frame("n1", frame(1))
+            assert isinstance(leader.replicas, ReplicaFeed)
+            assert await leader.replicas.take_in() == ["n1"]
+            await body(leader, standby, outbox, clock)
+        finally:
+            waiting.cancel()
+            leader.close()
+            standby.close()
+
+    run(go())
+
+
+def _feed(app: ControllerApp) -> ReplicaFeed:
+    assert isinstance(app.replicas, ReplicaFeed)
+    return app.replicas
+
+
+async def _stored(channel: CommandChannel, command_id: str) -> CommandRecord:
+    (row,) = await channel.store.commands_by_id([command_id])  # queued after its writes: committed
+    return row
+
+
+def test_the_standby_sends_the_leaders_command_and_the_leader_finishes_it_as_answered(store_db: str) -> None:
+    async def body(
+        leader: ControllerApp,
+        standby: ControllerApp,
+        outbox: asyncio.Queue[pb.ControllerMessage],
+        clock: Clock,
+    ) -> None:
+        finished: list[str] = []
+        leader.commands.listeners.append(lambda r: finished.append(f"{r.id} {r.state}"))
+        assert leader.fleet.nodes["n1"].connected and leader.commands.reachable("n1")
+        run_probes = pb.Command(run_probes=pb.RunProbes(probes=["gemm"]))
+        record = await leader.commands.issue("n1", run_probes, "operator:alice")
+        assert record.state == "pending" and leader.commands.delegated() == [record]
+
+        assert await _feed(standby).deliver_commands() == 1
+        sent = outbox.get_nowait().command
+        assert sent.id == record.id and list(sent.run_probes.probes) == ["gemm"]
+        assert await _feed(standby).deliver_commands() == 0  # once
+        assert (await _stored(standby.commands, record.id)).state == "sent"
+        assert await _feed(leader).settle_commands() == 0
+        assert record.state == "sent" and record.boot_id == "b1" and finished == []
+
+        standby.commands.started("n1", record.id)
+        result = pb.CommandResult(command_id=record.id, ok=True, run_probes=pb.RunProbesResult(results=8))
+        standby.commands.answered("n1", result)
+        assert (await _stored(standby.commands, record.id)).state == "succeeded"
+        assert await _feed(leader).settle_commands() == 1
+        assert (
+            record.state == "succeeded"
+            and record.result is not None
+            and record.result.run_probes.results == 8
+        )
+        assert finished == [f"{record.id} succeeded"] and leader.commands.delegated() == []
+
+    _with_replicas(store_db, body)
+
+
+def test_a_command_the_leader_gave_up_on_is_let_go_by_the_standby(store_db: str) -> None:
+    async def body(
+        leader: ControllerApp,
+        standby: ControllerApp,
+        outbox: asyncio.Queue[pb.ControllerMessage],
+        clock: Clock,
+    ) -> None:
+        record = await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
+        assert await _feed(standby).deliver_commands() == 1
+        assert record.id in standby.commands.open
+        leader.commands.expire(record.deadline + 1)  # the leader's deadline passed first
+        assert (await _stored(leader.commands, record.id)).state == "timed_out"
+        await _feed(standby).deliver_commands()
+        assert record.id not in standby.commands.open and not standby.commands.taken_up
+
+    _with_replicas(store_db, body)
+
+
+def test_a_node_streaming_nowhere_is_refused_commands(store_db: str) -> None:
+    async def body(
+        leader: ControllerApp,
+        standby: ControllerApp,
+        outbox: asyncio.Queue[pb.ControllerMessage],
+        clock: Clock,
+    ) -> None:
+        clock.now += 3 * 5.0  # the standby stopped writing n1: its agent streams nowhere
+        await _feed(leader).take_in()
+        assert not leader.fleet.nodes["n1"].connected
+        with pytest.raises(FailedPrecondition, match="node n1 is not connected"):
+            await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
+
+    _with_replicas(store_db, body)
