@@ -18,6 +18,7 @@ from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
 from controller.recording import RecordHub
 from controller.store.store import Store
+from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
@@ -29,7 +30,7 @@ class FleetMirror(Protocol):
 
     def frame(self, node: str, plan: FramePlan, frame: bytes) -> None: ...
 
-    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None: ...
+    def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,8 @@ class Ingest:
         before = await self.store.claim_node(node)
         if before is None and node in self.fleet.nodes:
             return
-        stored = await self.store.load_nodes([node])
+        rows = await self.store.load_nodes([node])
+        stored = rows.fleet()
         if before is not None:
             log.info("node %s: taken over from replica %s (its agent connected here)", node, before)
             self.counters.taken_over += 1
@@ -129,7 +131,7 @@ class Ingest:
         heard = {node: row.last_seen} if row is not None else {}
         adopt(self.fleet, stored, heard, counters=self.mirror is None)
         if self.mirror is not None:
-            self.mirror.adopt(stored, heard)
+            self.mirror.adopt(rows, heard)
         if row is not None:
             newest = max([g.time for g in row.gpus.values()] + [row.host_time])
             if newest > 0:

@@ -19,6 +19,11 @@ another replica as for its own (its row stored first); that replica finds it amo
 unfinished commands (every COMMAND_POLL_SECONDS), sends it on the node's stream and stores how it
 went; the leader reads the rows of the commands it is waiting for at the same pace and finishes them
 as stored (CommandChannel.take_up, settle).
+
+Each replica writes its own clock into the store; the replicas' clocks should agree within a few
+seconds (NTP, as Kubernetes nodes do). A node counts as streaming to another replica while that one
+wrote it within STREAMING_SYNCS syncs by the leader's clock, and every look reads again what was
+written within CHANGE_MARGIN_SECONDS before the last (loading only what was rewritten since).
 """
 
 from __future__ import annotations
@@ -30,19 +35,18 @@ from collections.abc import Callable, Mapping
 
 from controller.commands.channel import CommandChannel
 from controller.errors import StoreUnavailable
-from controller.fleet.adopt import UNCHANGED, adopt
+from controller.fleet.adopt import adopt
 from controller.fleet.model import Fleet
 from controller.ingest import FleetMirror
 from controller.store.owners import CHANGE_MARGIN_SECONDS
 from controller.store.store import Store
+from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.replicas")
 STREAMING_SYNCS = 3  # a node another replica wrote within this many replica_sync_seconds streams there
-COMMAND_POLL_SECONDS = 2.0
-NODES_PER_LOAD = (
-    250  # nodes taken in per store call  # how often commands across replicas are looked for, both ways
-)
+COMMAND_POLL_SECONDS = 2.0  # how often commands across replicas are looked for, both ways
+NODES_PER_LOAD = 250  # nodes taken in per store call (the event loop serves between them)
 
 
 class ReplicaFeed:
@@ -85,7 +89,7 @@ class ReplicaFeed:
             for n, seen in changed.items()
             if self._connections.get(n, 0) == 0 and self.elsewhere.get(n) != seen
         )
-        for start in range(0, len(names), NODES_PER_LOAD):  # the event loop serves between loads
+        for start in range(0, len(names), NODES_PER_LOAD):
             chunk = names[start : start + NODES_PER_LOAD]
             self._adopt(await self.store.load_nodes(chunk), {n: changed[n][1] for n in chunk})
             self.elsewhere.update((n, changed[n]) for n in chunk)
@@ -97,19 +101,18 @@ class ReplicaFeed:
                 node.connected = self.streaming(name)
         return names
 
-    def _adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+    def _adopt(self, rows: StoredNodes, heard: Mapping[str, float]) -> None:
         fleet = self._fleet()
         mirror = self._mirror()
-        same = [r for n, r in stored.nodes.items() if n in fleet.nodes and fleet.nodes[n].hello == r.hello]
+        stored = rows.fleet()
+        same = {n for n, r in stored.nodes.items() if n in fleet.nodes and fleet.nodes[n].hello == r.hello}
         # With a detection copy, the error counters' trends are kept there only (as for frames).
         adopt(fleet, stored, heard, counters=mirror is None)
         for name in stored.nodes:
             if name in fleet.nodes:
                 fleet.nodes[name].connected = self.streaming(name)
-        if mirror is not None:
-            for row in same:  # the copy holds that Hello already: not sent again
-                row.hello = UNCHANGED
-            mirror.adopt(stored, heard)
+        if mirror is not None:  # the rows as stored (cheap to send); the Hellos it holds left out
+            mirror.adopt(rows.without_hellos(same), heard)
         self.taken += len(stored.nodes)
         results: dict[str, list[pb.ProbeResult]] = {}
         for record in stored.probes.values():

@@ -25,6 +25,7 @@ from controller.detection.wire import HEADER, decode, encode
 from controller.fleet.model import Fleet
 from controller.fleet.state import FramePlan
 from controller.pipe_sizes import widen
+from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.detect")
@@ -98,8 +99,8 @@ class DetectionProcess:
     def forget(self, names: Sequence[str]) -> None:
         self._send(("forget", list(names)))
 
-    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
-        """Nodes another replica ingests, as stored (controller/fleet/adopt.py)."""
+    def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
+        """Nodes another replica ingests, their rows as stored (controller/fleet/adopt.py)."""
         self._send(("adopt", stored, dict(heard)))
 
     async def run_pass(

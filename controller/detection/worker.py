@@ -51,7 +51,7 @@ class Mirror:
         elif kind == "forget":
             forget(self.fleet, message[1])
         elif kind == "adopt":
-            adopt(self.fleet, message[1], message[2])
+            adopt(self.fleet, message[1].fleet(), message[2])
         elif kind == "pass":
             _, pass_id, now, names, merged = message
             names = self.names if names is None else names

@@ -13,9 +13,9 @@ import msgspec
 
 from controller.fleet.finding import Finding
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import HISTORY_POINTS, Fleet, FrameWrite, GpuState, NodeState, ProbeRecord
-from controller.store.sql import Conn, placeholders, upsert
-from protos.gpufleet.v1 import bmc_pb2
+from controller.fleet.model import HISTORY_POINTS, Fleet, FrameWrite, GpuState
+from controller.store.sql import Conn, upsert
+from controller.store.stored_nodes import fetch_nodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -141,65 +141,14 @@ def load_history(conn: Conn, fleet: Fleet) -> None:
 
 
 def load(conn: Conn) -> tuple[Fleet, list[StoredFinding]]:
+    """Every node as stored, with its probe history; the active findings."""
     fleet = load_nodes(conn, None)
     load_history(conn, fleet)
     active = list_findings(conn, "", False, 1_000_000)
     return fleet, active
 
 
-NAMES_PER_QUERY = 500  # nodes named in one IN (...) list
-
-
 def load_nodes(conn: Conn, names: Sequence[str] | None) -> Fleet:
     """The named nodes (None: all) as stored: Hellos, ack positions, latest readings and probe
     results (not their history, nor findings)."""
-    fleet = Fleet()
-    if names is None:
-        _load_into(fleet, conn, "", ())
-    for start in range(0, 0 if names is None else len(names), NAMES_PER_QUERY):
-        chunk = tuple(names[start : start + NAMES_PER_QUERY]) if names is not None else ()
-        _load_into(fleet, conn, f" WHERE {{}} IN ({placeholders(chunk)})", chunk)
-    return fleet
-
-
-def _load_into(fleet: Fleet, conn: Conn, where: str, args: tuple[str, ...]) -> None:
-    """The rows `where` selects (formatted with each table's node column), into fleet."""
-    nodes = fleet.nodes
-    for name, hello_bytes, first_seen, last_seen in conn.execute(
-        "SELECT name, hello, first_seen, last_seen FROM nodes" + where.format("name"), args
-    ):
-        nodes[name] = NodeState(name, pb.Hello.FromString(hello_bytes), first_seen, last_seen)
-    node_where = where.format("node")
-    for node, boot_id, acked, updated in conn.execute(
-        "SELECT node, boot_id, acked_seq, updated FROM boots" + node_where, args
-    ):
-        fleet.acked[(node, boot_id)] = int(acked)
-        if node in nodes:  # a frame's time moves boots.updated, not nodes.last_seen
-            nodes[node].last_seen = max(nodes[node].last_seen, updated)
-    for node, gpu, time, sample, held in conn.execute(
-        "SELECT node, gpu, time, sample, held FROM gpu_state" + node_where, args
-    ):
-        if node in nodes:
-            nodes[node].gpus[gpu] = GpuState(gpu, pb.GpuSample.FromString(sample), time, json.loads(held))
-    for node, time, sample in conn.execute("SELECT node, time, sample FROM host_state" + node_where, args):
-        if node in nodes:
-            nodes[node].host = pb.HostSample.FromString(sample)
-            nodes[node].host_time = time
-    for node, time, sample in conn.execute("SELECT node, time, sample FROM bmc_state" + node_where, args):
-        if node in nodes:
-            nodes[node].bmc = bmc_pb2.BmcSample.FromString(sample)
-            nodes[node].bmc_time = time
-    for node, gpu, probe, variant, time, value, unit, result in conn.execute(
-        "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + node_where, args
-    ):
-        record = ProbeRecord(
-            node,
-            None if gpu < 0 else gpu,
-            probe,
-            variant,
-            value,
-            unit,
-            time,
-            pb.ProbeResult.FromString(result),
-        )
-        fleet.probes[record.key] = record
+    return fetch_nodes(conn, names).fleet()

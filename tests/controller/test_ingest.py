@@ -13,6 +13,7 @@ from controller.fleet.model import Fleet
 from controller.fleet.state import FramePlan, plan_changes
 from controller.ingest import Ingest
 from controller.store.store import Store
+from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import bmc_sample
 
@@ -218,7 +219,7 @@ class _Mirror:
     def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
         self.frames.append((node, plan, frame))
 
-    def adopt(self, stored: Fleet, heard: Mapping[str, float]) -> None:
+    def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
         pass
 
 

@@ -34,6 +34,14 @@ async def _three_frames(standby: ControllerApp) -> None:
     await standby.ingest.flush_state()
 
 
+async def _close(waiting: asyncio.Task[None], leader: ControllerApp, standby: ControllerApp) -> None:
+    waiting.cancel()
+    if leader.detection is not None:
+        await leader.detection.stop()
+    leader.close()
+    standby.close()
+
+
 def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves_takes_its_node_along(
     store_db: str,
 ) -> None:
@@ -43,6 +51,7 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
         leader, standby = _apps(store_db, clock)
         standby.holder = standby.store.owner = "standby:2"  # one process: give them two names
         await leader.start()
+        await leader.start_detection_process()  # its detectors judge a copy, fed what it takes in
         serving = asyncio.Event()
 
         async def ingest_here() -> None:
@@ -68,7 +77,7 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             page = generate_latest(controller_registry(leader)).decode()
             assert "gpufleet_controller_replica_nodes_elsewhere 1.0" in page
             assert "gpufleet_controller_replica_nodes_taken_in_total 1.0" in page
-            report = await leader.detection_pass()  # its detectors judge the node
+            report = await leader.detection_pass()  # in the detection process: the XID reached it
             assert [(f.node, f.cause) for f in report.findings] == [("n1", "xid_error")]
             clock.now += 3 * 5.0
             assert await feed.take_in() == []  # read again within the margin, not rewritten: not loaded
@@ -88,9 +97,7 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             assert standby.ingest.state_every_seconds == standby.config.db_state_seconds
             assert standby.fleet.acked[("n1", "b1")] == 4
         finally:
-            waiting.cancel()
-            leader.close()
-            standby.close()
+            await _close(waiting, leader, standby)
 
     run(go())
 

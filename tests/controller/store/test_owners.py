@@ -8,9 +8,10 @@ import pytest
 
 from controller.errors import NotOwner
 from controller.fleet.model import NodeState
-from controller.store import nodes as node_rows
+from controller.store import stored_nodes
 from controller.store.owners import owners
 from controller.store.store import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.store.test_store import hello, run, write
 
 
@@ -102,7 +103,7 @@ def test_the_leader_finds_what_other_replicas_wrote_since_it_looked(store_db: st
 def test_load_nodes_loads_just_the_named_nodes_in_chunks(
     store_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_rows, "NAMES_PER_QUERY", 2)
+    monkeypatch.setattr(stored_nodes, "NAMES_PER_QUERY", 2)
 
     async def go() -> None:
         store = Store(store_db)
@@ -110,13 +111,16 @@ def test_load_nodes_loads_just_the_named_nodes_in_chunks(
         for i in range(5):
             await store.save_hello(hello(f"n{i}"), 100.0)
             await store.save_frame(write(1 + i, f"n{i}"))
-        part = await store.load_nodes(["n0", "n2", "n3", "n4"])
+        rows = await store.load_nodes(["n0", "n2", "n3", "n4"])
+        part = rows.fleet()
         assert sorted(part.nodes) == ["n0", "n2", "n3", "n4"]
         assert part.nodes["n3"].gpus[0].sample.power_watts == 504.0
         assert part.nodes["n4"].host is not None
         assert part.acked == {(f"n{i}", "b1"): 1 + i for i in (0, 2, 3, 4)}
         assert {key[0] for key in part.probes} == {"n0", "n2", "n3", "n4"}
-        assert (await store.load_nodes([])).nodes == {}
+        assert (await store.load_nodes([])).fleet().nodes == {}
+        unsent = rows.without_hellos({"n2"}).fleet()  # (for a copy that holds n2's Hello)
+        assert unsent.nodes["n2"].hello == pb.Hello() and unsent.nodes["n0"].hello == hello("n0")
         store.close()
 
     run(go())

@@ -1,0 +1,108 @@
+"""Some nodes' rows as stored, not parsed yet (controller/replicas.py): cheap to pass on to the
+detection process, parsed into a Fleet where they are used (StoredNodes.fleet). The rows of the
+node tables that load() reads: Hellos, ack positions, latest readings, probe results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.store.sql import Conn, placeholders
+from protos.gpufleet.v1 import bmc_pb2
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+NAMES_PER_QUERY = 500  # nodes named in one IN (...) list
+
+
+@dataclass(slots=True)
+class StoredNodes:
+    nodes: list[tuple[str, bytes, float, float]] = field(
+        default_factory=list
+    )  # name, Hello, first, last seen
+    boots: list[tuple[str, str, int, float]] = field(default_factory=list)  # node, boot, acked, updated
+    gpus: list[tuple[str, int, float, bytes, str]] = field(
+        default_factory=list
+    )  # node, gpu, time, sample, held
+    hosts: list[tuple[str, float, bytes]] = field(default_factory=list)
+    bmcs: list[tuple[str, float, bytes]] = field(default_factory=list)
+    # node, gpu (-1: node-level), probe, variant, time, value, unit, ProbeResult
+    probes: list[tuple[str, int, str, str, float, float, str, bytes]] = field(default_factory=list)
+
+    def without_hellos(self, names: Collection[str]) -> StoredNodes:
+        """The same rows with these nodes' Hellos left empty (controller/fleet/adopt.py: the copy they
+        go to holds that Hello already)."""
+        nodes = [(n, b"" if n in names else hello, *rest) for n, hello, *rest in self.nodes]
+        return StoredNodes(nodes, self.boots, self.gpus, self.hosts, self.bmcs, self.probes)  # type: ignore[arg-type]
+
+    def fleet(self) -> Fleet:
+        """The rows parsed: a Fleet of those nodes (no probe history, no findings)."""
+        fleet = Fleet()
+        nodes = fleet.nodes
+        for name, hello, first_seen, last_seen in self.nodes:
+            nodes[name] = NodeState(name, pb.Hello.FromString(hello), first_seen, last_seen)
+        for node, boot_id, acked, updated in self.boots:
+            fleet.acked[(node, boot_id)] = acked
+            if node in nodes:  # a frame's time moves boots.updated, not nodes.last_seen
+                nodes[node].last_seen = max(nodes[node].last_seen, updated)
+        for node, gpu, time, sample, held in self.gpus:
+            if node in nodes:
+                nodes[node].gpus[gpu] = GpuState(gpu, pb.GpuSample.FromString(sample), time, json.loads(held))
+        for node, time, sample in self.hosts:
+            if node in nodes:
+                nodes[node].host, nodes[node].host_time = pb.HostSample.FromString(sample), time
+        for node, time, sample in self.bmcs:
+            if node in nodes:
+                nodes[node].bmc, nodes[node].bmc_time = bmc_pb2.BmcSample.FromString(sample), time
+        for node, gpu, probe, variant, time, value, unit, result in self.probes:
+            parsed = pb.ProbeResult.FromString(result)
+            record = ProbeRecord(node, None if gpu < 0 else gpu, probe, variant, value, unit, time, parsed)
+            fleet.probes[record.key] = record
+        return fleet
+
+
+def fetch_nodes(conn: Conn, names: Sequence[str] | None) -> StoredNodes:
+    """The named nodes' rows (None: every node's)."""
+    rows = StoredNodes()
+    if names is None:
+        _fetch_into(rows, conn, "", ())
+    for start in range(0, 0 if names is None else len(names), NAMES_PER_QUERY):
+        chunk = tuple(names[start : start + NAMES_PER_QUERY]) if names is not None else ()
+        _fetch_into(rows, conn, f" WHERE {{}} IN ({placeholders(chunk)})", chunk)
+    return rows
+
+
+def _fetch_into(rows: StoredNodes, conn: Conn, where: str, args: tuple[str, ...]) -> None:
+    """The rows `where` selects (formatted with each table's node column)."""
+    on_node = where.format("node")
+    rows.nodes += [
+        (str(n), bytes(h), float(f), float(s))
+        for n, h, f, s in conn.execute(
+            "SELECT name, hello, first_seen, last_seen FROM nodes" + where.format("name"), args
+        )
+    ]
+    rows.boots += [
+        (str(n), str(b), int(a), float(u))
+        for n, b, a, u in conn.execute("SELECT node, boot_id, acked_seq, updated FROM boots" + on_node, args)
+    ]
+    rows.gpus += [
+        (str(n), int(g), float(t), bytes(s), str(h))
+        for n, g, t, s, h in conn.execute(
+            "SELECT node, gpu, time, sample, held FROM gpu_state" + on_node, args
+        )
+    ]
+    rows.hosts += [
+        (str(n), float(t), bytes(s))
+        for n, t, s in conn.execute("SELECT node, time, sample FROM host_state" + on_node, args)
+    ]
+    rows.bmcs += [
+        (str(n), float(t), bytes(s))
+        for n, t, s in conn.execute("SELECT node, time, sample FROM bmc_state" + on_node, args)
+    ]
+    rows.probes += [
+        (str(n), int(g), str(p), str(v), float(t), float(x), str(u), bytes(r))
+        for n, g, p, v, t, x, u, r in conn.execute(
+            "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + on_node, args
+        )
+    ]
