@@ -129,11 +129,10 @@ class ControllerApp:
         self.failed_passes = 0
         self.collector = CollectorPolicy()  # serve() runs it (controller/gc_policy.py)
         self.commands = CommandChannel(self.store, clock)
-        if self.replicas is not None:
+        self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
+        if self.replicas is not None:  # commands across replicas go through the store both ways
             self.replicas.commands = self.commands
             self.commands.elsewhere = self.replicas.streaming
-        self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
-        if self.replicas is not None:
             self.replicas.on_results = self.probing.commands.add_results
         # Operators' acks, silences and maintenance (controller/fleet/silencing.py; start() loads
         # them): silenced findings drive no action, nodes under maintenance are not probed.

@@ -178,6 +178,7 @@ class Ingest:
         self.last_frame.pop(node, None)
         self.state_saved.pop(node, None)
         self.unsaved.discard(node)
+        self.unsaved_xids.pop(node, None)
 
     async def flush_state(self) -> int:
         """Write every node's latest readings the store does not hold yet (at shutdown); return how many."""
