@@ -17,16 +17,14 @@ fleet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport, merge
+from controller.detection.changes import FleetChanges
 from controller.detection.process import DetectionProcess, DetectionUnavailable
 from controller.detection.wire import encode
 from controller.fleet.model import Fleet
-from controller.fleet.state import FramePlan
-from controller.store.stored_nodes import StoredNodes
-from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
 def share_out(names: Sequence[str], durations: dict[str, float], count: int) -> list[list[str]]:
@@ -43,7 +41,7 @@ def share_out(names: Sequence[str], durations: dict[str, float], count: int) -> 
     return [[n for n in names if part_of[n] == i] for i in range(count)]
 
 
-class DetectionPool:
+class DetectionPool(FleetChanges):
     """DetectionProcess's interface over `count` processes (1: one process, as DetectionProcess)."""
 
     def __init__(self, config: DetectConfig, names: Sequence[str], count: int = 1) -> None:
@@ -74,22 +72,6 @@ class DetectionPool:
         data = encode(message)
         for process in self.processes:
             process.send(data)
-
-    def hello(self, hello: pb.Hello, acked: int, now: float) -> None:
-        self._send(("hello", hello, acked, now))
-
-    def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
-        self._send(("frame", node, plan, frame))
-
-    def connected(self, node: str, connected: bool) -> None:
-        self._send(("connected", node, connected))
-
-    def forget(self, names: Sequence[str]) -> None:
-        self._send(("forget", list(names)))
-
-    def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
-        """Nodes another replica ingests, their rows as stored (controller/fleet/adopt.py)."""
-        self._send(("adopt", stored, dict(heard)))
 
     async def run_pass(self, now: float) -> PassReport:
         if len(self.processes) == 1:

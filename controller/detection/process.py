@@ -15,18 +15,16 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from controller.batched_writes import BatchedWriter
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport
+from controller.detection.changes import FleetChanges
 from controller.detection.wire import HEADER, decode, encode
 from controller.fleet.model import Fleet
-from controller.fleet.state import FramePlan
 from controller.pipe_sizes import widen
-from controller.store.stored_nodes import StoredNodes
-from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.detect")
 PASS_TIMEOUT_SECONDS = 120.0
@@ -39,7 +37,7 @@ class DetectionUnavailable(RuntimeError):
     """The detection process is gone or did not answer: this pass has no report."""
 
 
-class DetectionProcess:
+class DetectionProcess(FleetChanges):
     def __init__(self, config: DetectConfig, names: Sequence[str]) -> None:
         self.config = config
         self.names = list(names)
@@ -82,26 +80,6 @@ class DetectionProcess:
             return encode(("init", fleet, self.config, self.names))
         finally:
             fleet.derived = saved
-
-    # The fleet's changes, in the order the controller applied them
-
-    def hello(self, hello: pb.Hello, acked: int, now: float) -> None:
-        self._send(("hello", hello, acked, now))
-
-    def frame(self, node: str, plan: FramePlan, frame: bytes) -> None:
-        """An applied frame: its plan and its bytes as screened (the process builds the same write
-        from them: far less to encode and decode than the write itself, pickled)."""
-        self._send(("frame", node, plan, frame))
-
-    def connected(self, node: str, connected: bool) -> None:
-        self._send(("connected", node, connected))
-
-    def forget(self, names: Sequence[str]) -> None:
-        self._send(("forget", list(names)))
-
-    def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
-        """Nodes another replica ingests, their rows as stored (controller/fleet/adopt.py)."""
-        self._send(("adopt", stored, dict(heard)))
 
     async def run_pass(
         self, now: float, names: list[str] | None = None, *, merged: bool = True

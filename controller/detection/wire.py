@@ -3,7 +3,8 @@ process it started read them (its own stdin and stdout), never anything from the
 
 To the process: ("init", fleet, detect config, detector names), ("hello", hello, acked, now),
 ("frame", node, FramePlan, frame bytes as screened), ("connected", node, bool), ("forget", names),
-("pass", id, now, detector names or None for all, merged).
+("adopt", StoredNodes, node -> when written) (replica_ingest), ("pass", id, now, detector names or
+None for all, merged).
 From it: ("report", id, PassReport) or ("failed", id, why)."""
 
 from __future__ import annotations

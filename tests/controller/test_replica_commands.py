@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -16,10 +17,20 @@ from controller.errors import FailedPrecondition
 from controller.replicas import ReplicaFeed
 from controller.store.commands import CommandRecord
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.harness import T0, Clock, config, frame, hello
+from tests.controller.harness import T0, Clock, frame, hello
+from tests.controller.replica_apps import SYNC_SECONDS, leader_and_standby
 from tests.controller.store.test_store import run
 
-Body = Callable[[ControllerApp, ControllerApp, asyncio.Queue[pb.ControllerMessage], Clock], Awaitable[None]]
+
+@dataclass
+class Scene:
+    leader: ControllerApp
+    standby: ControllerApp
+    outbox: asyncio.Queue[pb.ControllerMessage]  # n1's stream on the standby
+    clock: Clock
+
+
+Body = Callable[[Scene], Awaitable[None]]
 
 
 def _with_replicas(db: str, body: Body) -> None:
@@ -27,30 +38,14 @@ def _with_replicas(db: str, body: Body) -> None:
     clock = Clock(T0)
 
     async def go() -> None:
-        cfg = config(db=db, replica_ingest=True, replica_sync_seconds=5.0)
-        leader, standby = ControllerApp(cfg, clock=clock), ControllerApp(cfg, clock=clock)
-        standby.holder = standby.store.owner = "standby:2"
-        await leader.start()
-        serving = asyncio.Event()
-
-        async def ingest_here() -> None:
-            serving.set()
-            await asyncio.Event().wait()
-
-        waiting = asyncio.create_task(standby.start(standby_work=ingest_here))
-        try:
-            await asyncio.wait_for(serving.wait(), 10)
+        async with leader_and_standby(db, clock) as replicas:
+            standby = replicas.standby
             outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
             await standby.ingest.hello(hello("n1"))
             standby.commands.open_stream(hello("n1"), outbox, "ipv4:10.0.0.9:4000")
             await standby.ingest.frame("n1", frame(1))
-            assert isinstance(leader.replicas, ReplicaFeed)
-            assert await leader.replicas.take_in() == ["n1"]
-            await body(leader, standby, outbox, clock)
-        finally:
-            waiting.cancel()
-            leader.close()
-            standby.close()
+            assert await replicas.feed.take_in() == ["n1"]
+            await body(Scene(replicas.leader, standby, outbox, clock))
 
     run(go())
 
@@ -66,12 +61,8 @@ async def _stored(channel: CommandChannel, command_id: str) -> CommandRecord:
 
 
 def test_the_standby_sends_the_leaders_command_and_the_leader_finishes_it_as_answered(store_db: str) -> None:
-    async def body(
-        leader: ControllerApp,
-        standby: ControllerApp,
-        outbox: asyncio.Queue[pb.ControllerMessage],
-        clock: Clock,
-    ) -> None:
+    async def body(scene: Scene) -> None:
+        leader, standby, outbox = scene.leader, scene.standby, scene.outbox
         finished: list[str] = []
         leader.commands.listeners.append(lambda r: finished.append(f"{r.id} {r.state}"))
         assert leader.fleet.nodes["n1"].connected and leader.commands.reachable("n1")
@@ -103,12 +94,8 @@ def test_the_standby_sends_the_leaders_command_and_the_leader_finishes_it_as_ans
 
 
 def test_a_command_the_leader_gave_up_on_is_let_go_by_the_standby(store_db: str) -> None:
-    async def body(
-        leader: ControllerApp,
-        standby: ControllerApp,
-        outbox: asyncio.Queue[pb.ControllerMessage],
-        clock: Clock,
-    ) -> None:
+    async def body(scene: Scene) -> None:
+        leader, standby = scene.leader, scene.standby
         record = await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
         assert await _feed(standby).deliver_commands() == 1
         assert record.id in standby.commands.open
@@ -121,13 +108,9 @@ def test_a_command_the_leader_gave_up_on_is_let_go_by_the_standby(store_db: str)
 
 
 def test_a_node_streaming_nowhere_is_refused_commands(store_db: str) -> None:
-    async def body(
-        leader: ControllerApp,
-        standby: ControllerApp,
-        outbox: asyncio.Queue[pb.ControllerMessage],
-        clock: Clock,
-    ) -> None:
-        clock.now += 3 * 5.0  # the standby stopped writing n1: its agent streams nowhere
+    async def body(scene: Scene) -> None:
+        leader, clock = scene.leader, scene.clock
+        clock.now += 3 * SYNC_SECONDS  # the standby stopped writing n1: its agent streams nowhere
         await _feed(leader).take_in()
         assert not leader.fleet.nodes["n1"].connected
         with pytest.raises(FailedPrecondition, match="node n1 is not connected"):

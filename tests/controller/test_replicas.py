@@ -13,14 +13,9 @@ from prometheus_client import generate_latest
 from controller.app import ControllerApp
 from controller.errors import NotOwner
 from controller.metrics import controller_registry
-from controller.replicas import ReplicaFeed
 from tests.controller.harness import T0, Clock, config, frame, hello
+from tests.controller.replica_apps import SYNC_SECONDS, leader_and_standby
 from tests.controller.store.test_store import run
-
-
-def _apps(db: str, clock: Clock) -> tuple[ControllerApp, ControllerApp]:
-    cfg = config(db=db, replica_ingest=True, replica_sync_seconds=5.0)
-    return ControllerApp(cfg, clock=clock), ControllerApp(cfg, clock=clock)
 
 
 async def _three_frames(standby: ControllerApp) -> None:
@@ -34,40 +29,19 @@ async def _three_frames(standby: ControllerApp) -> None:
     await standby.ingest.flush_state()
 
 
-async def _close(waiting: asyncio.Task[None], leader: ControllerApp, standby: ControllerApp) -> None:
-    waiting.cancel()
-    if leader.detection is not None:
-        await leader.detection.stop()
-    leader.close()
-    standby.close()
-
-
 def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves_takes_its_node_along(
     store_db: str,
 ) -> None:
     clock = Clock(T0)
 
     async def go() -> None:
-        leader, standby = _apps(store_db, clock)
-        standby.holder = standby.store.owner = "standby:2"  # one process: give them two names
-        await leader.start()
-        await leader.start_detection_process()  # its detectors judge a copy, fed what it takes in
-        serving = asyncio.Event()
-
-        async def ingest_here() -> None:
-            serving.set()
-            await asyncio.Event().wait()
-
-        waiting = asyncio.create_task(standby.start(standby_work=ingest_here))
-        try:
-            await asyncio.wait_for(serving.wait(), 10)
-            assert standby.ingest.state_every_seconds == 5.0  # its readings stored for the leader to see
+        async with leader_and_standby(store_db, clock, detection=True) as replicas:
+            leader, standby, feed = replicas.leader, replicas.standby, replicas.feed
+            assert standby.ingest.state_every_seconds == SYNC_SECONDS  # stored for the leader to see
 
             await _three_frames(standby)
             assert "n1" not in leader.fleet.nodes
             clock.now += 1
-            feed = leader.replicas
-            assert isinstance(feed, ReplicaFeed)
             assert await feed.take_in() == ["n1"]
             seen = leader.fleet.nodes["n1"]
             assert seen.gpus[0].sample.power_watts == 403.0 and leader.fleet.acked[("n1", "b1")] == 3
@@ -79,7 +53,7 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             assert "gpufleet_controller_replica_nodes_taken_in_total 1.0" in page
             report = await leader.detection_pass()  # in the detection process: the XID reached it
             assert [(f.node, f.cause) for f in report.findings] == [("n1", "xid_error")]
-            clock.now += 3 * 5.0
+            clock.now += 3 * SYNC_SECONDS
             assert await feed.take_in() == []  # read again within the margin, not rewritten: not loaded
             assert not seen.connected  # not written for three syncs: not streaming anywhere
 
@@ -93,11 +67,9 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             assert leader.ingest.counters.taken_over == 1 and feed.elsewhere_streaming() == 0
 
             leader.close()  # the standby leads now, with the store as the leader left it
-            await asyncio.wait_for(waiting, 20)
+            await asyncio.wait_for(replicas.waiting, 20)
             assert standby.ingest.state_every_seconds == standby.config.db_state_seconds
             assert standby.fleet.acked[("n1", "b1")] == 4
-        finally:
-            await _close(waiting, leader, standby)
 
     run(go())
 
