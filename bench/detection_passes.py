@@ -5,7 +5,9 @@ into each pool's processes, then passes timed. Prints a table; asserts nothing
 
     .venv/bin/python bench/detection_passes.py [--nodes 6000] [--processes 1,2] [--passes 3]
 
-A pass with K processes takes about its longest share of the detectors, if K cores are free; the
+"copy s" is how long the processes took to get their copy of the fleet (sent in slices), "loop
+stall s" the event loop's longest stall meanwhile (a 10 ms tick's lateness). A pass with K
+processes takes about its longest share of the detectors, if K cores are free; the
 scale bench shows it under load (--detect-processes).
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import time
@@ -25,6 +29,7 @@ from controller.detect.base import discover
 from controller.detection.pool import DetectionPool, share_out
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from controller.gc_policy import CollectorPolicy
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 ARCHETYPES = 8
@@ -52,7 +57,16 @@ async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[s
     config = DetectConfig()
     names = config.enabled(sorted(discover()))
     pool = DetectionPool(config, names, processes)
-    await pool.start(fleet)
+    began = time.perf_counter()
+    stop = asyncio.Event()
+    collecting = asyncio.create_task(CollectorPolicy().run_forever(stop))  # as the controller does
+    ticks = asyncio.create_task(_longest_stall())
+    await pool.start(fleet)  # the processes' copies of the fleet, in slices (fleet_copy.py)
+    copy_s = time.perf_counter() - began
+    ticks.cancel()
+    stall_s = await ticks
+    stop.set()
+    await collecting
     try:
         seconds = []
         for _ in range(passes + 1):  # the first shares the detectors out untimed: not counted
@@ -63,6 +77,8 @@ async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[s
         shares = [sum(pool.durations[n] for n in part) for part in parts]
         return {
             "processes": processes,
+            "copy_s": copy_s,
+            "loop_stall_s": stall_s,
             "pass_s": min(seconds[1:]),
             "detectors_s": sum(pool.durations.values()),
             "longest_share_s": max(shares),
@@ -70,6 +86,17 @@ async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[s
         }
     finally:
         await pool.stop()
+
+
+async def _longest_stall() -> float:
+    """The event loop's longest stall (a 10 ms tick's lateness) until cancelled."""
+    longest = 0.0
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(0.01)
+            longest = max(longest, time.perf_counter() - before - 0.01)
+    return longest
 
 
 def main() -> None:
@@ -83,15 +110,17 @@ def main() -> None:
     began = time.perf_counter()
     fleet, now = build(args.nodes)
     built = time.perf_counter() - began
+    gc.freeze()  # out of the automatic collections, as a running controller's fleet is (gc_policy.py)
     rows = [asyncio.run(timed(fleet, now, k, args.passes)) for k in sizes]
     if args.json:
         print(json.dumps({"nodes": args.nodes, "cores": os.cpu_count(), "rows": rows}))
         return
     print(f"detection_passes: {args.nodes} nodes (built in {built:.0f} s), {os.cpu_count()} cores")
-    print("processes  pass s  detectors s  longest share s  findings")
+    print("processes  copy s  loop stall s  pass s  detectors s  longest share s  findings")
     for row in rows:
         print(
-            f"{row['processes']:>9}  {row['pass_s']:6.2f}  {row['detectors_s']:11.2f}  "
+            f"{row['processes']:>9}  {row['copy_s']:6.2f}  {row['loop_stall_s']:12.3f}  "
+            f"{row['pass_s']:6.2f}  {row['detectors_s']:11.2f}  "
             f"{row['longest_share_s']:15.2f}  {row['findings']:8}"
         )
 

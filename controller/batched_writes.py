@@ -22,6 +22,10 @@ class BatchedWriter:
         if parts and not self.transport.is_closing():
             self.transport.write(b"".join(parts) if len(parts) > 1 else parts[0])
 
+    def pending_bytes(self) -> int:
+        """What waits for this turn's write."""
+        return sum(map(len, self._parts))
+
     def close(self) -> None:
         """Write what waits, then close the transport."""
         self.flush()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport, merge
 from controller.detection.changes import FleetChanges
+from controller.detection.fleet_copy import send_fleet
 from controller.detection.process import DetectionProcess, DetectionUnavailable
 from controller.detection.wire import encode
 from controller.fleet.model import Fleet
@@ -62,9 +63,9 @@ class DetectionPool(FleetChanges):
         gone = [process for process in self.processes if not process.running]
         if not gone:
             return
-        init = gone[0].init_message(fleet)  # encoded once: the whole fleet
         for process in gone:
-            await process.start(fleet, init)
+            await process.spawn()
+        await send_fleet(gone, fleet, gone[0].config, self.names)  # each slice encoded once for all
 
     # The fleet's changes, to every process
 

@@ -22,6 +22,7 @@ from controller.batched_writes import BatchedWriter
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport
 from controller.detection.changes import FleetChanges
+from controller.detection.fleet_copy import send_fleet
 from controller.detection.wire import HEADER, decode, encode
 from controller.fleet.model import Fleet
 from controller.pipe_sizes import widen
@@ -53,9 +54,13 @@ class DetectionProcess(FleetChanges):
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
-    async def start(self, fleet: Fleet, init: bytes | None = None) -> None:
-        """A new process, holding a copy of `fleet` as it is now (`init`: that copy already encoded,
-        as init_message makes it)."""
+    async def start(self, fleet: Fleet) -> None:
+        """A new process, given a copy of `fleet` (in slices: fleet_copy.py)."""
+        await self.spawn()
+        await send_fleet([self], fleet, self.config, self.names)
+
+    async def spawn(self) -> None:
+        """A new process, holding nothing yet: fleet_copy.send_fleet gives it its copy."""
         await self.stop()
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -70,16 +75,15 @@ class DetectionProcess(FleetChanges):
         assert isinstance(transport, asyncio.WriteTransport)
         self._writer = BatchedWriter(transport)  # a frame's change and the next in one write
         self.pipe_bytes = widen(transport)  # every frame's change goes through it
-        self.send(init if init is not None else self.init_message(fleet))
         self._reader = asyncio.create_task(self._read(self._process))
-        log.info("detection runs in process %d (%d nodes)", self._process.pid, len(fleet.nodes))
+        log.info("detection runs in process %d", self._process.pid)
 
-    def init_message(self, fleet: Fleet) -> bytes:
-        saved, fleet.derived = fleet.derived, {}  # caches stay behind: the process builds its own
-        try:
-            return encode(("init", fleet, self.config, self.names))
-        finally:
-            fleet.derived = saved
+    def waiting_bytes(self) -> int:
+        """What the process has not read yet of what was sent to it (0 without a process)."""
+        process = self._process
+        if process is None or process.stdin is None or self._writer is None:
+            return 0
+        return process.stdin.transport.get_write_buffer_size() + self._writer.pending_bytes()
 
     async def run_pass(
         self, now: float, names: list[str] | None = None, *, merged: bool = True
@@ -157,7 +161,10 @@ class DetectionProcess(FleetChanges):
             with contextlib.suppress(ProcessLookupError):
                 await process.wait()
             if process.returncode not in (0, None):
-                log.error("the detection process ended with status %s", process.returncode)
+                if process is self._process:  # not stop()'s doing
+                    log.error("the detection process ended with status %s", process.returncode)
+                else:  # stop() killed it: freeing a big fleet's copy outlasted STOP_TIMEOUT_SECONDS
+                    log.info("the detection process was stopped (status %s)", process.returncode)
             for answer in self._waiting.values():
                 if not answer.done():
                     answer.set_exception(DetectionUnavailable("the detection process ended"))

@@ -1,7 +1,9 @@
 """The detection process's pipe: length-prefixed pickles, both ways. Only the controller and the
 process it started read them (its own stdin and stdout), never anything from the network.
 
-To the process: ("init", fleet, detect config, detector names), ("hello", hello, acked, now),
+To the process: ("init", the fleet without its nodes, detect config, detector names), then its
+nodes in slices, ("nodes", nodes, probe results, probe history, ack positions) (fleet_copy.py),
+and the changes, in the order applied: ("hello", hello, acked, now),
 ("frame", node, FramePlan, frame bytes as screened), ("connected", node, bool), ("forget", names),
 ("adopt", StoredNodes, node -> when written) (replica_ingest), ("pass", id, now, detector names or
 None for all, merged).

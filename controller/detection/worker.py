@@ -13,6 +13,7 @@ from typing import IO, Any
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
+from controller.detection.fleet_copy import install
 from controller.detection.wire import encode, read
 from controller.fleet.adopt import adopt
 from controller.fleet.expiry import forget
@@ -35,7 +36,9 @@ class Mirror:
         """Apply one message; the answer to send, for a pass."""
         kind = message[0]
         if kind == "init":
-            _, self.fleet, self.config, self.names = message
+            _, self.fleet, self.config, self.names = message  # the fleet's shell: its nodes follow
+        elif kind == "nodes":
+            install(self.fleet, message)
         elif kind == "hello":
             _, hello, acked, now = message
             apply_hello(self.fleet, hello, acked, now)
@@ -74,7 +77,9 @@ def serve(source: IO[bytes], sink: IO[bytes]) -> None:
         if answer is not None:
             sink.write(encode(answer))
             sink.flush()
-            collector.tick()  # after answering: a pass's report is never held up by it
+        # After each message, not each pass only: the copy's slices and the frames between passes
+        # are new objects by the hundred thousand, each full collection walked all of them.
+        collector.tick()
 
 
 def main() -> None:

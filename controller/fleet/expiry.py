@@ -25,6 +25,7 @@ def forget(fleet: Fleet, names: Collection[str]) -> None:
     """Drop the nodes, their boots' ack positions, their probe results and their history from `fleet`."""
     gone = set(names)
     fleet.probe_version += 1
+    fleet.forgets += 1
     for name in gone:
         fleet.nodes.pop(name, None)
     for key in [k for k in fleet.acked if k[0] in gone]:

@@ -98,6 +98,7 @@ class Fleet:
     # fleet/expiry.py): what a detector derives from those alone is kept in `derived` and reused
     # while the version stands (probe_outlier's judgement of every result).
     probe_version: int = 0
+    forgets: int = 0  # bumped by expiry.forget: keys went from probes, history and acked
     derived: dict[str, tuple[object, ...]] = field(default_factory=dict)  # name -> (key..., value)
 
 

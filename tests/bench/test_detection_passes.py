@@ -26,3 +26,4 @@ def test_passes_are_timed_for_each_pool_size() -> None:
     assert one["longest_share_s"] == one["detectors_s"]  # one process runs them all
     for row in (one, three):
         assert 0 < row["longest_share_s"] <= row["detectors_s"] and row["pass_s"] > 0
+        assert row["copy_s"] > 0 and 0 <= row["loop_stall_s"] < row["copy_s"]
