@@ -33,29 +33,35 @@ HEALTH_STATES: tuple[str, ...] = tuple(enum_names(operator_pb2.NodeHealth))  # h
 SLOW_DETECTOR = "probe_outlier"  # a finding it raised says the GPU measured slow, not only misconfigured
 
 
-def controller_registry(app: ControllerApp) -> CollectorRegistry:
-    """A fresh registry holding only this app's collector."""
+def controller_registry(app: ControllerApp, *, standby: bool = False) -> CollectorRegistry:
+    """A fresh registry holding only this app's collector (`standby`: a replica that ingests while
+    another leads, replica_ingest: its own ingest, store and process families only)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ControllerCollector(app))
+    registry.register(ControllerCollector(app, standby=standby))
     return registry
 
 
 class ControllerCollector(Collector):
     """Reads the app as it is at scrape time; keeps no state of its own between scrapes."""
 
-    def __init__(self, app: ControllerApp) -> None:
+    def __init__(self, app: ControllerApp, *, standby: bool = False) -> None:
         self.app = app
+        self.standby = standby
         # `gpufleet nodes` decides a node's health here; the metric must never disagree with it.
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            PREFIX + "leading",
+            "1 on the leader (detection, actions, operators); 0 on a standby replica that ingests "
+            "its agents' frames (replica_ingest), whose nodes the leader's families include.",
+            value=0 if self.standby else 1,
+        )
+        if self.standby:  # no findings, detection, probes or node health here: the leader's
+            yield from self._standby()
+            return
         yield from self._fleet()
         yield from self._ingest()
-        yield _histogram(
-            "store_latency_seconds",
-            "Seconds from a store call to its commit, queueing and group commit included.",
-            {op: h for op, h in sorted(self.app.store.latency.by_label.items())},
-            label="operation",
-        )
+        yield self._store_latency()
         yield from self._findings()
         yield from self._nodes()
         yield from self._detection()
@@ -65,6 +71,30 @@ class ControllerCollector(Collector):
         yield from self._identity()
         yield from self._fronts()
         yield from self._replicas()
+
+    def _standby(self) -> Iterator[Metric]:
+        yield from self._fleet()
+        yield from self._ingest()
+        yield self._store_latency()
+        yield from self._collector()
+        yield _log_lines_suppressed()
+        yield from self._identity()
+        yield self._takeovers()
+
+    def _store_latency(self) -> Metric:
+        return _histogram(
+            "store_latency_seconds",
+            "Seconds from a store call to its commit, queueing and group commit included.",
+            {op: h for op, h in sorted(self.app.store.latency.by_label.items())},
+            label="operation",
+        )
+
+    def _takeovers(self) -> Metric:
+        return CounterMetricFamily(
+            PREFIX + "replica_takeovers",
+            "Nodes this replica took over from another when their agents connected here.",
+            value=self.app.ingest.counters.taken_over,
+        )
 
     def _replicas(self) -> Iterator[Metric]:
         feed = self.app.replicas
@@ -83,11 +113,7 @@ class ControllerCollector(Collector):
             "Looks at what other replicas stored that failed (the store unavailable): taken again next time.",
             value=0 if feed is None else feed.failures,
         )
-        yield CounterMetricFamily(
-            PREFIX + "replica_takeovers",
-            "Nodes this replica took over from another when their agents connected here.",
-            value=self.app.ingest.counters.taken_over,
-        )
+        yield self._takeovers()
 
     def _fronts(self) -> Iterator[Metric]:
         fronts = self.app.fronts

@@ -203,13 +203,36 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
         log.error("standby: not ingesting: %s", exc)
         return
     log.info("standby: ingesting the agents that connect to %s (replica_ingest)", address)
+    metrics = await _standby_metrics(app)
+    stop = asyncio.Event()
+    collecting = asyncio.create_task(app.collector.run_forever(stop))  # its nodes' state, frozen too
     try:
         if app.replicas is None:
             await asyncio.Event().wait()
         else:  # commands the leader issues for the nodes streaming here
             await app.replicas.deliver_forever()
     finally:
+        stop.set()
+        await collecting
+        if metrics is not None:
+            await metrics.stop()  # before the leader's binds the same address
         await server.stop(2.0)
+
+
+async def _standby_metrics(app: ControllerApp) -> MetricsServer | None:
+    """A standby's /metrics on metrics_address: its ingest, store and process families, and
+    gpufleet_controller_leading 0 (controller/metrics.py); None when not asked for or not bound."""
+    config = app.config
+    if config.metrics_address is None:
+        return None
+    metrics = MetricsServer(controller_registry(app, standby=True), web_config=config.metrics_web_config)
+    try:
+        bound = await metrics.start(config.metrics_address)
+    except OSError as exc:
+        log.error("standby: no metrics: %s", exc)
+        return None
+    log.info("standby: metrics on %s://%s/metrics", metrics.scheme, bound)
+    return metrics
 
 
 async def _lead(

@@ -30,12 +30,14 @@ from tests.test_controller_crash_e2e import (
     NODE,
     _position_or_zero,
     assert_each_seq_once,
+    metric,
     stored_position,
     wait_for,
     write_configs,
 )
 
 pytestmark = pytest.mark.slow
+P = "gpufleet_controller_"
 PROBE_NODE = [sys.executable, "-m", "controller", "probe-node", NODE, "--probe", "gemm"]
 
 
@@ -84,7 +86,8 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
 ) -> None:
     _, agent_cfg, leader_metrics = write_configs(tmp_path, store_db)
     leader_cfg, leader_address = _controller(tmp_path, "leader", store_db, leader_metrics)
-    standby_cfg, standby_address = _controller(tmp_path, "standby", store_db, free_port())
+    standby_metrics = free_port()
+    standby_cfg, standby_address = _controller(tmp_path, "standby", store_db, standby_metrics)
     logs = [tmp_path / "leader.log", tmp_path / "standby.log", tmp_path / "agent.log"]
     ready = tmp_path / "leader.ready"
     processes: list[subprocess.Popen[bytes]] = []
@@ -106,6 +109,10 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
 
             wait_for("the standby stored no frames", lambda: _position_or_zero(store_db) >= 30, logs)
             assert _owner(store_db).endswith(f":{standby.pid}")
+            # Each replica's own /metrics: the standby counts what it ingests, and says it is one.
+            assert (metric(standby_metrics, P + "leading"), metric(leader_metrics, P + "leading")) == (0, 1)
+            assert metric(standby_metrics, P + "frames_ingested_total") >= 30
+            assert metric(standby_metrics, P + "connected_agents") == 1
 
             def leader_sees_it_streaming() -> bool:
                 node = _listed(leader_address)

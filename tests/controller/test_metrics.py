@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
@@ -544,3 +545,24 @@ def test_many_controllers_in_one_process_keep_their_own_metrics() -> None:
             assert second.ingest.counters.frames == 0
 
     run(body)
+
+
+def test_a_standby_exports_its_ingest_and_process_families_not_the_leaders() -> None:
+    app = ControllerApp(config())
+    try:
+        standby = {f.name: f for f in text_string_to_metric_families(generate_latest_text(app, True))}
+        leader = {f.name: f for f in text_string_to_metric_families(generate_latest_text(app, False))}
+    finally:
+        app.close()
+    assert standby[P + "leading"].samples[0].value == 0 and leader[P + "leading"].samples[0].value == 1
+    for name in ("frames_ingested", "connected_agents", "nodes", "store_latency_seconds", "gc_seconds"):
+        assert P + name in standby, name
+    assert P + "replica_takeovers" in standby and P + "replica_takeovers" in leader
+    # What detection, actions and operators make is the leader's: on a standby it would read 0.
+    for name in ("findings", "node_health", "detector_pass_duration_seconds", "probes_in_flight"):
+        assert P + name in leader and P + name not in standby, name
+    assert set(standby) < set(leader)
+
+
+def generate_latest_text(app: ControllerApp, standby: bool) -> str:
+    return generate_latest(controller_registry(app, standby=standby)).decode()
