@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufleet.controller.commands")
 KEEP_FINISHED = 512
+LATE_WATCH_SECONDS = 3600.0  # how long past its deadline another replica's late answer is looked for
 LOG_ERROR_CHARS = 160  # of a failed command's error in its warning line
 RESTARTED = "the agent restarted before answering"
 MEMORY_CAPABILITY = "command_memory"  # Hello.capabilities: the agent keeps command ids and results on disk
@@ -87,6 +88,9 @@ class CommandChannel:
         # channel sends it the commands issued here (take_up) and stores their answers (settle).
         self.elsewhere: Callable[[str], bool] | None = None
         self.taken_up: set[str] = set()  # ids of open commands another replica issued, sent from here
+        # Commands issued here that timed out while another replica sent them: their late answer,
+        # stored by that replica, is taken up here (settle). id -> record, oldest first.
+        self.late_elsewhere: OrderedDict[str, CommandRecord] = OrderedDict()
 
     async def load(self) -> list[CommandRecord]:
         """Take up the commands a previous controller left unfinished: sent on the node's next
@@ -143,12 +147,26 @@ class CommandChannel:
     # Commands across replicas (replica_ingest): the store carries them both ways
 
     def delegated(self) -> list[CommandRecord]:
-        """Open commands issued here for nodes that stream elsewhere: their replica sends them."""
-        return [r for r in self.open.values() if r.node not in self.streams]
+        """Open commands issued here for nodes that stream elsewhere: their replica sends them; and
+        those timed out here unanswered, whose answer may still come from there (late_elsewhere)."""
+        now = self.clock()
+        for command_id in [
+            i for i, r in self.late_elsewhere.items() if now > r.deadline + LATE_WATCH_SECONDS
+        ]:
+            del self.late_elsewhere[command_id]  # no answer within the hour: none is awaited any more
+        waiting = [r for r in self.open.values() if r.node not in self.streams]
+        return waiting + list(self.late_elsewhere.values())
 
     def settle(self, stored: CommandRecord) -> None:
         """A delegated command's row as its node's replica last wrote it: its state taken up here; a
-        finished one finishes here too (listeners told), without writing the row again."""
+        finished one finishes here too (listeners told), without writing the row again. One timed
+        out here that the replica stored an answer for gets that answer, noted as late."""
+        late = self.late_elsewhere.get(stored.id)
+        if late is not None:
+            if stored.state in ("succeeded", "failed"):
+                del self.late_elsewhere[stored.id]
+                self._late_outcome(late, stored.state, stored.error, stored.result)
+            return
         record = self.open.get(stored.id)
         if record is None or record.node in self.streams:  # its node streams here now: answered here
             return
@@ -182,11 +200,14 @@ class CommandChannel:
         return True
 
     def let_go(self, still_open: set[str]) -> list[str]:
-        """Forget the taken-up commands no longer open in the store (their issuer finished them: timed
-        out, cancelled); their ids."""
+        """Let go of the taken-up commands no longer open in the store (their issuer finished them:
+        timed out, cancelled); their ids. Each is kept as timed out, unanswered, so that the agent's
+        answer, if it comes, is still stored as the real outcome (late) for the issuer to take up."""
         gone = [i for i in self.taken_up if i not in still_open and i in self.open]
         for command_id in gone:
-            del self.open[command_id]
+            record = self.open.pop(command_id)
+            record.state, record.finished, record.error = "timed_out", self.clock(), _late(record)
+            self._keep_finished(record)
         self.taken_up &= set(self.open)
         return gone
 
@@ -278,9 +299,16 @@ class CommandChannel:
         return record
 
     def _late_answer(self, record: CommandRecord, result: pb.CommandResult) -> CommandRecord:
+        return self._late_outcome(record, "succeeded" if result.ok else "failed", result.error, result)
+
+    def _late_outcome(
+        self, record: CommandRecord, state: str, error: str, result: pb.CommandResult | None
+    ) -> CommandRecord:
         note = f"answered after its deadline ({record.error})"
-        record.state = "succeeded" if result.ok else "failed"
-        record.error = f"{note}: {result.error}" if result.error else note
+        if error.startswith("answered after its deadline"):  # noted so by the replica that sent it
+            note, error = error, ""
+        record.state = state
+        record.error = f"{note}: {error}" if error else note
         record.result = result
         if self.held.get(record.node) is record:
             del self.held[record.node]
@@ -300,7 +328,14 @@ class CommandChannel:
 
     def _time_out(self, record: CommandRecord) -> None:
         was_sent = record.state != "pending"
-        self._finish(record, "timed_out", error=_late(record), failure="timeout")
+        elsewhere = record.node not in self.streams and self.elsewhere is not None
+        # Another replica sends it: its answer may be stored already, which timed_out must not hide.
+        self._finish(record, "timed_out", error=_late(record), failure="timeout", persist=not elsewhere)
+        if elsewhere:
+            self.store.save_command(record, if_open=True).add_done_callback(_log_failure)
+            self.late_elsewhere[record.id] = record
+            while len(self.late_elsewhere) > KEEP_FINISHED:
+                self.late_elsewhere.popitem(last=False)
         if was_sent and self._mutating(record):  # the agent may be applying it still
             self.held[record.node] = record
 
@@ -326,9 +361,7 @@ class CommandChannel:
         if result is not None:
             record.result = result
         del self.open[record.id]
-        self._finished[record.id] = record
-        while len(self._finished) > KEEP_FINISHED:
-            self._finished.popitem(last=False)
+        self._keep_finished(record)
         self.taken_up.discard(record.id)
         if persist:
             self._persist(record)
@@ -344,6 +377,11 @@ class CommandChannel:
         done = self._done.pop(record.id, None)
         if done is not None:
             done.set()
+
+    def _keep_finished(self, record: CommandRecord) -> None:
+        self._finished[record.id] = record
+        while len(self._finished) > KEEP_FINISHED:
+            self._finished.popitem(last=False)
 
     def _persist(self, record: CommandRecord) -> None:
         self.store.save_command(record).add_done_callback(_log_failure)

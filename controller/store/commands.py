@@ -48,11 +48,14 @@ COLUMNS = (
 # command's row (its issuer, the replica that sends it), and a state one of them sent before the
 # other finished it may commit after (a late answer still replaces a finished state).
 SAVE = upsert("commands", COLUMNS, "id") + " WHERE commands.finished IS NULL OR excluded.finished IS NOT NULL"
+# The issuer's own end of a command another replica sends (timed out there): written only over an
+# open row, so an answer that replica stored first stands.
+SAVE_IF_OPEN = upsert("commands", COLUMNS, "id") + " WHERE commands.finished IS NULL"
 
 
-def save_command(conn: Conn, r: CommandRecord) -> None:
+def save_command(conn: Conn, r: CommandRecord, *, if_open: bool = False) -> None:
     conn.execute(
-        SAVE,
+        SAVE_IF_OPEN if if_open else SAVE,
         (
             r.id,
             r.node,

@@ -272,11 +272,14 @@ class Store:
         """Delete every row about these nodes but the audit log's (controller/store/forget.py)."""
         return await self._call("prune_history", lambda c: forget_rows.forget_nodes(c, names))
 
-    def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
-        """Queue the command's current state at once (writes keep their order); await to know it is stored."""
+    def save_command(self, record: CommandRecord, *, if_open: bool = False) -> asyncio.Future[None]:
+        """Queue the command's current state at once (writes keep their order); await to know it is
+        stored. `if_open`: only over a row not finished yet."""
         row = copy.copy(record)  # the row as it is now, whatever changes before the store thread runs
         start = perf_counter()
-        future = self._thread.submit(self._fenced(lambda c: command_rows.save_command(c, row)))
+        future = self._thread.submit(
+            self._fenced(lambda c: command_rows.save_command(c, row, if_open=if_open))
+        )
         future.add_done_callback(lambda _: self.latency.observe("save_command", perf_counter() - start))
         return future
 

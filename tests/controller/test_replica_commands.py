@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from controller.app import ControllerApp
-from controller.commands.channel import CommandChannel
+from controller.commands.channel import LATE_WATCH_SECONDS, CommandChannel
 from controller.errors import FailedPrecondition
 from controller.replicas import ReplicaFeed
 from controller.store.commands import CommandRecord
@@ -115,5 +115,71 @@ def test_a_node_streaming_nowhere_is_refused_commands(store_db: str) -> None:
         assert not leader.fleet.nodes["n1"].connected
         with pytest.raises(FailedPrecondition, match="node n1 is not connected"):
             await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
+
+    _with_replicas(store_db, body)
+
+
+def test_an_answer_after_the_leaders_deadline_is_taken_up_late_whichever_is_stored_first(
+    store_db: str,
+) -> None:
+    async def body(scene: Scene) -> None:
+        leader, standby = scene.leader, scene.standby
+        run_probes = pb.Command(run_probes=pb.RunProbes(probes=["gemm"]))
+
+        def answer(command_id: str, results: int) -> pb.CommandResult:
+            return pb.CommandResult(
+                command_id=command_id, ok=True, run_probes=pb.RunProbesResult(results=results)
+            )
+
+        # 1. The leader's deadline first: timed_out stored, the standby lets the command go; the
+        # agent's answer then comes to the standby, which stores it as the real outcome, late.
+        first = await leader.commands.issue("n1", run_probes, "operator:alice")
+        assert await _feed(standby).deliver_commands() == 1
+        leader.commands.expire(first.deadline + 1)
+        assert first.state == "timed_out" and (await _stored(leader.commands, first.id)).state == "timed_out"
+        await _feed(standby).deliver_commands()
+        assert first.id not in standby.commands.open
+        assert standby.commands.answered("n1", answer(first.id, 8)) is not None
+        stored = await _stored(standby.commands, first.id)
+        assert (
+            stored.state == "succeeded" and stored.result is not None and "after its deadline" in stored.error
+        )
+        await _feed(leader).settle_commands()
+        assert (
+            first.state == "succeeded" and first.result is not None and first.result.run_probes.results == 8
+        )
+        assert first.error.count("answered after its deadline") == 1, first.error
+        assert first.id not in leader.commands.late_elsewhere
+
+        # 2. The standby's answer stored first, the leader's deadline before it reads it: the answer
+        # stands in the store (timed_out is written only over an open row), and the leader takes it up.
+        second = await leader.commands.issue("n1", run_probes, "operator:alice")
+        assert await _feed(standby).deliver_commands() == 1
+        assert standby.commands.answered("n1", answer(second.id, 4)) is not None
+        assert (await _stored(standby.commands, second.id)).state == "succeeded"
+        leader.commands.expire(second.deadline + 1)
+        assert second.state == "timed_out"
+        stored = await _stored(leader.commands, second.id)
+        assert (
+            stored.state == "succeeded"
+            and stored.result is not None
+            and stored.result.run_probes.results == 4
+        )
+        await _feed(leader).settle_commands()
+        assert second.state == "succeeded" and second.result is not None
+        assert second.error.startswith("answered after its deadline")
+        assert leader.commands.delegated() == []
+
+    _with_replicas(store_db, body)
+
+
+def test_a_late_answer_is_looked_for_an_hour_past_the_deadline(store_db: str) -> None:
+    async def body(scene: Scene) -> None:
+        leader, clock = scene.leader, scene.clock
+        record = await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
+        leader.commands.expire(record.deadline + 1)
+        assert leader.commands.delegated() == [record]  # its answer may still come from the standby
+        clock.now = record.deadline + LATE_WATCH_SECONDS + 1
+        assert leader.commands.delegated() == [] and not leader.commands.late_elsewhere
 
     _with_replicas(store_db, body)

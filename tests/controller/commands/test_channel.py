@@ -409,11 +409,11 @@ class SlowStore(Store):
         super().__init__(path)
         self.gate: asyncio.Future[None] | None = None
 
-    def save_command(self, record: CommandRecord) -> asyncio.Future[None]:
+    def save_command(self, record: CommandRecord, *, if_open: bool = False) -> asyncio.Future[None]:
         if self.gate is None:
             self.gate = asyncio.get_running_loop().create_future()
             return self.gate
-        return super().save_command(record)
+        return super().save_command(record, if_open=if_open)
 
 
 @pytest.mark.parametrize("write_fails", [True, False])
