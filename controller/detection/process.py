@@ -129,7 +129,12 @@ class DetectionProcess(FleetChanges):
     def send(self, data: bytes) -> None:
         """An encoded message (wire.encode): the pool encodes each change once for all its processes."""
         process = self._process
-        if process is None or process.stdin is None or process.stdin.is_closing():
+        if (
+            process is None
+            or process.returncode is not None  # it ended: writes to its pipe would each log a warning
+            or process.stdin is None
+            or process.stdin.is_closing()
+        ):
             return  # no process: the next pass starts one from the controller's fleet
         if process.stdin.transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
             log.error(
