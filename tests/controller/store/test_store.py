@@ -4,6 +4,7 @@ round trips, group commit, a failing job in a batch, reload. SQLite's own cases:
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -128,6 +129,60 @@ def test_one_failing_job_does_not_undo_its_batch(store_db: str) -> None:
         fleet, _ = await store.load()
         store.close()
         assert fleet.acked[("n1", "b1")] == 1
+
+    run(go())
+
+
+def test_a_batch_settles_in_order_with_one_wake_up_of_the_loop(store_db: str) -> None:
+    """Jobs queued while the store thread is busy run as one batch; their futures settle in the
+    order queued (a failing one with its own error) from a single call_soon_threadsafe."""
+
+    async def go() -> None:
+        store = Store(store_db)
+        await store.open()
+        loop = asyncio.get_running_loop()
+        wakeups: list[int] = []
+        real = loop.call_soon_threadsafe
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            wakeups.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+            return real(callback, *args, **kwargs)
+
+        busy, release = threading.Event(), threading.Event()
+
+        def hold(conn: Conn) -> None:
+            busy.set()
+            release.wait(10)
+
+        held = store._thread.submit(hold)
+        await asyncio.to_thread(busy.wait, 10)
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+        settled: list[int] = []
+
+        def job(i: int) -> Any:
+            def fn(conn: Conn) -> int:
+                if i == 5:
+                    conn.execute("INSERT INTO nodes (name) VALUES ('x')")  # violates NOT NULL
+                return i
+
+            return fn
+
+        futures = [store._thread.submit(job(i)) for i in range(10)]
+        for i, future in enumerate(futures):
+
+            def done(_: object, i: int = i) -> None:
+                settled.append(i)
+
+            future.add_done_callback(done)
+        release.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        await held
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+        store.close()
+        assert wakeups == [1, 10]  # the held job's own batch, then the ten together
+        assert settled == list(range(10))
+        assert isinstance(results[5], StoreUnavailable), results[5]
+        assert [r for i, r in enumerate(results) if i != 5] == [i for i in range(10) if i != 5]
 
     run(go())
 
