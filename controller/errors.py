@@ -45,6 +45,11 @@ class NotLeader(StoreUnavailable):
     """This controller's term as leader is over (controller/store/lease.py): it may not act."""
 
 
+class RowBusy(StoreUnavailable):
+    """A row this job needs stayed locked by another transaction past the job's short wait (a
+    claim on PostgreSQL: controller/store/store.py claim_node retries it)."""
+
+
 class NotOwner(StoreUnavailable):
     """Another replica ingests the node now (controller/store/owners.py): this one may not write it.
     The stream ends (ABORTED); the agent's next stream goes wherever its Service sends it."""

@@ -79,7 +79,7 @@ class ControllerCollector(Collector):
         yield from self._collector()
         yield _log_lines_suppressed()
         yield from self._identity()
-        yield self._takeovers()
+        yield from self._ownership()
 
     def _store_latency(self) -> Metric:
         return _histogram(
@@ -89,11 +89,17 @@ class ControllerCollector(Collector):
             label="operation",
         )
 
-    def _takeovers(self) -> Metric:
-        return CounterMetricFamily(
+    def _ownership(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
             PREFIX + "replica_takeovers",
             "Nodes this replica took over from another when their agents connected here.",
             value=self.app.ingest.counters.taken_over,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "replica_claim_retries",
+            "Claims of a node whose row another replica's open transaction held (agents crossing "
+            "between replicas): each let its own batch commit without it and came again.",
+            value=self.app.store.claim_retries,
         )
 
     def _replicas(self) -> Iterator[Metric]:
@@ -113,7 +119,7 @@ class ControllerCollector(Collector):
             "Looks at what other replicas stored that failed (the store unavailable): taken again next time.",
             value=0 if feed is None else feed.failures,
         )
-        yield self._takeovers()
+        yield from self._ownership()
 
     def _fronts(self) -> Iterator[Metric]:
         fronts = self.app.fronts

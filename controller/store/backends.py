@@ -5,6 +5,7 @@ up the schema (controller/store/schema.sql, SCHEMA_VERSION)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from importlib import resources
 from typing import Protocol
 
@@ -37,6 +38,11 @@ class Backend(Protocol):
 
     def broken(self, conn: Connection) -> bool:
         """Whether this connection is lost and a new one is needed."""
+
+    def short_lock_waits(self, conn: Connection, seconds: float) -> AbstractContextManager[None]:
+        """Inside it, a statement waits at most `seconds` for a row another transaction locked, then
+        raises RowBusy (the rest of the transaction waits as before). PostgreSQL's row locks only:
+        SQLite has one writer at a time, and nothing inside a transaction waits."""
 
     def start(self) -> None:
         """Background upkeep once the schema is there (SQLite's WAL checkpoints)."""

@@ -13,7 +13,9 @@ No message carries the URL's password.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +23,7 @@ import psycopg
 from psycopg import pq
 
 from controller.db_url import redact_url
+from controller.errors import RowBusy
 from controller.store.backends import SCHEMA_VERSION, Connection, schema_statements
 from controller.store.lease import Lease, PostgresLease
 
@@ -121,6 +124,16 @@ class PostgresBackend:
     def broken(self, conn: Connection) -> bool:
         raw = conn.raw if isinstance(conn, PgConnection) else None
         return raw is None or raw.closed or raw.broken
+
+    @contextlib.contextmanager
+    def short_lock_waits(self, conn: Connection, seconds: float) -> Iterator[None]:
+        # SET LOCAL lasts to the transaction's end (or the job's savepoint rolled back): put back.
+        conn.execute(f"SET LOCAL lock_timeout = {max(1, round(seconds * 1000))}")
+        try:
+            yield
+        except psycopg.errors.LockNotAvailable as exc:
+            raise RowBusy(f"store: a row stayed locked by another transaction ({exc})") from None
+        conn.execute("SET LOCAL lock_timeout = DEFAULT")
 
     def start(self) -> None:
         pass  # PostgreSQL checkpoints by itself

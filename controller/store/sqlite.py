@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 from controller.store.backends import SCHEMA_VERSION, Connection, schema_statements
@@ -48,6 +50,10 @@ class SqliteBackend:
 
     def broken(self, conn: Connection) -> bool:
         return False  # a file: nothing to reconnect to
+
+    @contextlib.contextmanager
+    def short_lock_waits(self, conn: Connection, seconds: float) -> Iterator[None]:
+        yield  # BEGIN IMMEDIATE took the whole file: no row inside waits on another writer
 
     def start(self) -> None:
         if self.checkpointer is not None:

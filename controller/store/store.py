@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from time import perf_counter
 from typing import TypeVar
 
-from controller.errors import NotOwner
+from controller.errors import NotOwner, RowBusy, StoreUnavailable
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState
 from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
@@ -44,6 +45,13 @@ from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 T = TypeVar("T")
+# A claim waits this long for a node's row locked by another replica's batch, then its own batch
+# goes on without it and it comes again (first after about CLAIM_FIRST_RETRY_SECONDS, doubling),
+# for up to CLAIM_DEADLINE_SECONDS in all (then the Hello fails, as when the store is down).
+CLAIM_LOCK_WAIT_SECONDS = 0.1
+CLAIM_FIRST_RETRY_SECONDS = 0.02
+CLAIM_MAX_RETRY_SECONDS = 1.0
+CLAIM_DEADLINE_SECONDS = 15.0
 OPERATIONS = (
     "init",
     "load",
@@ -82,6 +90,7 @@ class Store:
         # then checks that it still owns the node (controller/store/owners.py); None: no check.
         self.owner: str | None = None
         self.owner_clock: Callable[[], float] = time.time  # when rows were written, for the leader
+        self.claim_retries = 0  # claims that found their node's row locked and came again
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -192,8 +201,26 @@ class Store:
         owner = self.owner
         if owner is None:
             raise RuntimeError("claim_node needs the store's owner set")
-        now = self.owner_clock()
-        return await self._call("owners", lambda c: owner_rows.claim(c, node, owner, now))
+        began, delay = time.monotonic(), CLAIM_FIRST_RETRY_SECONDS
+        while True:
+            now = self.owner_clock()
+
+            def claim(conn: Connection, now: float = now) -> str | None:
+                with self.backend.short_lock_waits(conn, CLAIM_LOCK_WAIT_SECONDS):
+                    return owner_rows.claim(conn, node, owner, now)
+
+            try:
+                return await self._call("owners", claim)
+            except RowBusy as exc:
+                # The node's row is in another replica's open batch (its last frame, or that
+                # replica claiming it too). Waiting inside this batch could close a circle (that
+                # batch waiting on a row this one holds: PostgreSQL's deadlock, a job aborted a
+                # second later); so this batch goes on without the claim, which comes again.
+                self.claim_retries += 1
+                if time.monotonic() - began + delay > CLAIM_DEADLINE_SECONDS:
+                    raise StoreUnavailable(f"node {node}: {exc}; gave up claiming it") from None
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, CLAIM_MAX_RETRY_SECONDS)
 
     async def changed_nodes(self, since: float) -> dict[str, tuple[str, float]]:
         """The nodes other replicas wrote after `since`: node -> (replica, when)."""

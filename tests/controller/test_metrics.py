@@ -557,7 +557,8 @@ def test_a_standby_exports_its_ingest_and_process_families_not_the_leaders() -> 
     assert standby[P + "leading"].samples[0].value == 0 and leader[P + "leading"].samples[0].value == 1
     for name in ("frames_ingested", "connected_agents", "nodes", "store_latency_seconds", "gc_seconds"):
         assert P + name in standby, name
-    assert P + "replica_takeovers" in standby and P + "replica_takeovers" in leader
+    for name in ("replica_takeovers", "replica_claim_retries"):
+        assert P + name in standby and P + name in leader, name
     # What detection, actions and operators make is the leader's: on a standby it would read 0.
     for name in ("findings", "node_health", "detector_pass_duration_seconds", "probes_in_flight"):
         assert P + name in leader and P + name not in standby, name

@@ -4,6 +4,10 @@ what the others wrote, and loads just those nodes."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from typing import Any
+
 import pytest
 
 from controller.errors import NotOwner
@@ -13,6 +17,7 @@ from controller.store.owners import owners
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.store.test_store import hello, run, write
+from tests.postgres_server import PostgresServer
 
 
 def _replica(db: str, name: str, clock: list[float]) -> Store:
@@ -136,5 +141,59 @@ def test_forgetting_a_node_forgets_its_owner(store_db: str) -> None:
         await store.forget_nodes(["n1"])
         assert await store._thread.call(owners) == {}
         store.close()
+
+    run(go())
+
+
+def test_two_replicas_claiming_each_others_nodes_at_once_both_get_through(
+    postgres_server: PostgresServer,
+) -> None:
+    """On PostgreSQL's row locks (SQLite has one writer at a time: nothing to cross). Replica a
+    writes its node n1 and, in the same group commit, claims b's node n2, while b writes n2 and
+    claims n1 (agents crossing over in a reconnect storm). Each batch holds the row its write locked
+    and wants the other's: that was a deadlock, one job aborted after deadlock_timeout. Now a claim
+    waits briefly, lets its batch commit without it and comes again: both get their node."""
+    clock = [100.0]
+    store_db = postgres_server.new_database()
+
+    async def go() -> None:
+        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
+        await a.open()
+        await b.open()
+        for store, node in ((a, "n1"), (b, "n2")):
+            assert await store.claim_node(node) is None
+            await store.save_hello(hello(node), 100.0)
+            await store.save_frame(write(1, node))
+        clock[0] = 110.0
+        # Hold both store threads so that each one's next two jobs run as one batch, then let
+        # them go together.
+        release = threading.Event()
+        ready = [threading.Event(), threading.Event()]
+        holds = []
+        for store, event in zip((a, b), ready, strict=True):
+
+            def hold(conn: Any, event: threading.Event = event) -> None:
+                event.set()
+                release.wait(10)
+
+            holds.append(store._thread.submit(hold))
+        for event in ready:
+            await asyncio.to_thread(event.wait, 10)
+        jobs = [
+            a.save_frame(write(2, "n1")),
+            a.claim_node("n2"),
+            b.save_frame(write(2, "n2")),
+            b.claim_node("n1"),
+        ]
+        tasks = [asyncio.ensure_future(job) for job in jobs]
+        await asyncio.sleep(0.05)  # every job queued behind its store's hold
+        release.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*holds)
+        assert results == [None, "b:2", None, "a:1"], results
+        assert a.claim_retries + b.claim_retries >= 1  # the crossing happened, and was taken again
+        assert await a._thread.call(owners) == {"n1": "b:2", "n2": "a:1"}
+        a.close()
+        b.close()
 
     run(go())
