@@ -35,7 +35,18 @@ def _summary(layout: Layout) -> None:
         6,
         4,
     )
-    layout.add(stat("Nodes", [target("sum(gpufleet_controller_nodes)")], "none"), 6, 4)
+    layout.add(
+        stat(
+            "Nodes",
+            # The leader's: with replica ingest every replica is scraped, and a standby counts the
+            # nodes it holds, which the leader's count includes.
+            [target("sum(gpufleet_controller_nodes and on (instance) gpufleet_controller_leading == 1)")],
+            "none",
+            description="Nodes the leading controller holds (every replica's agents included).",
+        ),
+        6,
+        4,
+    )
     layout.add(
         stat("Frames ingested", [target(f"sum({rate('gpufleet_controller_frames_ingested_total')})")], "cps"),
         6,

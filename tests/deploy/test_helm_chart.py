@@ -1015,6 +1015,30 @@ def test_with_replica_ingest_the_agents_stream_to_every_controller_pod(tmp_path:
     assert f"port-forward service/{FULLNAME}-controller 50051:50051" in notes
 
 
+@pytest.mark.parametrize(
+    ("value_set", "scraped"),
+    [("monitoring", "every pod"), ("postgresql", "the leader"), ("replica-ingest", "every pod")],
+)
+def test_the_controller_pods_prometheus_scrapes(value_set: str, scraped: str) -> None:
+    """One controller: its pod. Standbys that do not ingest serve no /metrics: the leader's pod
+    alone. With replica ingest each replica's own ingest is on its own /metrics: every pod, and the
+    dashboard's node count is the leader's (a standby's nodes are in it too)."""
+    args = values_args(value_set)
+    if value_set == "postgresql":
+        args += ["--set", "monitoring.podMonitor.enabled=true"]
+    docs = render(*args)
+    selector = one(docs, "PodMonitor", f"{FULLNAME}-controller")["spec"]["selector"]["matchLabels"]
+    pods = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector == (pods if scraped == "every pod" else {**pods, **ROLE})
+    (nodes,) = [
+        t["expr"]
+        for p in json.loads((DASHBOARDS / "gpufleet-controller.json").read_text())["panels"]
+        if p.get("title") == "Nodes"
+        for t in p["targets"]
+    ]
+    assert "gpufleet_controller_leading == 1" in nodes
+
+
 def test_replica_ingest_with_one_controller_and_a_long_name(tmp_path: Path) -> None:
     """One controller with PostgreSQL: allowed (harmless). The agents' Service's name stays within
     Kubernetes' 63 characters, and is not the leader's, whatever the fullname."""

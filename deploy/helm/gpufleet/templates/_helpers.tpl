@@ -141,6 +141,16 @@ gpufleet.io/controller-role: leader
 {{- end }}
 {{- end }}
 
+{{/* The controller pods Prometheus scrapes: with controller.replicaIngest every one (each ingests its
+own agents and serves its own /metrics: frames, connected agents, store latency; its
+gpufleet_controller_leading says whether it leads), otherwise the leader alone (a standby that does
+not ingest serves no /metrics). */}}
+{{- define "gpufleet.controllerScrapeSelector" -}}
+{{- if not .Values.controller.replicaIngest }}
+{{- include "gpufleet.controllerRoleSelector" . }}
+{{- end }}
+{{- end }}
+
 {{/* Fails when controller.replicas asks several controllers of a store they cannot share. */}}
 {{- define "gpufleet.checkReplicas" -}}
 {{- if gt (int .Values.controller.replicas) 1 }}
