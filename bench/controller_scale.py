@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from controller_scale_load import report, target
+from controller_scale_load.disk_writer import DiskWriter
 from controller_scale_load.fleet import Fleet
 from controller_scale_load.templates import build_archetype, frame_message
 from controller_scale_load.worker import WorkerSpec
@@ -153,6 +154,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "database on a server of its own (default: an SQLite file in the run directory)"
         ),
     )
+    parser.add_argument(
+        "--disk-writer",
+        type=float,
+        default=None,
+        metavar="MB_PER_S",
+        help=(
+            "meanwhile another process writes to the store's disk (the run directory) at this rate, "
+            "syncing every 8 MiB; 0: as fast as the disk takes (controller_scale_load/disk_writer.py)"
+        ),
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
@@ -173,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
     if not 1 <= args.replicas <= 8 or args.workers < args.replicas:
         parser.error("--replicas must be 1..8, with at least as many --workers")
+    if args.disk_writer is not None and args.disk_writer < 0:
+        parser.error("--disk-writer must be >= 0 MB/s (0: as fast as the disk takes)")
     if args.ramp is None:
         args.ramp = args.interval
     if args.replica_sync is None:  # the standbys write their readings at the frames' pace
@@ -418,12 +431,14 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "detect_processes",
                 "replicas",
                 "replica_sync",
+                "disk_writer",
             )
         },
         "store": store(args),
         "steps": [],
         "storm": None,
         "floor": None,
+        "disk_writer": None,
         "stopped_early": None,
     }
     progress(f"{os.cpu_count()} cores, shared by the controller and {args.workers} generator processes")
@@ -442,7 +457,11 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         replica_sync_seconds=args.replica_sync,
     )
     fleet: Fleet | None = None
+    neighbour: DiskWriter | None = None
     try:
+        if args.disk_writer is not None:
+            neighbour = DiskWriter(directory, args.disk_writer)
+            progress(f"another process writes to {directory} (the store's disk) from now")
         addresses = [controller.address, *controller.standby_addresses]
         specs = [_spec(i, args, addresses[i % len(addresses)]) for i in range(args.workers)]
         fleet = Fleet(specs)
@@ -456,13 +475,20 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         if args.reconnect_storm and document["steps"]:
             document["storm"] = reconnect_storm(fleet, document["steps"][-1]["nodes"], controller)
     finally:
+        if neighbour is not None:
+            document["disk_writer"] = neighbour.stop()
         if fleet is not None:
             fleet.stop()
         target.stop_all(controller)
     if args.transport_floor and document["steps"]:
         document["floor"] = transport_floor(document["steps"][-1]["nodes"], args, directory)
     document["growth"] = report.growth(document["steps"])
-    document["verdicts"] = report.verdicts(document["steps"], document["storm"], document["store"]["backend"])
+    document["verdicts"] = report.verdicts(
+        document["steps"],
+        document["storm"],
+        document["store"]["backend"],
+        disk_writer=args.disk_writer is not None,
+    )
     return document
 
 

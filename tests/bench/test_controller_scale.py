@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,15 @@ from tests.postgres_server import PostgresServer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import controller_scale
-from controller_scale_load import report
+from controller_scale_load import disk_writer, report
+from controller_scale_load.disk_writer import DiskWriter
 
 NODES = 50
 STEP = [
     *("--steps", str(NODES), "--hold", "5", "--interval", "1", "--ramp", "1"),
     *("--workers", "1", "--archetypes", "2", "--detect-interval", "1"),
 ]
-ARGS = [*STEP, "--reconnect-storm", "--transport-floor"]
+ARGS = [*STEP, "--reconnect-storm", "--transport-floor", "--disk-writer", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +91,37 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     verdicts = {v["target"]: v["verdict"] for v in document["verdicts"]}
     assert len(verdicts) == 8
     assert set(verdicts.values()) <= {"within", "over", "not measured", "not reached"}
-    assert verdicts["p99 ack at 2,000 nodes (s)"] == "not measured"
+    assert verdicts[report.P99_AT_2000_NEIGHBOUR] == "not measured"  # with --disk-writer
     assert document["growth"]["cpu_cores_per_1000_nodes"] is None  # one step: no slope
     text = report.text(document)
     assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
     assert "reconnect storm at 50 nodes" in text and "ms of CPU per node reconnected" in text
     assert "garbage collection" in text
     assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
+    assert "another process wrote to the store's disk meanwhile" in text
     json.dumps(document, allow_nan=False)
+
+
+def test_the_disk_writer_wrote_beside_the_store_and_cleaned_up(document: dict[str, Any]) -> None:
+    neighbour = document["disk_writer"]
+    assert "error" not in neighbour, neighbour
+    assert neighbour["mb_per_s_asked"] == 5 and neighbour["mb_written"] > 5
+    assert 0 < neighbour["mb_per_s"] <= 5 * 1.5  # spread to the rate asked
+    assert neighbour["syncs"] >= 1 and 0 <= neighbour["sync_p50_s"] <= neighbour["sync_p99_s"]
+
+
+def test_a_disk_writer_at_full_speed_and_its_file_removed(tmp_path: Path) -> None:
+    writer = DiskWriter(tmp_path, 0)
+    path = writer.path
+    deadline = time.monotonic() + 30
+    while (not path.exists() or path.stat().st_size < 16 << 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    figures = writer.stop()
+    assert figures["mb_written"] >= 16 and figures["syncs"] >= 2, figures
+    assert not path.exists()
+    assert "as fast as the disk took" in "\n".join(disk_writer.line(figures))
+    with pytest.raises(ValueError, match=">= 0 MB/s"):
+        DiskWriter(tmp_path, -1)
 
 
 def test_no_process_is_left_behind(document: dict[str, Any]) -> None:
