@@ -82,7 +82,11 @@ class ControllerApp:
     def __init__(self, config: ControllerConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.clock = clock
-        self.store = Store(config.db, synchronous=config.db_synchronous)
+        self.store = Store(
+            config.db,
+            synchronous=config.db_synchronous,
+            commit_interval_seconds=config.db_commit_interval_seconds,
+        )
         self.holder = f"{socket.gethostname()}:{os.getpid()}"  # this replica, in the store's rows
         self.fleet = Fleet()
         # Every accepted Hello and stored frame, to the operator RPC Record's streams and, with

@@ -76,12 +76,13 @@ OPERATIONS = (
 
 
 class Store:
-    def __init__(self, path: str, *, synchronous: str = "full") -> None:
-        """`path`: an SQLite file (":memory:" for tests) or a postgresql:// URL."""
+    def __init__(self, path: str, *, synchronous: str = "full", commit_interval_seconds: float = 0.0) -> None:
+        """`path`: an SQLite file (":memory:" for tests) or a postgresql:// URL.
+        `commit_interval_seconds`: a transaction begins at most this often (writer.py)."""
         self.path = path
         self.backend: Backend = open_backend(path, synchronous=synchronous)
         self.description = self.backend.description  # for logs: no password
-        self._thread = StoreThread(self.backend)
+        self._thread = StoreThread(self.backend, pace_seconds=commit_interval_seconds)
         # Seconds from a call to its commit (queueing and group commit included), per operation.
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
         self.epoch: int | None = None  # this controller's term as leader, once lead() returned

@@ -82,6 +82,8 @@ probes:
         ("listen: 'host:port'\n", "listen must be HOST:PORT"),
         ("max_message_bytes: 1024\n", "at least 64 KiB"),
         ("db_synchronous: off\n", "db_synchronous"),
+        ("db_commit_interval_seconds: 2\n", "db_commit_interval_seconds must be between 0 and 1"),
+        ("db_commit_interval_seconds: -0.1\n", "db_commit_interval_seconds must be between 0 and 1"),
         ("log_level: loud\n", "log_level"),
         ("stale_after_seconds: soon\n", "stale_after_seconds"),
         ("detect: {margin: 5}\n", "detect.margin must be within 0..1"),

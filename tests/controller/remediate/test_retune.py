@@ -147,6 +147,11 @@ def rows(app: ControllerApp) -> list[Recommendation]:
     return sorted(app.tuning.recs.values(), key=lambda r: r.created)
 
 
+def concluded(app: ControllerApp, state: str) -> bool:
+    """The first row reached `state` and its breaker slot has its outcome (stored after the row)."""
+    return rows(app)[0].state == state and all(a.outcome != "in_progress" for a in app.breaker.state.actions)
+
+
 async def power_cap(app: ControllerApp, node: str = "n0") -> str:
     finding = stored_finding(node, 0, "power_cap", "warning", first_seen=time.time())
     await add_findings(app, [finding])
@@ -160,7 +165,7 @@ def test_auto_applies_an_online_fix_and_a_committed_answer_verifies_it() -> None
             await fleet_of_five(app)
             fid = await power_cap(app)
             await app.tuning.after_pass()
-            await until(lambda: rows(app)[0].state == "verified", "the apply to be verified")
+            await until(lambda: concluded(app, "verified"), "the apply to be verified")
             [rec] = rows(app)
             assert (rec.cause, rec.profile, rec.policy, rec.requester, rec.finding_ids) == (
                 "power_cap",
@@ -262,7 +267,7 @@ def test_a_rolled_back_apply_keeps_its_breaker_place_and_the_next_node_is_refuse
             await fleet_of_five(app)
             await power_cap(app, "n0")
             await app.tuning.after_pass()
-            await until(lambda: rows(app)[0].state == "rolled_back", "the rollback")
+            await until(lambda: concluded(app, "rolled_back"), "the rollback")
             assert "gemm bf16 on GPU 0: 500, normal 665, before 420" in rows(app)[0].detail
             [action] = app.breaker.state.actions
             assert (action.node, action.outcome) == ("n0", "rolled_back")  # still in the window
@@ -469,7 +474,7 @@ def test_an_apply_in_flight_is_settled_after_a_controller_restart(tmp_path: Path
             [again] = rows(running.app)
             assert (again.id, again.state) == (rec.id, "applying")
             async with agent(running, "n0") as n0:  # the channel sends it again, same id; answered
-                await until(lambda: rows(running.app)[0].state == "verified", "the restarted apply")
+                await until(lambda: concluded(running.app, "verified"), "the restarted apply")
                 assert [c.id for c in n0.commands] == [rec.command_id]
             [action] = running.app.breaker.state.actions  # the slot taken before the restart
             assert action.outcome == "succeeded"

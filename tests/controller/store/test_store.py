@@ -187,6 +187,41 @@ def test_a_batch_settles_in_order_with_one_wake_up_of_the_loop(store_db: str) ->
     run(go())
 
 
+def test_with_a_commit_interval_jobs_that_come_within_it_share_one_transaction(store_db: str) -> None:
+    """db_commit_interval_seconds: after a transaction begins, the next begins only once the interval
+    has passed, with every job queued by then; each job still settles only after its commit. Without
+    the interval, jobs that come 30 ms apart do not wait for each other."""
+
+    async def batches(interval: float) -> list[int]:
+        store = Store(store_db, commit_interval_seconds=interval)
+        await store.open()
+        await store.save_hello(hello(), 1.0)
+        await store.save_frame(write(1))  # a transaction just began: the next waits for the interval
+        loop = asyncio.get_running_loop()
+        sizes: list[int] = []
+        real = loop.call_soon_threadsafe
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            sizes.append(len(args[0]))
+            return real(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+        saves = []
+        for seq in range(2, 7):
+            saves.append(asyncio.ensure_future(store.save_frame(write(seq))))
+            await asyncio.sleep(0.03)
+            assert interval == 0 or not any(s.done() for s in saves)  # none acked before its commit
+        await asyncio.gather(*saves)
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+        fleet, _ = await store.load()
+        store.close()
+        assert fleet.acked[("n1", "b1")] == 6
+        return sizes
+
+    assert run(batches(1.0)) == [5]
+    assert len(run(batches(0.0))) >= 2  # (a slow sync may join two of them)
+
+
 def test_list_findings_filters(store_db: str) -> None:
     async def go() -> None:
         store = Store(store_db)
