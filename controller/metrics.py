@@ -80,6 +80,7 @@ class ControllerCollector(Collector):
         yield _log_lines_suppressed()
         yield from self._identity()
         yield from self._ownership()
+        yield from self._fronts()
 
     def _store_latency(self) -> Metric:
         return _histogram(

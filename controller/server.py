@@ -195,14 +195,23 @@ async def serve(
 
 
 async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
-    """replica_ingest: serve agents on `listen` while waiting for the lead (until cancelled); no
-    operators here (controller/replicas.py). A port that cannot be bound leaves this standby idle."""
+    """replica_ingest: serve agents on `listen` while waiting for the lead (until cancelled), through
+    the ingest fronts when configured, as the leader does; no operators here (controller/replicas.py).
+    A port that cannot be bound leaves this standby idle."""
+    server: grpc.aio.Server | None = None
+    fronts: Fronts | None = None
     try:
-        server, address = await build_server(app, tls, operators_api=False)
+        if app.config.ingest_fronts:
+            fronts = await _start_fronts(app, tls, operators="on the leader: this replica is a standby")
+            address, how = fronts.address, f"; {app.config.ingest_fronts} ingest fronts"
+        else:
+            server, address = await build_server(app, tls, operators_api=False)
+            how = ""
     except OSError as exc:
+        app.fronts = None
         log.error("standby: not ingesting: %s", exc)
         return
-    log.info("standby: ingesting the agents that connect to %s (replica_ingest)", address)
+    log.info("standby: ingesting the agents that connect to %s (replica_ingest%s)", address, how)
     metrics = await _standby_metrics(app)
     stop = asyncio.Event()
     collecting = asyncio.create_task(app.collector.run_forever(stop))  # its nodes' state, frozen too
@@ -216,7 +225,11 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
         await collecting
         if metrics is not None:
             await metrics.stop()  # before the leader's binds the same address
-        await server.stop(2.0)
+        if fronts is not None:
+            await fronts.stop()  # their agents reconnect, to whichever replica their Service picks
+            app.fronts = None
+        if server is not None:
+            await server.stop(2.0)
 
 
 async def _standby_metrics(app: ControllerApp) -> MetricsServer | None:
