@@ -209,8 +209,8 @@ def _start_standby(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A standby with the leader's settings, its own ports: ingesting once its log says so."""
     settings = {**leader, "listen": f"127.0.0.1:{free_port()}", "metrics_address": None}
-    settings.pop("operator_listen", None)
-    settings.pop("ingest_fronts", None)  # a standby serves its agents itself
+    if "ingest_fronts" in settings:  # its own fronts, as the leader's; an operators' port if it leads
+        settings["operator_listen"] = "127.0.0.1:0"
     path, log = directory / f"standby{index}.yaml", directory / f"standby{index}.log"
     path.touch(mode=0o600)
     path.write_text(yaml.safe_dump(settings))
