@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from controller.commands.channel import CommandChannel
 from controller.errors import StoreUnavailable
 from controller.fleet.adopt import adopt
-from controller.fleet.model import Fleet
+from controller.fleet.model import Fleet, ProbeKey
 from controller.ingest import FleetMirror
 from controller.store.owners import CHANGE_MARGIN_SECONDS
 from controller.store.store import Store
@@ -91,7 +91,7 @@ class ReplicaFeed:
         )
         for start in range(0, len(names), NODES_PER_LOAD):
             chunk = names[start : start + NODES_PER_LOAD]
-            self._adopt(await self.store.load_nodes(chunk), {n: changed[n][1] for n in chunk})
+            self._adopt(await self.store.load_nodes(chunk, self._held), {n: changed[n][1] for n in chunk})
             self.elsewhere.update((n, changed[n]) for n in chunk)
         self.since = now  # (a failed look is taken again from the same time)
         self.elsewhere.update(changed)
@@ -100,6 +100,13 @@ class ReplicaFeed:
             if self._connections.get(name, 0) == 0:
                 node.connected = self.streaming(name)
         return names
+
+    def _held(self, key: ProbeKey) -> float | None:
+        """When the probe result the fleet holds under `key` was taken (None: none held). Called
+        from the store's thread while the loop waits for the load: a dict read, atomic under the GIL;
+        a result the loop replaces meanwhile is newer, so the stored one skipped for it is older."""
+        record = self._fleet().probes.get(key)
+        return None if record is None else record.time
 
     def _adopt(self, rows: StoredNodes, heard: Mapping[str, float]) -> None:
         fleet = self._fleet()
@@ -151,7 +158,7 @@ class ReplicaFeed:
         done = [row for row in rows if row.finished is not None]
         nodes = sorted({row.node for row in done if self._connections.get(row.node, 0) == 0})
         if nodes:  # what they sent before answering (probe results) is stored: taken in first
-            self._adopt(await self.store.load_nodes(nodes), {})
+            self._adopt(await self.store.load_nodes(nodes, self._held), {})
         for row in rows:
             channel.settle(row)
         return len(done)

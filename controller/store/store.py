@@ -40,7 +40,7 @@ from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
 from controller.store.lease import POLL_SECONDS, BothLeases, Lease
 from controller.store.recommendations import Recommendation
-from controller.store.stored_nodes import StoredNodes, fetch_nodes
+from controller.store.stored_nodes import HeldProbeTime, StoredNodes, fetch_nodes
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -228,10 +228,11 @@ class Store:
         owner = self.owner or ""
         return await self._call("owners", lambda c: owner_rows.changed(c, owner, since))
 
-    async def load_nodes(self, names: Sequence[str]) -> StoredNodes:
-        """The named nodes' rows as stored, unparsed (StoredNodes.fleet parses them)."""
+    async def load_nodes(self, names: Sequence[str], held: HeldProbeTime | None = None) -> StoredNodes:
+        """The named nodes' rows as stored, unparsed (StoredNodes.fleet parses them); with `held`,
+        only their probe results newer than held says (it is called from the store's thread)."""
         names = list(names)
-        return await self._call("load", lambda c: fetch_nodes(c, names))
+        return await self._call("load", lambda c: fetch_nodes(c, names, held))
 
     def queue_latest(
         self, nodes: Sequence[NodeState], gpus: Mapping[str, list[GpuState]] | None = None

@@ -5,10 +5,10 @@ node tables that load() reads: Hellos, ack positions, latest readings, probe res
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord
 from controller.store.sql import Conn, placeholders
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -62,18 +62,39 @@ class StoredNodes:
         return fleet
 
 
-def fetch_nodes(conn: Conn, names: Sequence[str] | None) -> StoredNodes:
-    """The named nodes' rows (None: every node's)."""
+# A probe result's time as the reader holds it (None: not held); read from the store's thread.
+HeldProbeTime = Callable[[ProbeKey], float | None]
+
+
+def fetch_nodes(conn: Conn, names: Sequence[str] | None, held: HeldProbeTime | None = None) -> StoredNodes:
+    """The named nodes' rows (None: every node's). With `held`, only the probe results newer than
+    the reader holds: a node's results rarely change between two looks (a probe round every half
+    hour), and they were most of a node's bytes, read and parsed again on every look."""
     rows = StoredNodes()
     if names is None:
-        _fetch_into(rows, conn, "", ())
+        _fetch_into(rows, conn, "", (), held)
     for start in range(0, 0 if names is None else len(names), NAMES_PER_QUERY):
         chunk = tuple(names[start : start + NAMES_PER_QUERY]) if names is not None else ()
-        _fetch_into(rows, conn, f" WHERE {{}} IN ({placeholders(chunk)})", chunk)
+        _fetch_into(rows, conn, f" WHERE {{}} IN ({placeholders(chunk)})", chunk, held)
     return rows
 
 
-def _fetch_into(rows: StoredNodes, conn: Conn, where: str, args: tuple[str, ...]) -> None:
+def _newer_probes(conn: Conn, where: str, args: tuple[str, ...], held: HeldProbeTime) -> set[ProbeKey]:
+    """The keys of the probe results `where` selects that are newer than `held` says."""
+    newer = set()
+    for n, g, p, v, t in conn.execute(
+        "SELECT node, gpu, probe, variant, time FROM probe_results" + where, args
+    ):
+        key = (str(n), None if g < 0 else int(g), str(p), str(v))
+        known = held(key)
+        if known is None or known < t:
+            newer.add(key)
+    return newer
+
+
+def _fetch_into(
+    rows: StoredNodes, conn: Conn, where: str, args: tuple[str, ...], held: HeldProbeTime | None = None
+) -> None:
     """The rows `where` selects (formatted with each table's node column)."""
     on_node = where.format("node")
     rows.nodes += [
@@ -100,9 +121,18 @@ def _fetch_into(rows: StoredNodes, conn: Conn, where: str, args: tuple[str, ...]
         (str(n), float(t), bytes(s))
         for n, t, s in conn.execute("SELECT node, time, sample FROM bmc_state" + on_node, args)
     ]
+    probes_where, probes_args, wanted = on_node, args, None
+    if held is not None:
+        wanted = _newer_probes(conn, on_node, args, held)
+        nodes = tuple(sorted({key[0] for key in wanted}))
+        if not nodes:
+            return
+        probes_where, probes_args = f" WHERE node IN ({placeholders(nodes)})", nodes
     rows.probes += [
         (str(n), int(g), str(p), str(v), float(t), float(x), str(u), bytes(r))
         for n, g, p, v, t, x, u, r in conn.execute(
-            "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + on_node, args
+            "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + probes_where,
+            probes_args,
         )
+        if wanted is None or (str(n), None if g < 0 else int(g), str(p), str(v)) in wanted
     ]

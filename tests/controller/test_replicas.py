@@ -79,3 +79,51 @@ def test_replica_ingest_needs_a_store_the_replicas_share() -> None:
         config(replica_ingest=True)
     with pytest.raises(ValueError, match="replica_sync_seconds"):
         config(db="x.db", replica_sync_seconds=0.5)
+
+
+def test_the_leader_loads_only_probe_results_newer_than_it_holds(store_db: str) -> None:
+    """A node's probe results rarely change between two looks: each look reads the readings again,
+    and only the results newer than the leader holds (they were most of a node's bytes)."""
+    clock = Clock(T0)
+
+    async def go() -> None:
+        async with leader_and_standby(store_db, clock, detection=True) as replicas:
+            leader, standby, feed = replicas.leader, replicas.standby, replicas.feed
+            loaded: list[list[tuple[str, int, str, str]]] = []
+            load = leader.store.load_nodes
+
+            async def recorded(names: list[str], held: object = None) -> object:
+                rows = await load(names, held)  # type: ignore[arg-type]
+                loaded.append([(n, g, p, v) for n, g, p, v, *_ in rows.probes])
+                return rows
+
+            leader.store.load_nodes = recorded  # type: ignore[method-assign,assignment]
+            await _three_frames(standby)
+            clock.now += 1
+            assert await feed.take_in() == ["n1"]
+            assert loaded[-1] == [("n1", 0, "gemm", "bf16")]
+            held = leader.fleet.probes[("n1", 0, "gemm", "bf16")]
+
+            later = frame(4)
+            del later.probes[:]  # new readings, no new probe result
+            later.gpus[0].power_watts = 450.0
+            assert await standby.ingest.frame("n1", later) == 4
+            await standby.ingest.flush_state()
+            clock.now += 1
+            assert await feed.take_in() == ["n1"]
+            assert loaded[-1] == []  # the result held was not read again
+            assert leader.fleet.nodes["n1"].gpus[0].sample.power_watts == 450.0
+            assert leader.fleet.probes[("n1", 0, "gemm", "bf16")] is held
+
+            newer = frame(5)
+            newer.probes.add(probe="membw", variant="stream", gpu=1, value=3.1, unit="TB/s")
+            assert await standby.ingest.frame("n1", newer) == 5
+            await standby.ingest.flush_state()
+            clock.now += 1
+            assert await feed.take_in() == ["n1"]
+            assert sorted(loaded[-1]) == [("n1", 0, "gemm", "bf16"), ("n1", 1, "membw", "stream")]
+            assert leader.fleet.probes[("n1", 0, "gemm", "bf16")].value == 705.0
+            report = await leader.detection_pass()  # the detection copy took the same rows in
+            assert report is not None
+
+    run(go())
