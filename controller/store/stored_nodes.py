@@ -84,7 +84,7 @@ def _newer_probes(conn: Conn, where: str, args: tuple[str, ...], held: HeldProbe
     newer = set()
     for n, g, p, v, t in conn.execute(
         "SELECT node, gpu, probe, variant, time FROM probe_results" + where, args
-    ):
+    ).fetchall():
         key = (str(n), None if g < 0 else int(g), str(p), str(v))
         known = held(key)
         if known is None or known < t:
@@ -101,25 +101,27 @@ def _fetch_into(
         (str(n), bytes(h), float(f), float(s))
         for n, h, f, s in conn.execute(
             "SELECT name, hello, first_seen, last_seen FROM nodes" + where.format("name"), args
-        )
+        ).fetchall()
     ]
     rows.boots += [
         (str(n), str(b), int(a), float(u))
-        for n, b, a, u in conn.execute("SELECT node, boot_id, acked_seq, updated FROM boots" + on_node, args)
+        for n, b, a, u in conn.execute(
+            "SELECT node, boot_id, acked_seq, updated FROM boots" + on_node, args
+        ).fetchall()
     ]
     rows.gpus += [
         (str(n), int(g), float(t), bytes(s), str(h))
         for n, g, t, s, h in conn.execute(
             "SELECT node, gpu, time, sample, held FROM gpu_state" + on_node, args
-        )
+        ).fetchall()
     ]
     rows.hosts += [
         (str(n), float(t), bytes(s))
-        for n, t, s in conn.execute("SELECT node, time, sample FROM host_state" + on_node, args)
+        for n, t, s in conn.execute("SELECT node, time, sample FROM host_state" + on_node, args).fetchall()
     ]
     rows.bmcs += [
         (str(n), float(t), bytes(s))
-        for n, t, s in conn.execute("SELECT node, time, sample FROM bmc_state" + on_node, args)
+        for n, t, s in conn.execute("SELECT node, time, sample FROM bmc_state" + on_node, args).fetchall()
     ]
     probes_where, probes_args, wanted = on_node, args, None
     if held is not None:
@@ -133,6 +135,6 @@ def _fetch_into(
         for n, g, p, v, t, x, u, r in conn.execute(
             "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + probes_where,
             probes_args,
-        )
+        ).fetchall()
         if wanted is None or (str(n), None if g < 0 else int(g), str(p), str(v)) in wanted
     ]
