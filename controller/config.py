@@ -368,9 +368,9 @@ class ControllerConfig(_Config):
     db_state_seconds: float = 300.0
     # A store transaction begins at most this often; frames that arrive meanwhile join it (each
     # still acked only once committed). 0: each begins as soon as the last ended. At 2,000 nodes on
-    # a disk with quick syncs, 0.01 cut commits from about 160 a second to under 100, the
-    # controller's CPU per frame by about a fifth and the bytes written per frame by a third, for
-    # about 5 ms more ack latency (bench/results/2026-11-29_controller_scale_commit_interval.txt).
+    # a disk with quick syncs (about 160 commits a second for 200 frames), 0.01 cut the main
+    # process's CPU per frame by 0.1-0.2 ms and the bytes written per frame by a third, for about
+    # 5 ms more ack latency (bench/results/2026-11-29_controller_scale_commit_interval.txt).
     db_commit_interval_seconds: float = 0.01
     max_message_bytes: int = 4 * 1024 * 1024
     stale_after_seconds: float = 60.0  # a node silent this long is shown stale

@@ -79,13 +79,18 @@ def fetch_nodes(conn: Conn, names: Sequence[str] | None, held: HeldProbeTime | N
     return rows
 
 
+def _probe_key(node: object, gpu: int, probe: object, variant: object) -> ProbeKey:
+    """A probe_results row's key, as ProbeRecord.key has it (gpu -1 in the row: node-level)."""
+    return (str(node), None if gpu < 0 else int(gpu), str(probe), str(variant))
+
+
 def _newer_probes(conn: Conn, where: str, args: tuple[str, ...], held: HeldProbeTime) -> set[ProbeKey]:
     """The keys of the probe results `where` selects that are newer than `held` says."""
     newer = set()
     for n, g, p, v, t in conn.execute(
         "SELECT node, gpu, probe, variant, time FROM probe_results" + where, args
     ).fetchall():
-        key = (str(n), None if g < 0 else int(g), str(p), str(v))
+        key = _probe_key(n, g, p, v)
         known = held(key)
         if known is None or known < t:
             newer.add(key)
@@ -136,5 +141,5 @@ def _fetch_into(
             "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + probes_where,
             probes_args,
         ).fetchall()
-        if wanted is None or (str(n), None if g < 0 else int(g), str(p), str(v)) in wanted
+        if wanted is None or _probe_key(n, g, p, v) in wanted
     ]
