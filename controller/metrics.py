@@ -7,7 +7,6 @@ alert rules (dashboards/): add new ones freely, never rename these.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Iterator
 
@@ -24,6 +23,7 @@ from controller.fleet.finding import SEVERITIES
 from controller.fleet.findings import by_node
 from controller.fleet.health import node_health
 from controller.metrics_record import SecondsHistogram
+from controller.metrics_text import TextGauge
 from protos.gpufleet.v1 import operator_pb2
 from protos.logsafe import SUPPRESSED
 from protos.names import CAUSES, enum_names, health_name
@@ -221,7 +221,7 @@ class ControllerCollector(Collector):
         for (cause, severity), n in sorted(counts.items()):
             by_kind.add_metric([cause, severity], n)
         yield by_kind
-        each = GaugeMetricFamily(
+        each = TextGauge(
             PREFIX + "finding_active",
             "1 per active finding; gpu empty: node-level; slow true: a probe measured it slow.",
             labels=["node", "gpu", "cause", "severity", "slow"],
@@ -233,12 +233,12 @@ class ControllerCollector(Collector):
         yield each
 
     def _nodes(self) -> Iterator[Metric]:
-        health = GaugeMetricFamily(
+        health = TextGauge(
             PREFIX + "node_health",
             f"1 on the node's current state ({', '.join(HEALTH_STATES)}), as `gpufleet nodes` shows it.",
             labels=["node", "state"],
         )
-        last_frame = GaugeMetricFamily(
+        last_frame = TextGauge(
             PREFIX + "node_last_frame_timestamp_seconds",
             "Unix time of the newest frame stored for the node.",
             labels=["node"],
@@ -319,8 +319,9 @@ class ControllerCollector(Collector):
         )
         yield GaugeMetricFamily(
             PREFIX + "gc_frozen_objects",
-            "Objects frozen out of the automatic collections (gc.get_freeze_count).",
-            value=gc.get_freeze_count(),
+            "Objects frozen out of the automatic collections, counted as they were frozen (the hourly "
+            "full collection counts them afresh).",
+            value=policy.frozen,
         )
 
     def _probes(self) -> Iterator[Metric]:

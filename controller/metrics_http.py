@@ -14,9 +14,10 @@ import asyncio
 import html
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import CollectorRegistry
 
+from controller.metrics_text import page
 from protos import scrape_http
 from protos.webconfig import WebConfigError, WebGuard
 
@@ -68,7 +69,7 @@ class MetricsServer:
             raise OSError(f"cannot serve metrics on {address}: {exc}") from None
         self._server = scrape_http.ScrapeServer(
             sock,
-            lambda: generate_latest(self.registry),
+            lambda: page(self.registry),
             index=scrape_http.Reply(200, "text/html; charset=utf-8", self._index()),
             guard=guard,
             timeout=REQUEST_TIMEOUT_SECONDS,

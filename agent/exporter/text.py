@@ -9,16 +9,13 @@ two to that), so the Collector (Exporter.collect) and this writer are two views 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-
-from prometheus_client.utils import floatToGoString
+from collections.abc import Iterable, Mapping
 
 from agent.exporter.catalogue import MetricSpec
 from agent.exporter.families import LOG_LINES_SUPPRESSED, LOG_LINES_SUPPRESSED_HELP, finite_samples
 from agent.exporter.view import ExportView, Labels, Row
+from protos.prom_text import family_header, go_float, label_value
 
-_go_float: Callable[[float], str] = floatToGoString  # Go's float formatting, as prometheus_client writes it
-_LABEL_VALUE = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})
 LabelKey = tuple[tuple[str, ...], tuple[str, ...]]
 
 
@@ -41,12 +38,11 @@ class PageWriter:
             return
         name = spec.name
         kind = "counter" if spec.type == "counter" else "gauge"
-        help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
         parts = self._parts
-        parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        parts.append(family_header(name, kind, spec.help))
         names = spec.labels
         for labels, value in samples:
-            parts.append(f"{name}{self._labels(names, labels)} {_go_float(value)}\n")
+            parts.append(f"{name}{self._labels(names, labels)} {go_float(value)}\n")
 
     def _labels(self, names: tuple[str, ...], labels: Labels) -> str:
         if not names:
@@ -61,7 +57,7 @@ class PageWriter:
         text = self._label_text.get(key)
         if text is None:
             pairs = sorted(zip(names, values, strict=True))
-            text = "{" + ",".join(f'{n}="{v.translate(_LABEL_VALUE)}"' for n, v in pairs) + "}"
+            text = "{" + ",".join(f'{n}="{label_value(v)}"' for n, v in pairs) + "}"
             self._label_text[key] = text
         self._by_dict[(id(labels), names)] = (labels, text)
         return text
@@ -75,9 +71,9 @@ def log_lines_suppressed_text(counts: Mapping[str, int]) -> bytes:
     if not counts:
         return b""
     name = LOG_LINES_SUPPRESSED + "_total"
-    lines = [f"# HELP {name} {LOG_LINES_SUPPRESSED_HELP}\n# TYPE {name} counter\n"]
+    lines = [family_header(name, "counter", LOG_LINES_SUPPRESSED_HELP)]
     for logger, n in sorted(counts.items()):
-        lines.append(f'{name}{{logger="{logger.translate(_LABEL_VALUE)}"}} {_go_float(float(n))}\n')
+        lines.append(f'{name}{{logger="{label_value(logger)}"}} {go_float(float(n))}\n')
     return "".join(lines).encode("utf-8")
 
 

@@ -52,6 +52,30 @@ def test_freezes_only_once_its_interval_has_passed() -> None:
     assert gc.get_freeze_count() > 0
 
 
+def test_counts_what_it_freezes_without_walking_the_frozen_objects() -> None:
+    """policy.frozen (gc_frozen_objects) is counted as objects freeze: gc.get_freeze_count() walks
+    every frozen object, which at a fleet's size is a long stop of the loop at every scrape."""
+    clock = Clock()
+    policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, clock=clock)
+    gc.disable()  # no automatic collection in between: the counts are exact
+    try:
+        clock.now += 10
+        policy.tick()
+        assert policy.frozen == gc.get_freeze_count() > 1000  # the whole heap, the first time
+        first = policy.frozen
+        kept = [Cycle() for _ in range(500)]
+        clock.now += 10
+        policy.tick()
+        assert policy.frozen == gc.get_freeze_count() >= first + 500  # only what is new since
+        kept.clear()
+        clock.now += 3600
+        policy.tick()  # the full collection frees the 500 cycles, then counts afresh
+        assert policy.full_collections == 1
+        assert policy.frozen == gc.get_freeze_count() < first + 500
+    finally:
+        gc.enable()
+
+
 def test_a_frozen_object_is_out_of_every_collection_until_the_full_one() -> None:
     clock = Clock()
     policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, clock=clock)

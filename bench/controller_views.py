@@ -1,0 +1,172 @@
+"""What the operators' views of a fleet of N nodes cost a controller on an idle machine: a /metrics
+scrape (over HTTP from the controller's MetricsServer) and a full ListNodes (every page, over gRPC
+from its server), both run on the controller's event loop, so each is also how long its acks wait
+meanwhile. The fleet is built in-process from the scale bench's frames (built_fleet.py), with
+active findings on --finding-share of its nodes. Prints a table; asserts nothing
+(tests/bench/test_controller_views.py runs a small step of it).
+
+    .venv/bin/python bench/controller_views.py [--nodes 12500] [--repeat 5] [--finding-share 0.02]
+
+"page s" is the page as the controller writes it (controller/metrics_text.py); "generate_latest s"
+is prometheus_client's exposition of the same registry, for comparison (how the controller wrote
+its page before; the two are checked to be the same bytes). controller_scale.py times the same
+views under a streaming load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import time
+import urllib.request
+from typing import Any
+
+import grpc
+from controller_scale_load.built_fleet import build
+from prometheus_client.exposition import generate_latest
+
+from controller.app import ControllerApp
+from controller.config import ControllerConfig
+from controller.fleet.finding import Evidence, Finding
+from controller.fleet.findings import StoredFinding, finding_id
+from controller.metrics import controller_registry
+from controller.metrics_http import MetricsServer
+from controller.metrics_text import page
+from controller.server import build_server
+from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
+
+CAUSES = ("power_cap", "thermal_throttle", "nvlink_down", "ecc_row_remap_pending")
+
+
+def add_findings(app: ControllerApp, share: float, now: float) -> int:
+    """Active findings on every 1/share-th node (one per GPU 0 and one node-level), as a pass leaves
+    them in memory; how many."""
+    names = sorted(app.fleet.nodes)
+    step = max(1, round(1 / share)) if share > 0 else 0
+    chosen = names[::step] if step else []
+    evidence = Evidence("enforced_power_limit_watts", 400.0, 700.0, -0.43, "W", ("sw_power_cap",), 7, "bench")
+    for i, name in enumerate(chosen):
+        for gpu, severity in ((0, "warning"), (None, "critical")):
+            cause = CAUSES[i % len(CAUSES)]
+            finding = Finding(
+                name, gpu, cause, severity, f"{cause} on {name}", evidence, detectors=["throttle"]
+            )
+            first = now - 600
+            app.active[finding.key] = StoredFinding(finding_id(finding.key, first), finding, first, now, True)
+    return len(app.active)
+
+
+def _scrape(url: str) -> tuple[float, bytes]:
+    began = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as response:
+        body = response.read()
+    return time.perf_counter() - began, body
+
+
+def _list_nodes(address: str) -> tuple[float, float, int, int]:
+    """Seconds for every page, the longest page, pages and nodes."""
+    with grpc.insecure_channel(address) as channel:
+        stub = operator_pb2_grpc.OperatorStub(channel)
+        began, longest, pages, nodes, token = time.perf_counter(), 0.0, 0, 0, ""
+        while True:
+            start = time.perf_counter()
+            reply = stub.ListNodes(operator_pb2.ListNodesRequest(page_token=token), timeout=60)
+            longest = max(longest, time.perf_counter() - start)
+            pages, nodes, token = pages + 1, nodes + len(reply.nodes), reply.next_page_token
+            if not token:
+                return time.perf_counter() - began, longest, pages, nodes
+
+
+async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
+    began = time.perf_counter()
+    fleet, now = build(nodes)
+    built = time.perf_counter() - began
+    gc.freeze()  # out of the automatic collections, as a running controller's fleet is (gc_policy.py)
+    app = ControllerApp(ControllerConfig(listen="127.0.0.1:0", db=":memory:"), clock=lambda: now)
+    await app.start()
+    metrics = MetricsServer(controller_registry(app))
+    server = None
+    try:
+        app.fleet = app.ingest.fleet = fleet
+        app.ingest.last_frame = {name: now - 1 for name in fleet.nodes}
+        findings = add_findings(app, share, now)
+        registry = controller_registry(app)
+        url = f"http://{await metrics.start('127.0.0.1:0')}/metrics"
+        server, address = await build_server(app)
+        scrapes, pages, prometheus, listings = [], [], [], []
+        body = b""
+        for _ in range(repeat):
+            seconds, body = await asyncio.to_thread(_scrape, url)
+            scrapes.append(seconds)
+            start = time.perf_counter()
+            mine = page(registry)
+            pages.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            theirs = generate_latest(registry)
+            prometheus.append(time.perf_counter() - start)
+            if mine != theirs:
+                raise SystemExit("controller_views: the page differs from generate_latest's")
+            listings.append(await asyncio.to_thread(_list_nodes, address))
+        series = sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
+        return {
+            "nodes": nodes,
+            "cores": os.cpu_count(),
+            "built_s": built,
+            "findings": findings,
+            "scrape_s": statistics.median(scrapes),
+            "scrape_max_s": max(scrapes),
+            "page_s": statistics.median(pages),
+            "generate_latest_s": statistics.median(prometheus),
+            "page_bytes": len(body),
+            "series": series,
+            "list_nodes_s": statistics.median(x[0] for x in listings),
+            "list_nodes_longest_page_s": max(x[1] for x in listings),
+            "list_nodes_pages": listings[-1][2],
+            "list_nodes_nodes": listings[-1][3],
+        }
+    finally:
+        if server is not None:
+            await server.stop(None)
+        await metrics.stop()
+        app.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=12500)
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="scrapes and listings timed (the median is shown)"
+    )
+    parser.add_argument(
+        "--finding-share", type=float, default=0.02, help="share of nodes with active findings"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.nodes < 1 or args.repeat < 1 or not 0 <= args.finding_share <= 1:
+        parser.error("--nodes and --repeat must be >= 1, --finding-share within 0..1")
+    row = asyncio.run(timed(args.nodes, args.repeat, args.finding_share))
+    if args.json:
+        print(json.dumps(row))
+        return
+    print(
+        f"controller_views: {row['nodes']} nodes (built in {row['built_s']:.0f} s), {row['findings']} active "
+        f"findings, {row['cores']} cores, median of {args.repeat}"
+    )
+    print(
+        f"/metrics scrape: {row['scrape_s']:.3f} s (max {row['scrape_max_s']:.3f}), "
+        f"{row['page_bytes'] / 1e6:.1f} MB, "
+        f"{row['series']} series; the page written {row['page_s']:.3f} s, by generate_latest "
+        f"{row['generate_latest_s']:.3f} s"
+    )
+    print(
+        f"ListNodes: {row['list_nodes_s']:.3f} s for {row['list_nodes_nodes']} nodes in "
+        f"{row['list_nodes_pages']} pages (longest page {row['list_nodes_longest_page_s']:.3f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

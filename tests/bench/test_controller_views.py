@@ -1,0 +1,29 @@
+"""A small step of bench/controller_views.py, so that it cannot rot: 40 nodes, findings on a
+quarter of them; the page and ListNodes cover the whole fleet (its times are figures, not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "controller_views.py"
+
+
+def test_the_views_of_a_built_fleet_are_timed() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--nodes", "40", "--repeat", "2", "--finding-share", "0.25", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    row = json.loads(done.stdout)
+    assert (row["nodes"], row["list_nodes_nodes"], row["list_nodes_pages"]) == (40, 40, 1)
+    assert row["findings"] == 20  # 10 nodes, a GPU finding and a node-level one each
+    # node_health: a series per node and state (healthy, degraded, critical, stale), the last
+    # frame's time per node, one finding_active per finding, then the controller's own families
+    assert row["series"] > 40 * 4 + 40 + 20
+    for key in ("scrape_s", "page_s", "generate_latest_s", "list_nodes_s", "list_nodes_longest_page_s"):
+        assert row[key] > 0, key
