@@ -21,6 +21,7 @@ from typing import Protocol
 
 from controller.commands.channel import CommandChannel
 from controller.config import ConfigError, ControllerConfig
+from controller.connection_log import ConnectionLog
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.pool import DetectionPool
@@ -89,6 +90,8 @@ class ControllerApp:
         )
         self.holder = f"{socket.gethostname()}:{os.getpid()}"  # this replica, in the store's rows
         self.fleet = Fleet()
+        # Agents connecting and leaving, as the log tells them: counted past a few a second
+        self.connection_log = ConnectionLog(logging.getLogger("gpufleet.controller.stream"))
         # Every accepted Hello and stored frame, to the operator RPC Record's streams and, with
         # `record: FILE` (--record), to that file (controller/recording.py).
         self.recording = RecordHub()
@@ -272,6 +275,7 @@ class ControllerApp:
         return KubeLease(self.cluster.api, namespace, name, holder)
 
     def close(self) -> None:
+        self.connection_log.close()
         self.kube.cancel()  # a drain's row stays running: the next start resumes it
         self.cluster.close()
         self.store.close()

@@ -65,13 +65,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self.app.identity.accepted(hello.node, transport)
         # Accepted: the agent starts sending frames once it sees this (agent/stream/client.py).
         await context.send_initial_metadata(())
-        log.info(
-            "agent connected: node %s boot %s (%s), acked %d",
-            hello.node,
-            hello.boot_id,
-            context.peer(),
-            acked,
-        )
+        self.app.connection_log.connected(hello.node, hello.boot_id, context.peer(), acked)
         outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
         if acked:
             outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
@@ -108,7 +102,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             replaced.cancel()
             self.app.commands.close_stream(stream)
             self.app.disconnected(hello.node)
-            log.info("agent disconnected: node %s", hello.node)
+            self.app.connection_log.disconnected(hello.node)
 
     async def _read(
         self, requests: AsyncIterator[AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
