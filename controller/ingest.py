@@ -142,7 +142,7 @@ class Ingest:
         if now - self.state_saved.get(node, float("-inf")) >= self.state_every_seconds:
             self.save_state([node], now)
 
-    def save_state(self, names: list[str], now: float) -> asyncio.Future[None]:
+    def save_state(self, names: list[str], now: float) -> asyncio.Future[int]:
         """Queue these nodes' latest readings as memory holds them now; a failed write leaves them
         due again (logged, counted in state_failures)."""
         nodes = [self.fleet.nodes[n] for n in names if n in self.fleet.nodes]
@@ -154,7 +154,7 @@ class Ingest:
         }
         future = self.store.queue_latest(nodes, gpus)
 
-        def settled(done: asyncio.Future[None]) -> None:
+        def settled(done: asyncio.Future[int]) -> None:
             if done.cancelled() or done.exception() is None:
                 return
             self.state_failures += 1

@@ -102,6 +102,12 @@ class ControllerCollector(Collector):
             "between replicas): each let its own batch commit without it and came again.",
             value=self.app.store.claim_retries,
         )
+        yield CounterMetricFamily(
+            PREFIX + "replica_busy_writes",
+            "Writes of a node whose owner row another replica's open transaction held (that replica "
+            "taking the node): each failed at once (a frame: not acked) rather than wait for it.",
+            value=self.app.store.busy_writes,
+        )
 
     def _replicas(self) -> Iterator[Metric]:
         feed = self.app.replicas

@@ -26,6 +26,9 @@ class Connection(Conn, Protocol):
 class Backend(Protocol):
     description: str  # for logs: the file, or the URL without its password
     begin: str  # the statement that opens a write transaction
+    # What a SELECT ends with to pass over the rows another open transaction holds ("" where nothing
+    # inside a transaction waits: SQLite's one writer)
+    skip_locked: str
     errors: tuple[type[BaseException], ...]  # the database's own exceptions
 
     def connect(self) -> Connection: ...

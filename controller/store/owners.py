@@ -4,7 +4,8 @@ A node belongs to the replica that holds its newest stream: a Hello takes the no
 whichever replica had it before, dead or alive. Every write of a node's rows first checks, in the
 same transaction, that this replica still owns it (mark_written, which also records when the rows
 were written). It takes the row's lock, so a replica that lost the node cannot write after the
-taking replica's claim commits: its write fails with NotOwner and its stream ends. The leader
+taking replica's claim commits: its write fails with NotOwner and its stream ends. While that claim
+is still open the write does not wait for it (on PostgreSQL): it fails at once with RowBusy. The leader
 reads the nodes other replicas wrote since its last look (changed) and loads their rows.
 
 Times are each replica's own clock: readers allow for skew between hosts (CHANGE_MARGIN_SECONDS).
@@ -12,7 +13,7 @@ Times are each replica's own clock: readers allow for skew between hosts (CHANGE
 
 from __future__ import annotations
 
-from controller.errors import NotOwner
+from controller.errors import NotOwner, RowBusy
 from controller.store.sql import Conn
 
 CHANGE_MARGIN_SECONDS = 30.0  # rows written up to this long before a look are read again
@@ -30,13 +31,22 @@ def claim(conn: Conn, node: str, holder: str, now: float) -> str | None:
     return None if row is None or row[0] == holder else str(row[0])
 
 
-def mark_written(conn: Conn, node: str, holder: str, now: float) -> None:
-    """Record that `holder` writes `node`'s rows now; NotOwner when another replica took the node."""
+def mark_written(conn: Conn, node: str, holder: str, now: float, skip_locked: str = "") -> None:
+    """Record that `holder` writes `node`'s rows now; NotOwner when another replica took the node.
+
+    With `skip_locked` (the backend's), a row another replica's open transaction holds (its claim
+    of the node, not committed yet) is not waited for: RowBusy at once. Waiting could close a circle
+    (that transaction waiting in turn on a row this one holds, its write of a node this batch just
+    claimed): PostgreSQL's deadlock, broken only after a second by aborting one of the two."""
     moved = conn.execute(
-        "UPDATE node_owners SET written = ? WHERE node = ? AND holder = ?", (now, node, holder)
+        "UPDATE node_owners SET written = ? WHERE node = "
+        f"(SELECT node FROM node_owners WHERE node = ? AND holder = ?{skip_locked})",
+        (now, node, holder),
     ).rowcount
     if moved == 0:
         row = conn.execute("SELECT holder FROM node_owners WHERE node = ?", (node,)).fetchone()
+        if row is not None and str(row[0]) == holder:
+            raise RowBusy(f"node {node}: its owner row is held by another replica's open transaction")
         raise NotOwner(node, None if row is None else str(row[0]))
 
 

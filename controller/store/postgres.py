@@ -84,6 +84,7 @@ class PgConnection:
 
 class PostgresBackend:
     begin = "BEGIN"
+    skip_locked = " FOR NO KEY UPDATE SKIP LOCKED"
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
 
     def __init__(self, url: str) -> None:

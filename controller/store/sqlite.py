@@ -15,6 +15,7 @@ from controller.store.lease import FileLease, Lease
 
 class SqliteBackend:
     begin = "BEGIN IMMEDIATE"
+    skip_locked = ""
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, path: str, *, synchronous: str = "full") -> None:

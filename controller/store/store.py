@@ -92,6 +92,7 @@ class Store:
         self.owner: str | None = None
         self.owner_clock: Callable[[], float] = time.time  # when rows were written, for the leader
         self.claim_retries = 0  # claims that found their node's row locked and came again
+        self.busy_writes = 0  # writes not made: their node's owner row held by another replica's claim
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -190,10 +191,14 @@ class Store:
         now = self.owner_clock()
 
         def owned(conn: Connection) -> None:
-            owner_rows.mark_written(conn, write.node, owner, now)
+            owner_rows.mark_written(conn, write.node, owner, now, self.backend.skip_locked)
             node_rows.save_frame(conn, write)
 
-        await self._call("save_frame", owned)
+        try:
+            await self._call("save_frame", owned)
+        except RowBusy:
+            self.busy_writes += 1  # being taken: its agent sends the frame to the replica taking it
+            raise
 
     # Nodes spread over replicas (controller/store/owners.py)
 
@@ -236,25 +241,37 @@ class Store:
 
     def queue_latest(
         self, nodes: Sequence[NodeState], gpus: Mapping[str, list[GpuState]] | None = None
-    ) -> asyncio.Future[None]:
+    ) -> asyncio.Future[int]:
         """Queue these nodes' latest readings as memory holds them now (Ingest.save_state; `gpus`:
-        a node's GPU readings to write instead); the future settles once they are committed."""
+        a node's GPU readings to write instead); the future settles once they are committed, with
+        how many were not written because another replica was taking their node."""
         instead = gpus or {}
         rows = [(n.name, instead.get(n.name) or list(n.gpus.values()), n.host, n.host_time) for n in nodes]
         owner, now = self.owner, self.owner_clock()
 
-        def save(conn: Connection) -> None:
+        def save(conn: Connection) -> int:
+            busy = 0
             for row in rows:
                 if owner is not None:
                     try:
-                        owner_rows.mark_written(conn, row[0], owner, now)
+                        owner_rows.mark_written(conn, row[0], owner, now, self.backend.skip_locked)
                     except NotOwner:  # another replica took it: its readings are that one's to write
                         continue
+                    except RowBusy:  # another replica is taking it: likewise
+                        busy += 1
+                        continue
                 node_rows.save_latest(conn, *row)
+            return busy
 
         start = perf_counter()
         future = self._thread.submit(save)
-        future.add_done_callback(lambda _: self.latency.observe("save_latest", perf_counter() - start))
+
+        def done(settled: asyncio.Future[int]) -> None:
+            self.latency.observe("save_latest", perf_counter() - start)
+            if not settled.cancelled() and settled.exception() is None:
+                self.busy_writes += settled.result()
+
+        future.add_done_callback(done)
         return future
 
     async def save_findings(self, upserts: list[StoredFinding], resolved: list[StoredFinding]) -> None:

@@ -134,8 +134,8 @@ def test_a_failed_write_is_counted_and_due_again_with_the_next_frame(tmp_path: P
         await ingest.hello(hello())
         real = ingest.store.queue_latest
 
-        def broken(nodes: object, gpus: object = None) -> asyncio.Future[None]:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        def broken(nodes: object, gpus: object = None) -> asyncio.Future[int]:
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             future.set_exception(StoreUnavailable("store unavailable: disk I/O error"))
             return future
 
@@ -165,8 +165,8 @@ def test_failed_writes_are_logged_once_then_every_thousandth(
     async def body(ingest: Ingest, clock: Clock) -> None:
         await ingest.hello(hello())
 
-        def broken(nodes: object, gpus: object = None) -> asyncio.Future[None]:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        def broken(nodes: object, gpus: object = None) -> asyncio.Future[int]:
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             future.set_exception(StoreUnavailable("store unavailable: database or disk is full"))
             return future
 

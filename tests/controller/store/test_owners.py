@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.errors import NotOwner
+from controller.errors import NotOwner, RowBusy, StoreUnavailable
 from controller.fleet.model import NodeState
 from controller.store import stored_nodes
 from controller.store.owners import owners
@@ -193,6 +193,116 @@ def test_two_replicas_claiming_each_others_nodes_at_once_both_get_through(
         assert results == [None, "b:2", None, "a:1"], results
         assert a.claim_retries + b.claim_retries >= 1  # the crossing happened, and was taken again
         assert await a._thread.call(owners) == {"n1": "b:2", "n2": "a:1"}
+        a.close()
+        b.close()
+
+    run(go())
+
+
+def test_replicas_taking_each_others_nodes_while_writing_them_do_not_deadlock(
+    postgres_server: PostgresServer,
+) -> None:
+    """On PostgreSQL's row locks. a owns n1 and b owns n2; in one group commit each takes the
+    other's node (its agent reconnected there) and then writes a frame of the node it still holds,
+    whose row the other's claim has just locked: each batch waits for the other's. That was a
+    deadlock, broken by PostgreSQL only after deadlock_timeout (a second) by aborting one of the
+    writes. Now a write waits briefly for a row another transaction holds: both claims and both
+    batches go through at once, and a frame of a node being taken fails (not acked: its agent,
+    connected elsewhere now, sends it there)."""
+    clock = [100.0]
+    store_db = postgres_server.new_database()
+
+    async def go() -> None:
+        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
+        await a.open()
+        await b.open()
+        for store, node in ((a, "n1"), (b, "n2")):
+            assert await store.claim_node(node) is None
+            await store.save_hello(hello(node), 100.0)
+            await store.save_frame(write(1, node))
+        clock[0] = 110.0
+        release = threading.Event()
+        ready = [threading.Event(), threading.Event()]
+        holds = []
+        for store, event in zip((a, b), ready, strict=True):
+
+            def hold(conn: Any, event: threading.Event = event) -> None:
+                event.set()
+                release.wait(10)
+
+            holds.append(store._thread.submit(hold))
+        for event in ready:
+            await asyncio.to_thread(event.wait, 10)
+        jobs = [
+            a.claim_node("n2"),
+            a.save_frame(write(2, "n1")),  # its row: b's claim holds it, uncommitted
+            b.claim_node("n1"),
+            b.save_frame(write(2, "n2")),
+        ]
+        tasks = [asyncio.ensure_future(job) for job in jobs]
+        await asyncio.sleep(0.05)  # every job queued behind its store's hold
+        began = asyncio.get_running_loop().time()
+        release.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        took = asyncio.get_running_loop().time() - began
+        await asyncio.gather(*holds)
+        assert results[0] == "b:2" and results[2] == "a:1", results  # both claims went through
+        for stale in (results[1], results[3]):
+            assert isinstance(stale, StoreUnavailable) and "deadlock" not in str(stale), results
+        assert a.busy_writes + b.busy_writes >= 1  # the crossing happened
+        assert took < 0.9, f"the writes took {took:.2f} s: they waited for the deadlock detector"
+        assert await a._thread.call(owners) == {"n1": "b:2", "n2": "a:1"}
+        fleet, _ = await a.load()
+        assert {n: fleet.acked[(n, "b1")] for n in ("n1", "n2")} == {"n1": 1, "n2": 1}
+        a.close()
+        b.close()
+
+    run(go())
+
+
+def test_a_node_being_taken_is_passed_over_by_writes_that_do_not_wait_for_it(
+    postgres_server: PostgresServer,
+) -> None:
+    """While b's claim of n1 is open (not committed), a's frame of n1 fails at once (RowBusy, not
+    acked) and a's readings write passes n1 over and writes n2: neither waits for b's transaction."""
+    clock = [100.0]
+    store_db = postgres_server.new_database()
+
+    async def go() -> None:
+        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
+        await a.open()
+        await b.open()
+        nodes = []
+        for name in ("n1", "n2"):
+            await a.claim_node(name)
+            await a.save_hello(hello(name), 100.0)
+            await a.save_frame(write(1, name))
+            state = NodeState(name, hello(name), 100.0, 100.0)
+            state.gpus = {g.index: g for g in write(7, name).gpus}
+            nodes.append(state)
+        claimed, release = threading.Event(), threading.Event()
+
+        def claim_and_hold(conn: Any) -> None:
+            conn.execute("UPDATE node_owners SET holder = ? WHERE node = ?", ("b:2", "n1"))
+            claimed.set()
+            release.wait(10)
+
+        holding = b._thread.submit(claim_and_hold)
+        await asyncio.to_thread(claimed.wait, 10)
+        try:
+            with pytest.raises(RowBusy):
+                await asyncio.wait_for(a.save_frame(write(2, "n1")), 5)
+            assert await asyncio.wait_for(a.queue_latest(nodes), 5) == 1
+            assert a.busy_writes == 2
+        finally:
+            release.set()
+            await holding
+        fleet, _ = await a.load()
+        assert fleet.acked[("n1", "b1")] == 1  # frame 2 was not stored
+        assert fleet.nodes["n1"].gpus[0].sample.power_watts == 501.0  # nor its readings
+        assert fleet.nodes["n2"].gpus[0].sample.power_watts == 507.0
+        with pytest.raises(NotOwner):  # b's claim committed: a has lost n1
+            await a.save_frame(write(2, "n1"))
         a.close()
         b.close()
 
