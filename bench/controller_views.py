@@ -1,8 +1,9 @@
-"""What the operators' views of a fleet of N nodes cost a controller on an idle machine: a /metrics
-scrape (over HTTP from the controller's MetricsServer) and a full ListNodes (every page, over gRPC
-from its server), both run on the controller's event loop, so each is also how long its acks wait
-meanwhile. The fleet is built in-process from the scale bench's frames (built_fleet.py), with
-active findings on --finding-share of its nodes. Prints a table; asserts nothing
+"""What a fleet of N nodes costs a controller's event loop beside ingest, on an idle machine: the
+operators' views, a /metrics scrape (over HTTP from the controller's MetricsServer) and a full
+ListNodes (every page, over gRPC from its server), and a probe scheduling pass. All run on the
+event loop, so each is also how long its acks wait meanwhile. The fleet is built in-process from
+the scale bench's frames (built_fleet.py), with active findings on --finding-share of its nodes,
+every node connected and offering probes. Prints a table; asserts nothing
 (tests/bench/test_controller_views.py runs a small step of it).
 
     .venv/bin/python bench/controller_views.py [--nodes 12500] [--repeat 5] [--finding-share 0.02]
@@ -33,13 +34,18 @@ from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
+from controller.fleet.model import FrameWrite, ProbeRecord
+from controller.fleet.probe_schedule import CAPABILITY, plan_probes
+from controller.fleet.state import apply_frame
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.metrics_text import page
 from controller.server import build_server
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 CAUSES = ("power_cap", "thermal_throttle", "nvlink_down", "ecc_row_remap_pending")
+PROBES = ("gemm", "membw", "pcie", "nccl")
 
 
 def add_findings(app: ControllerApp, share: float, now: float) -> int:
@@ -58,6 +64,37 @@ def add_findings(app: ControllerApp, share: float, now: float) -> int:
             first = now - 600
             app.active[finding.key] = StoredFinding(finding_id(finding.key, first), finding, first, now, True)
     return len(app.active)
+
+
+def probe_ready(app: ControllerApp) -> None:
+    """Every node connected and offering probes, as real agents do (the scale bench's Hellos offer
+    none, so its scheduler has nothing to plan)."""
+    for node in app.fleet.nodes.values():
+        node.connected = True
+        node.hello.capabilities.append(CAPABILITY)
+        node.hello.probes.extend(PROBES)
+
+
+def probe_pass(app: ControllerApp, now: float, tick: int) -> float:
+    """Seconds of one scheduling pass's planning (Probing.schedule_pass, on the loop every
+    probes.check_every_seconds) after one node's probe result came in, as one does every few
+    seconds in a fleet probed every half hour."""
+    fleet, node = app.fleet, sorted(app.fleet.nodes)[tick % len(app.fleet.nodes)]
+    write = FrameWrite(node, "boot", 1_000_000 + tick, now)
+    result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=700.0, unit="TFLOP/s")
+    write.probes = [ProbeRecord(node, 0, "gemm", "bf16", 700.0, "TFLOP/s", now, result)]
+    apply_frame(fleet, write)
+    commands = app.probing.commands
+    began = time.perf_counter()
+    plan_probes(
+        fleet,
+        in_flight=commands.in_flight.keys(),
+        attempts=commands.attempts,
+        now=now,
+        config=app.config.probes,
+        max_reading_age=app.config.stale_after_seconds,
+    )
+    return time.perf_counter() - began
 
 
 def _scrape(url: str) -> tuple[float, bytes]:
@@ -94,6 +131,8 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
         app.fleet = app.ingest.fleet = fleet
         app.ingest.last_frame = {name: now - 1 for name in fleet.nodes}
         findings = add_findings(app, share, now)
+        probe_ready(app)
+        passes = [probe_pass(app, now, tick) for tick in range(repeat + 1)][1:]  # the first: cold
         registry = controller_registry(app)
         url = f"http://{await metrics.start('127.0.0.1:0')}/metrics"
         server, address = await build_server(app)
@@ -127,6 +166,7 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
             "list_nodes_longest_page_s": max(x[1] for x in listings),
             "list_nodes_pages": listings[-1][2],
             "list_nodes_nodes": listings[-1][3],
+            "probe_pass_s": statistics.median(passes),
         }
     finally:
         if server is not None:
@@ -166,6 +206,7 @@ def main() -> None:
         f"ListNodes: {row['list_nodes_s']:.3f} s for {row['list_nodes_nodes']} nodes in "
         f"{row['list_nodes_pages']} pages (longest page {row['list_nodes_longest_page_s']:.3f} s)"
     )
+    print(f"probe scheduling pass: {row['probe_pass_s']:.3f} s, a result having come in since the last")
 
 
 if __name__ == "__main__":

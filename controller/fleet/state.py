@@ -25,6 +25,7 @@ from controller.fleet.model import (
     ProbeRecord,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
+from controller.fleet.probe_schedule import probed
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
@@ -144,12 +145,14 @@ def apply_frame(
     if write.bmc is not None:
         node.bmc, node.bmc_time = write.bmc, write.bmc_time
     if write.probes:
+        before = (fleet.probe_version, len(fleet.probes))
         fleet.probe_version += 1
-    for record in write.probes:
-        current = fleet.probes.get(record.key)
-        if current is None or current.time <= record.time:
-            fleet.probes[record.key] = record
-        remember(fleet, record.key, record.time, record.value)
+        for record in write.probes:
+            current = fleet.probes.get(record.key)
+            if current is None or current.time <= record.time:
+                fleet.probes[record.key] = record
+            remember(fleet, record.key, record.time, record.value)
+        probed(fleet, before, write.probes)
     fleet.acked[(write.node, write.boot_id)] = write.seq
 
 

@@ -25,5 +25,13 @@ def test_the_views_of_a_built_fleet_are_timed() -> None:
     # node_health: a series per node and state (healthy, degraded, critical, stale), the last
     # frame's time per node, one finding_active per finding, then the controller's own families
     assert row["series"] > 40 * 4 + 40 + 20
-    for key in ("scrape_s", "page_s", "generate_latest_s", "list_nodes_s", "list_nodes_longest_page_s"):
+    keys = (
+        "scrape_s",
+        "page_s",
+        "generate_latest_s",
+        "list_nodes_s",
+        "list_nodes_longest_page_s",
+        "probe_pass_s",
+    )
+    for key in keys:
         assert row[key] > 0, key

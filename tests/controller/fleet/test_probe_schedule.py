@@ -359,3 +359,51 @@ def test_last_probed_follows_new_results_and_merges_attempts() -> None:
     result(0, T0 + 60)
     result(2, T0 + 61)
     assert last_probed(fleet, {("n1", 0): T0 + 5}) == {("n1", 0): T0 + 60, ("n1", 2): T0 + 61}
+
+
+def test_results_arriving_update_the_kept_last_probed_without_walking_every_result() -> None:
+    """apply_frame carries new results into last_probed's kept part (probed()): the next pass does
+    not walk every stored result again, and what it reads is what a walk would find, an older
+    result (a replayed spool) included."""
+    fleet = Fleet()
+    fleet.nodes["n1"] = NodeState("n1", pb.Hello(node="n1"), T0, T0)
+    gemm = pb.ProbeResult(probe="gemm", variant="bf16", unit="TFLOP/s", value=700.0)
+
+    def result(gpu: int | None, time: float, probe: str = "gemm") -> None:
+        write = FrameWrite("n1", "b1", 1, time)
+        write.probes = [ProbeRecord("n1", gpu, probe, "bf16", 700.0, "TFLOP/s", time, gemm)]
+        apply_frame(fleet, write)
+
+    for gpu in range(4):
+        result(gpu, T0 + gpu)
+    assert last_probed(fleet, {}) == {("n1", g): T0 + g for g in range(4)}
+    kept = fleet.derived["last_probed"][1]
+    result(1, T0 + 100)
+    result(None, T0 + 101, "nccl")
+    result(2, T0 - 50)  # older than what is held for GPU 2
+    # carried forward and current, not left stale for the next pass to walk every result again
+    assert fleet.derived["last_probed"] == ((fleet.probe_version, len(fleet.probes)), kept)
+    expected = {
+        ("n1", 0): T0,
+        ("n1", 1): T0 + 100,
+        ("n1", 2): T0 + 2,
+        ("n1", 3): T0 + 3,
+        ("n1", None): T0 + 101,
+    }
+    assert last_probed(fleet, {}) == expected
+    del fleet.derived["last_probed"]
+    assert last_probed(fleet, {}) == expected  # a walk of every stored result finds the same
+
+
+def test_a_new_hello_is_planned_from_what_it_says_not_from_the_last() -> None:
+    """A node's Hello facts (its GPUs, the probes it offers) are kept between passes only while
+    the Hello is the same: an agent that comes back offering other probes is planned afresh."""
+    fleet = Fleet()
+    node = add_node(fleet, "n1", gpus=2, probes=("membw",))
+    config = cfg(probes=["gemm"])
+    assert plan_probes(fleet, in_flight={}, attempts={}, now=T0, config=config, max_reading_age=AGE) == []
+    node.hello = pb.Hello(node="n1", boot_id="b2", capabilities=["run_probes"], probes=["gemm", "membw"])
+    for i in range(2):
+        node.hello.inventory.gpus.add(index=i, uuid=f"GPU-n1-{i}", name=H100)
+    plans = plan_probes(fleet, in_flight={}, attempts={}, now=T0, config=config, max_reading_age=AGE)
+    assert [(p.node, p.gpus, p.probes) for p in plans] == [("n1", (), ("gemm",))]
