@@ -40,6 +40,7 @@ from controller.kube.policy import DrainPolicy
 from controller.kube.publish import HealthPublisher
 from controller.kube.recovery import Recovery
 from controller.kube.role import POD_NAMESPACE_ENV
+from controller.loop_lag import LoopLag
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.recording import FileSink, RecordHub
@@ -135,6 +136,7 @@ class ControllerApp:
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
         self.failed_passes = 0
         self.collector = CollectorPolicy()  # serve() runs it (controller/gc_policy.py)
+        self.loop_lag = LoopLag()  # serve() runs it too (controller/loop_lag.py)
         self.commands = CommandChannel(self.store, clock)
         self.probing = Probing(config, lambda: self.fleet, clock, self.commands)
         if self.replicas is not None:  # commands across replicas go through the store both ways

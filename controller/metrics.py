@@ -323,6 +323,12 @@ class ControllerCollector(Collector):
             "The longest collection since the controller started: the event loop waits for it.",
             value=policy.longest,
         )
+        yield _histogram(
+            "event_loop_lag_seconds",
+            "How much later than due the event loop woke a task asking to wake every 0.25 s: what "
+            "acks and every other callback wait behind (a scrape, a scheduling pass, a collection).",
+            {"": self.app.loop_lag.lag},
+        )
         yield GaugeMetricFamily(
             PREFIX + "gc_frozen_objects",
             "Objects frozen out of the automatic collections, counted as they were frozen (the hourly "

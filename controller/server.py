@@ -214,7 +214,9 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
     log.info("standby: ingesting the agents that connect to %s (replica_ingest%s)", address, how)
     metrics = await _standby_metrics(app)
     stop = asyncio.Event()
-    collecting = asyncio.create_task(app.collector.run_forever(stop))  # its nodes' state, frozen too
+    collecting = asyncio.gather(  # its nodes' state frozen too; its loop watched
+        app.collector.run_forever(stop), app.loop_lag.run_forever(stop)
+    )
     try:
         if app.replicas is None:
             await asyncio.Event().wait()
@@ -300,8 +302,9 @@ async def _lead(
     scheduling = asyncio.create_task(app.probing.schedule_forever(stop))
     lost: list[str] = []
     leading = asyncio.create_task(_keep_leading(app, stop, lost))
-    # The collector's policy, and taking in what the other replicas store (replica_ingest).
-    upkeep = [app.collector.run_forever(stop)] + (
+    # The collector's policy, the loop's lateness, and taking in what the other replicas store
+    # (replica_ingest).
+    upkeep = [app.collector.run_forever(stop), app.loop_lag.run_forever(stop)] + (
         [] if app.replicas is None else [app.replicas.run_forever(stop)]
     )
     upkept = asyncio.gather(*upkeep)

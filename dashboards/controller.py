@@ -120,7 +120,7 @@ def _ingest(layout: Layout) -> None:
             ],
             "s",
         ),
-        12,
+        8,
     )
     layout.add(
         timeseries(
@@ -133,7 +133,26 @@ def _ingest(layout: Layout) -> None:
             ],
             "ops",
         ),
-        12,
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Event loop lag",
+            [
+                target(
+                    _histogram_quantile(q, "gpufleet_controller_event_loop_lag_seconds", ", instance"),
+                    f"{name} {{{{instance}}}}",
+                )
+                for q, name in QUANTILES[1:]
+            ],
+            "s",
+            description="How late each controller's event loop ran a task due every 0.25 s: what acks "
+            "wait behind a scrape, a probe scheduling pass or a burst of frames. Well under a "
+            "millisecond on a controller keeping up; near a second, it is falling behind (more "
+            "ingest_fronts, or replicas).",
+            min_value=0,
+        ),
+        8,
     )
 
 
