@@ -47,7 +47,6 @@ class ConnectionLog:
         self.per_window = per_window
         self.window_seconds = window_seconds
         self.clock = clock
-        self.held_total = 0
         self._windows: dict[str, _Window] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when it fires, on `clock`
@@ -73,7 +72,6 @@ class ConnectionLog:
             self.log.info(template, *args)
             return
         window.held += 1
-        self.held_total += 1
         window.last = template % args
         if window.held == 1:
             self._arm()

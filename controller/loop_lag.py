@@ -22,7 +22,6 @@ class LoopLag:
     def __init__(self, tick_seconds: float = TICK_SECONDS) -> None:
         self.tick_seconds = tick_seconds
         self.lag = SecondsHistogram(LOOP_LAG_BUCKETS)
-        self.longest = 0.0
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         """Wake every tick and record the lateness, until stop is set (seen within a tick)."""
@@ -30,6 +29,4 @@ class LoopLag:
         while not stop.is_set():
             due = loop.time() + self.tick_seconds
             await asyncio.sleep(self.tick_seconds)
-            late = max(0.0, loop.time() - due)
-            self.lag.observe(late)
-            self.longest = max(self.longest, late)
+            self.lag.observe(max(0.0, loop.time() - due))
