@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,6 +25,45 @@ def _replica(db: str, name: str, clock: list[float]) -> Store:
     store = Store(db)
     store.owner, store.owner_clock = name, lambda: clock[0]
     return store
+
+
+async def _two_replicas(db: str, clock: list[float]) -> tuple[Store, Store]:
+    """Replicas a and b, a owning n1 and b owning n2, each node with frame 1 stored."""
+    a, b = _replica(db, "a:1", clock), _replica(db, "b:2", clock)
+    await a.open()
+    await b.open()
+    for store, node in ((a, "n1"), (b, "n2")):
+        assert await store.claim_node(node) is None
+        await store.save_hello(hello(node), 100.0)
+        await store.save_frame(write(1, node))
+    return a, b
+
+
+async def _one_batch_each(
+    stores: tuple[Store, Store], jobs: Callable[[], list[Any]]
+) -> tuple[list[Any], float]:
+    """Hold both store threads, queue `jobs()` (each store's in one batch behind its hold), let both
+    go together; the jobs' results (or errors) and the seconds they took once let go."""
+    release = threading.Event()
+    ready = [threading.Event(), threading.Event()]
+    holds = []
+    for store, event in zip(stores, ready, strict=True):
+
+        def hold(conn: Any, event: threading.Event = event) -> None:
+            event.set()
+            release.wait(10)
+
+        holds.append(store._thread.submit(hold))
+    for event in ready:
+        await asyncio.to_thread(event.wait, 10)
+    tasks = [asyncio.ensure_future(job) for job in jobs()]
+    await asyncio.sleep(0.05)  # every job queued behind its store's hold
+    began = asyncio.get_running_loop().time()
+    release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    took = asyncio.get_running_loop().time() - began
+    await asyncio.gather(*holds)
+    return results, took
 
 
 def test_the_newest_streams_replica_owns_the_node_and_the_one_before_writes_nothing_more(
@@ -157,39 +197,17 @@ def test_two_replicas_claiming_each_others_nodes_at_once_both_get_through(
     store_db = postgres_server.new_database()
 
     async def go() -> None:
-        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
-        await a.open()
-        await b.open()
-        for store, node in ((a, "n1"), (b, "n2")):
-            assert await store.claim_node(node) is None
-            await store.save_hello(hello(node), 100.0)
-            await store.save_frame(write(1, node))
+        a, b = await _two_replicas(store_db, clock)
         clock[0] = 110.0
-        # Hold both store threads so that each one's next two jobs run as one batch, then let
-        # them go together.
-        release = threading.Event()
-        ready = [threading.Event(), threading.Event()]
-        holds = []
-        for store, event in zip((a, b), ready, strict=True):
-
-            def hold(conn: Any, event: threading.Event = event) -> None:
-                event.set()
-                release.wait(10)
-
-            holds.append(store._thread.submit(hold))
-        for event in ready:
-            await asyncio.to_thread(event.wait, 10)
-        jobs = [
-            a.save_frame(write(2, "n1")),
-            a.claim_node("n2"),
-            b.save_frame(write(2, "n2")),
-            b.claim_node("n1"),
-        ]
-        tasks = [asyncio.ensure_future(job) for job in jobs]
-        await asyncio.sleep(0.05)  # every job queued behind its store's hold
-        release.set()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*holds)
+        results, _ = await _one_batch_each(
+            (a, b),
+            lambda: [
+                a.save_frame(write(2, "n1")),
+                a.claim_node("n2"),
+                b.save_frame(write(2, "n2")),
+                b.claim_node("n1"),
+            ],
+        )
         assert results == [None, "b:2", None, "a:1"], results
         assert a.claim_retries + b.claim_retries >= 1  # the crossing happened, and was taken again
         assert await a._thread.call(owners) == {"n1": "b:2", "n2": "a:1"}
@@ -206,46 +224,24 @@ def test_replicas_taking_each_others_nodes_while_writing_them_do_not_deadlock(
     other's node (its agent reconnected there) and then writes a frame of the node it still holds,
     whose row the other's claim has just locked: each batch waits for the other's. That was a
     deadlock, broken by PostgreSQL only after deadlock_timeout (a second) by aborting one of the
-    writes. Now a write waits briefly for a row another transaction holds: both claims and both
-    batches go through at once, and a frame of a node being taken fails (not acked: its agent,
-    connected elsewhere now, sends it there)."""
+    writes. Now a write does not wait for a row another replica's open claim holds: both claims
+    and both batches go through at once, and a frame of a node being taken fails (not acked: its
+    agent, connected elsewhere now, sends it there)."""
     clock = [100.0]
     store_db = postgres_server.new_database()
 
     async def go() -> None:
-        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
-        await a.open()
-        await b.open()
-        for store, node in ((a, "n1"), (b, "n2")):
-            assert await store.claim_node(node) is None
-            await store.save_hello(hello(node), 100.0)
-            await store.save_frame(write(1, node))
+        a, b = await _two_replicas(store_db, clock)
         clock[0] = 110.0
-        release = threading.Event()
-        ready = [threading.Event(), threading.Event()]
-        holds = []
-        for store, event in zip((a, b), ready, strict=True):
-
-            def hold(conn: Any, event: threading.Event = event) -> None:
-                event.set()
-                release.wait(10)
-
-            holds.append(store._thread.submit(hold))
-        for event in ready:
-            await asyncio.to_thread(event.wait, 10)
-        jobs = [
-            a.claim_node("n2"),
-            a.save_frame(write(2, "n1")),  # its row: b's claim holds it, uncommitted
-            b.claim_node("n1"),
-            b.save_frame(write(2, "n2")),
-        ]
-        tasks = [asyncio.ensure_future(job) for job in jobs]
-        await asyncio.sleep(0.05)  # every job queued behind its store's hold
-        began = asyncio.get_running_loop().time()
-        release.set()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        took = asyncio.get_running_loop().time() - began
-        await asyncio.gather(*holds)
+        results, took = await _one_batch_each(
+            (a, b),
+            lambda: [
+                a.claim_node("n2"),
+                a.save_frame(write(2, "n1")),  # its row: b's claim holds it, uncommitted
+                b.claim_node("n1"),
+                b.save_frame(write(2, "n2")),
+            ],
+        )
         assert results[0] == "b:2" and results[2] == "a:1", results  # both claims went through
         for stale in (results[1], results[3]):
             assert isinstance(stale, StoreUnavailable) and "deadlock" not in str(stale), results
