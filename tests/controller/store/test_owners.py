@@ -27,6 +27,23 @@ def _replica(db: str, name: str, clock: list[float]) -> Store:
     return store
 
 
+async def _a_holding_both(db: str, clock: list[float]) -> tuple[Store, Store, list[NodeState]]:
+    """Replicas a and b, a owning n1 and n2 (frame 1 stored), and both nodes' newer readings (frame
+    7's) as a's memory holds them."""
+    a, b = _replica(db, "a:1", clock), _replica(db, "b:2", clock)
+    await a.open()
+    await b.open()
+    nodes = []
+    for name in ("n1", "n2"):
+        await a.claim_node(name)
+        await a.save_hello(hello(name), 100.0)
+        await a.save_frame(write(1, name))
+        state = NodeState(name, hello(name), 100.0, 100.0)
+        state.gpus = {g.index: g for g in write(7, name).gpus}
+        nodes.append(state)
+    return a, b, nodes
+
+
 async def _two_replicas(db: str, clock: list[float]) -> tuple[Store, Store]:
     """Replicas a and b, a owning n1 and b owning n2, each node with frame 1 stored."""
     a, b = _replica(db, "a:1", clock), _replica(db, "b:2", clock)
@@ -102,17 +119,7 @@ def test_a_replica_that_lost_a_node_skips_its_readings_and_still_writes_its_othe
     clock = [100.0]
 
     async def go() -> None:
-        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
-        await a.open()
-        await b.open()
-        nodes = []
-        for name in ("n1", "n2"):
-            await a.claim_node(name)
-            await a.save_hello(hello(name), 100.0)
-            await a.save_frame(write(1, name))
-            state = NodeState(name, hello(name), 100.0, 100.0)
-            state.gpus = {g.index: g for g in write(7, name).gpus}
-            nodes.append(state)
+        a, b, nodes = await _a_holding_both(store_db, clock)
         await b.claim_node("n2")
         await a.queue_latest(nodes)  # n2's readings are b's to write now
         fleet, _ = await a.load()
@@ -265,17 +272,7 @@ def test_a_node_being_taken_is_passed_over_by_writes_that_do_not_wait_for_it(
     store_db = postgres_server.new_database()
 
     async def go() -> None:
-        a, b = _replica(store_db, "a:1", clock), _replica(store_db, "b:2", clock)
-        await a.open()
-        await b.open()
-        nodes = []
-        for name in ("n1", "n2"):
-            await a.claim_node(name)
-            await a.save_hello(hello(name), 100.0)
-            await a.save_frame(write(1, name))
-            state = NodeState(name, hello(name), 100.0, 100.0)
-            state.gpus = {g.index: g for g in write(7, name).gpus}
-            nodes.append(state)
+        a, b, nodes = await _a_holding_both(store_db, clock)
         claimed, release = threading.Event(), threading.Event()
 
         def claim_and_hold(conn: Any) -> None:
