@@ -25,7 +25,11 @@ def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     demo.add_argument("--nodes", type=int, default=16, help="simulated nodes (default 16)")
     demo.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     demo.add_argument("--faults", type=int, default=2, help="faults to inject, of distinct kinds (default 2)")
-    demo.add_argument("--seconds", type=float, help="run this long, then summarise (default: until Ctrl-C)")
+    demo.add_argument(
+        "--seconds",
+        type=float,
+        help="run this long once every agent is connected, then summarise (default: until Ctrl-C)",
+    )
     demo.add_argument(
         "--seed", type=int, help="random seed for faults and the fleet (default: a random one, printed)"
     )

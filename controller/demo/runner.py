@@ -32,6 +32,7 @@ from controller.demo.kube import DemoCluster, NodeLife
 from controller.demo.plan import Injected, node_names, plan_faults
 from controller.demo.probe_rounds import ProbeRounds
 from controller.demo.processes import Child, spawn, stop_all
+from controller.demo.run_clock import RunClock
 from controller.demo.score import score
 from controller.demo.tuning import drains, fixable, outcome, settled, summary
 from controller.demo.view import injected_table, live_panel
@@ -55,7 +56,7 @@ PROBE_FLEET_SHARE = 0.3
 ROUNDS_POLL_SECONDS = 2.0
 # With tuning and no --seconds: the run ends when every injected fault has its outcome, or here.
 TUNING_MAX_SECONDS = 240.0
-BREAKER_WINDOW_SECONDS = 20.0
+BREAKER_WINDOW_SECONDS = 8.0
 
 
 class DemoError(Exception):
@@ -71,7 +72,8 @@ def _start_controller(tmp: Path, tuning: str, cluster: DemoCluster | None) -> tu
     settings: dict[str, Any] = {}
     if tuning != "off":
         settings["tuning"] = {"default_policy": tuning}
-        # A demo minute stands for an hour: the breaker's window shrinks with it (production: 1 h).
+        # The breaker's window shrinks with the demo's other clocks (production: 1 h): one node in action
+        # at a time still, each holding its place 8 s after it ends.
         settings["breaker"] = {"window_seconds": BREAKER_WINDOW_SECONDS}
     config = _write_yaml(
         tmp / "controller.yaml",
@@ -241,6 +243,7 @@ def _watch(
         watched.lives = [NodeLife(i.node, i.fault) for i in drains(injected)]
     tuning = args.tuning != "off"
     limit = args.seconds if args.seconds is not None or not tuning else TUNING_MAX_SECONDS
+    clock = RunClock(limit, args.nodes, started)
     with grpc.insecure_channel(address) as channel:
         stub = operator_pb2_grpc.OperatorStub(channel)
         live = None
@@ -252,11 +255,13 @@ def _watch(
         try:
             last_line = last_rounds = 0.0
             while not stop.is_set():
-                elapsed = time.monotonic() - started
-                if limit is not None and elapsed >= limit:
+                now = time.monotonic()
+                elapsed = now - started
+                if clock.done(now):
                     break
                 try:
                     nodes, findings = _poll(stub)
+                    clock.saw(now, sum(1 for n in nodes if n.connected))
                     watched.see(findings)
                     if tuning:
                         watched.recommendations = _recommendations(stub)
@@ -272,22 +277,15 @@ def _watch(
                 if elapsed - last_rounds >= ROUNDS_POLL_SECONDS:
                     last_rounds = elapsed
                     _observe_rounds(stub, nodes, rounds)
-                if live is not None:
-                    live.update(
-                        live_panel(
-                            nodes,
-                            findings,
-                            injected,
-                            elapsed=elapsed,
-                            seconds=args.seconds,
-                            expected_nodes=args.nodes,
-                            rounds=rounds,
-                            seed=args.seed,
-                        )
-                    )
-                elif elapsed - last_line >= 5.0:
-                    last_line = elapsed
-                    _progress(elapsed, nodes, findings, rounds, args.nodes)
+                last_line = _show(
+                    live,
+                    args,
+                    (nodes, findings, injected),
+                    rounds,
+                    ran=clock.ran(now),
+                    elapsed=elapsed,
+                    last_line=last_line,
+                )
                 stop.wait(1.0)
             return _last_look(stub, watched, tuning=tuning)
         finally:
@@ -324,6 +322,39 @@ def _last_look(stub: operator_pb2_grpc.OperatorStub, watched: Watched, *, tuning
     if tuning:
         watched.recommendations = _recommendations(stub)
     return watched
+
+
+def _show(
+    live: Any,
+    args: argparse.Namespace,
+    seen: tuple[list[operator_pb2.NodeSummary], list[findings_pb2.Finding], list[Injected]],
+    rounds: ProbeRounds,
+    *,
+    ran: float,
+    elapsed: float,
+    last_line: float,
+) -> float:
+    """The live panel on a terminal (`ran`: seconds of the fleet streaming), else a progress line
+    every 5 s; returns when the last line was written."""
+    nodes, findings, injected = seen
+    if live is not None:
+        live.update(
+            live_panel(
+                nodes,
+                findings,
+                injected,
+                elapsed=ran,
+                seconds=args.seconds,
+                expected_nodes=args.nodes,
+                rounds=rounds,
+                seed=args.seed,
+            )
+        )
+        return last_line
+    if elapsed - last_line < 5.0:
+        return last_line
+    _progress(elapsed, nodes, findings, rounds, args.nodes)
+    return elapsed
 
 
 def _progress(
