@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.store.lease import SILENCE_SECONDS
+from controller.store.postgres_lease import SILENCE_SECONDS
 from tests.postgres_server import PostgresServer
 from tests.processes import spawn, stop
 from tests.test_controller_crash_e2e import (

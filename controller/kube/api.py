@@ -8,10 +8,11 @@ non-2xx answer raises ApiError with the HTTP status and the server's Status mess
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kubernetes.client import ApiClient
+if TYPE_CHECKING:  # the client is imported where a cluster is configured (kube/cluster.py)
+    from kubernetes.client import ApiClient
 
 Obj = dict[str, Any]
 TIMEOUT = (5.0, 30.0)  # connect, read (seconds) for every call

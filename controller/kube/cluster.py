@@ -16,14 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.config import incluster_config, kube_config
-
 from controller.config import KubernetesConfig
 from controller.errors import FailedPrecondition
 from controller.kube.api import KubeApi
 
 log = logging.getLogger("gpufleet.controller.kube")
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"  # the client's incluster_config.SERVICE_HOST_ENV_NAME
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 NO_CLUSTER = (
     "no Kubernetes cluster is configured (set kubernetes.kubeconfig or --kubeconfig, "
@@ -52,6 +50,10 @@ class Cluster:
 
 
 def _from_kubeconfig(path: str, what: str) -> Cluster:
+    # The client (half a second to import) only where a cluster is configured.
+    from kubernetes.client import ApiClient, Configuration
+    from kubernetes.config import kube_config
+
     configuration = Configuration()
     try:
         kube_config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -65,6 +67,9 @@ def _from_kubeconfig(path: str, what: str) -> Cluster:
 
 
 def _in_cluster(environ: Mapping[str, str], service_account: Path) -> Cluster:
+    from kubernetes.client import ApiClient, Configuration
+    from kubernetes.config import incluster_config
+
     configuration = Configuration()
     loader = incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
         token_filename=str(service_account / "token"),
@@ -91,7 +96,7 @@ def find_cluster(
         return Cluster(None, why=TURNED_OFF)
     if config.kubeconfig:
         found = _from_kubeconfig(config.kubeconfig, "kubeconfig")
-    elif env.get(incluster_config.SERVICE_HOST_ENV_NAME):
+    elif env.get(SERVICE_HOST_ENV):
         found = _in_cluster(env, service_account)
     elif env.get("KUBECONFIG"):
         found = _from_kubeconfig(env["KUBECONFIG"], "$KUBECONFIG")

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client import ApiClient
-
 from controller.kube.api import ApiError, KubeApi, Obj
 
 log = logging.getLogger("gpufleet.controller.kube")
@@ -49,6 +47,8 @@ CALL_TIMEOUT = (2.0, 2.5)
 def _without_retries(api: KubeApi) -> KubeApi:
     """The same cluster and credentials, each call tried once: urllib3's default three retries would
     turn a 2.5 s read timeout into 10 s, the whole renew deadline."""
+    from kubernetes.client import ApiClient
+
     configuration = copy.deepcopy(api.client.configuration)
     configuration.retries = False
     return KubeApi(ApiClient(configuration), where=api.where)

@@ -25,7 +25,8 @@ from psycopg import pq
 from controller.db_url import redact_url
 from controller.errors import RowBusy
 from controller.store.backends import SCHEMA_VERSION, Connection, schema_statements
-from controller.store.lease import Lease, PostgresLease
+from controller.store.lease import Lease
+from controller.store.postgres_lease import PostgresLease
 
 CONNECT_TIMEOUT_SECONDS = 10
 _SCHEMA_LOCK = 0x67707566  # pg_advisory_xact_lock key: "gpuf"
