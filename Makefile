@@ -45,7 +45,11 @@ peers: helm
 helm: | $(BIN)/python
 	@tests/install-helm.sh $(BIN)/helm
 
+# The project's bytecode is written once first: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's CI machines), every controller, agent and front process the suite starts would otherwise
+# compile the modules it imports again (0.2-0.3 s each).
 test: lint peers
+	$(BIN)/python -m compileall -q agent controller protos bench > /dev/null
 	$(BIN)/python -m pytest -W error $(PYTEST_ARGS)
 
 protos: $(VENV)/.installed-test
