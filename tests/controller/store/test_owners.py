@@ -57,10 +57,20 @@ async def _two_replicas(db: str, clock: list[float]) -> tuple[Store, Store]:
 
 
 async def _one_batch_each(
-    stores: tuple[Store, Store], jobs: Callable[[], list[Any]]
+    stores: tuple[Store, Store], jobs: Callable[[Callable[[Store], Any]], list[Any]]
 ) -> tuple[list[Any], float]:
-    """Hold both store threads, queue `jobs()` (each store's in one batch behind its hold), let both
-    go together; the jobs' results (or errors) and the seconds they took once let go."""
+    """Hold both store threads, queue `jobs(meet)` (each store's in one batch behind its hold), let
+    both go together; the jobs' results (or errors) and the seconds they took once let go.
+
+    `meet(store)` is a job that waits, inside its store's open transaction, until the other store's
+    batch has reached its own meet: the jobs before it in both batches have run (uncommitted) before
+    either batch goes on. Without it, on a busy machine one thread could run and commit its whole
+    batch before the other began, and the crossing under test never happened (a red CI run)."""
+    meeting = threading.Barrier(2)
+
+    async def meet(store: Store) -> None:
+        await store._thread.call(lambda conn: meeting.wait(10))
+
     release = threading.Event()
     ready = [threading.Event(), threading.Event()]
     holds = []
@@ -73,7 +83,7 @@ async def _one_batch_each(
         holds.append(store._thread.submit(hold))
     for event in ready:
         await asyncio.to_thread(event.wait, 10)
-    tasks = [asyncio.ensure_future(job) for job in jobs()]
+    tasks = [asyncio.ensure_future(job) for job in jobs(meet)]
     await asyncio.sleep(0.05)  # every job queued behind its store's hold
     began = asyncio.get_running_loop().time()
     release.set()
@@ -208,14 +218,16 @@ def test_two_replicas_claiming_each_others_nodes_at_once_both_get_through(
         clock[0] = 110.0
         results, _ = await _one_batch_each(
             (a, b),
-            lambda: [
+            lambda meet: [
                 a.save_frame(write(2, "n1")),
+                meet(a),
                 a.claim_node("n2"),
                 b.save_frame(write(2, "n2")),
+                meet(b),
                 b.claim_node("n1"),
             ],
         )
-        assert results == [None, "b:2", None, "a:1"], results
+        assert results == [None, None, "b:2", None, None, "a:1"], results
         assert a.claim_retries + b.claim_retries >= 1  # the crossing happened, and was taken again
         assert await a._thread.call(owners) == {"n1": "b:2", "n2": "a:1"}
         a.close()
@@ -242,15 +254,17 @@ def test_replicas_taking_each_others_nodes_while_writing_them_do_not_deadlock(
         clock[0] = 110.0
         results, took = await _one_batch_each(
             (a, b),
-            lambda: [
+            lambda meet: [
                 a.claim_node("n2"),
+                meet(a),
                 a.save_frame(write(2, "n1")),  # its row: b's claim holds it, uncommitted
                 b.claim_node("n1"),
+                meet(b),
                 b.save_frame(write(2, "n2")),
             ],
         )
-        assert results[0] == "b:2" and results[2] == "a:1", results  # both claims went through
-        for stale in (results[1], results[3]):
+        assert results[0] == "b:2" and results[3] == "a:1", results  # both claims went through
+        for stale in (results[2], results[5]):
             assert isinstance(stale, StoreUnavailable) and "deadlock" not in str(stale), results
         assert a.busy_writes + b.busy_writes >= 1  # the crossing happened
         assert took < 0.9, f"the writes took {took:.2f} s: they waited for the deadlock detector"
