@@ -196,6 +196,7 @@ class ControllerApp:
             fleet=lambda: self.fleet,
             active=lambda: self.active.values(),  # noqa: PLW0108 - start() replaces self.active
             clock=clock,
+            reprobe=self.probing.recovery_probe,
         )
 
     async def start(

@@ -350,7 +350,8 @@ class ControllerCollector(Collector):
         )
         sent = CounterMetricFamily(
             PREFIX + "probe_commands",
-            "Probe commands sent to agents, by why: periodic (the scheduler), on_connect, operator.",
+            "Probe commands sent to agents, by why: periodic (the scheduler), on_connect, operator, recovery "
+            "(a drained node whose findings cleared).",
             labels=["reason"],
         )
         for reason, n in sorted(commands.sent.items()):

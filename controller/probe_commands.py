@@ -24,7 +24,7 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.probes")
 
-REASONS = ("periodic", "on_connect", "operator")  # why a command was sent: the metrics' `reason`
+REASONS = ("periodic", "on_connect", "operator", "recovery")  # why a command was sent: the metrics' `reason`
 FAILURES = ("error", "timeout", "restarted")  # how one failed: the metrics' `failure`
 RESULTS_GRACE_SECONDS = 3.0  # after the answer, how long a waiter waits for the results' frame
 KEEP_FINISHED = 256

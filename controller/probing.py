@@ -36,6 +36,7 @@ REQUESTERS = {
     "periodic": "scheduler",
     "on_connect": "on_connect",
     "operator": "operator",
+    "recovery": "recovery",  # a drained node whose findings cleared (kube/recovery.py)
 }  # reason -> requester
 
 
@@ -195,6 +196,14 @@ class Probing:
         except FailedPrecondition as exc:  # e.g. a probe still in flight from before a reconnect
             log.info("node %s: no probe on connect: %s", node, exc)
             return None
+
+    async def recovery_probe(self, node: str) -> ProbeCommand:
+        """The default suite on a drained node whose findings just cleared: its uncordon waits for
+        a probe result newer than the clear, which the schedule would bring only after
+        probes.interval_seconds (30 min by default). Outside the fleet share, as an operator's probe
+        is: one per drained node, and the breaker bounds those. FailedPrecondition when it cannot
+        go now (not connected, already probing)."""
+        return await self.send(node, pb.RunProbes(suite=self.config.probes.suite), "recovery")
 
     async def drain_waiting(self) -> list[ProbeCommand]:
         """Start waiting on-connect runs, oldest first, while slots are free."""

@@ -255,7 +255,7 @@ def _probes(layout: Layout) -> None:
             ],
             "none",
             description="Per window: periodic (the scheduler), on_connect (a new agent boot), operator "
-            "(gpufleet probe-node).",
+            "(gpufleet probe-node), recovery (a drained node whose findings cleared).",
             min_value=0,
         ),
         8,

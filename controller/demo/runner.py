@@ -56,7 +56,7 @@ PROBE_FLEET_SHARE = 0.3
 ROUNDS_POLL_SECONDS = 2.0
 # With tuning and no --seconds: the run ends when every injected fault has its outcome, or here.
 TUNING_MAX_SECONDS = 240.0
-BREAKER_WINDOW_SECONDS = 8.0
+BREAKER_WINDOW_SECONDS = 4.0
 
 
 class DemoError(Exception):
@@ -73,7 +73,7 @@ def _start_controller(tmp: Path, tuning: str, cluster: DemoCluster | None) -> tu
     if tuning != "off":
         settings["tuning"] = {"default_policy": tuning}
         # The breaker's window shrinks with the demo's other clocks (production: 1 h): one node in action
-        # at a time still, each holding its place 8 s after it ends.
+        # at a time still, each holding its place 4 s after it ends.
         settings["breaker"] = {"window_seconds": BREAKER_WINDOW_SECONDS}
     config = _write_yaml(
         tmp / "controller.yaml",

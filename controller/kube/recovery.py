@@ -9,7 +9,9 @@ counted by the breaker) when all of these hold:
 - it has no active finding any more; the first pass that sees it so is when its findings cleared
   (a finding that comes back starts this over; a restarted controller starts it at its first pass);
 - it has a probe result newer than that, and a detection pass has judged it since (so a slow
-  re-probe would have raised a finding first);
+  re-probe would have raised a finding first). That re-probe is asked for when the pass sees the
+  findings clear (`reprobe`); where it cannot go then (the agent not connected, a probe in flight),
+  the probe schedule's next round of the node counts;
 - it is still cordoned by gpufleet (`gpufleet.io/cordoned-by: gpufleet`): never someone else's
   cordon, never a node under someone else's maintenance, nothing while another action holds it;
 - nobody has uncordoned it since the drain ended (a later cordon is someone's new decision).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from controller.errors import ControllerError
 from controller.fleet.findings import StoredFinding
@@ -43,8 +45,10 @@ class Recovery:
         fleet: Callable[[], Fleet],
         active: Callable[[], Iterable[StoredFinding]],
         clock: Callable[[], float],
+        reprobe: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self.kube = kube
+        self.reprobe = reprobe
         self._recs = recs
         self._fleet = fleet  # the app replaces its Fleet when it loads the store: always ask
         self._active = active
@@ -69,11 +73,25 @@ class Recovery:
             record = await self.kube.latest(node)
             if record is None or record.id != drain_id or record.open:
                 continue  # still draining, or drained since by someone else (theirs to undo)
-            cleared = self.cleared.setdefault(node, now)
+            if node not in self.cleared:
+                self.cleared[node] = now
+                await self._reprobe(node)
+            cleared = self.cleared[node]
             judged = self.judged.get(node, 0.0)  # a pass has judged the probes seen then
             self.judged[node] = newest_probe(self._fleet(), node)
             if judged > cleared:
                 await self._uncordon(node, record, cleared, judged)
+
+    async def _reprobe(self, node: str) -> None:
+        if self.reprobe is None:
+            return
+        try:
+            await self.reprobe(node)
+        except ControllerError as exc:
+            why = f"no re-probe as its findings cleared ({exc}): the schedule's next one counts"
+            log.info("node %s: %s", node, why)
+        else:
+            log.info("node %s: findings cleared after its drain: re-probing it before the uncordon", node)
 
     def _drained(self) -> dict[str, str]:
         """Node -> the drain its newest started drain recommendation ran."""

@@ -25,6 +25,7 @@ from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
 from agent.sources.sim.probes import ModelledProbes
 from controller.config import ProbeConfig
+from controller.errors import FailedPrecondition
 from controller.metrics import controller_registry
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -221,6 +222,29 @@ def test_no_answer_within_the_timeout_is_done_false_and_the_node_stays_busy() ->
                 in page
             )
             assert "gpufleet_controller_probes_in_flight 0.0" in page
+
+    asyncio.run(go())
+
+
+def test_a_recovery_probe_runs_the_default_suite_and_is_counted_as_recovery() -> None:
+    """kube/recovery.py's re-probe of a drained node whose findings cleared: the configured suite on
+    every GPU, stored as the recovery's, and refused like any probe while one is in flight."""
+
+    async def go() -> None:
+        async with (
+            controller(probes={"suite": "full"}) as (running, _),
+            scripted_agent(running) as call,
+        ):
+            sent = await running.app.probing.recovery_probe("n1")
+            command = await next_command(call)
+            assert command.id == sent.id
+            assert (command.run_probes.suite, list(command.run_probes.gpus)) == ("full", [])
+            record = running.app.commands.get(sent.id)
+            assert record is not None and record.requester == "recovery"
+            with pytest.raises(FailedPrecondition, match="already probing"):
+                await running.app.probing.recovery_probe("n1")
+            page = generate_latest(controller_registry(running.app)).decode()
+            assert 'gpufleet_controller_probe_commands_total{reason="recovery"} 1.0' in page
 
     asyncio.run(go())
 

@@ -104,6 +104,44 @@ def test_uncordoned_once_findings_cleared_and_a_newer_probe_was_judged(
     run(kube(tmp_path, server, default_policy="auto"), body)
 
 
+def test_the_node_is_re_probed_when_its_findings_clear_and_a_refused_re_probe_waits_for_the_schedule(
+    tmp_path: Path, server: FakeApiServer
+) -> None:
+    """The pass that sees a drained node's findings clear asks for its re-probe (the schedule's next
+    round could be probes.interval_seconds away), once per clear; a finding that comes back starts
+    it over. Here the node's agent is not connected, so the real request fails: logged, and the
+    next probe result counts as before."""
+
+    async def body(app: ControllerApp) -> None:
+        asked: list[tuple[str, float]] = []
+        sent = app.recovery.reprobe
+        assert sent is not None
+
+        async def reprobe(node: str) -> object:
+            asked.append((node, clock(app).now))
+            return await sent(node)  # the probing's own: "node n0 is not connected"
+
+        app.recovery.reprobe = reprobe
+        await drained_by_policy(app, server)
+        await passes(app, 2)
+        assert asked == []  # the finding is still active
+        await passes(app)  # cleared in the third
+        assert app.active == {} and [n for n, _ in asked] == ["n0"]
+        cleared_at = asked[0][1]
+        await passes(app, 2)
+        assert len(asked) == 1  # once per clear
+        await add_findings(app, [stored_finding("n0", None, "nvlink_down", "critical")])
+        await app.recovery.after_pass()
+        await passes(app, 3)
+        assert [n for n, _ in asked] == ["n0", "n0"] and asked[1][1] > cleared_at  # the new clear
+        assert cordoned(server, "n0") == "gpufleet"
+        await probed(app)
+        await passes(app, 2)
+        assert await policy_uncordons(app) == ["succeeded"]
+
+    run(kube(tmp_path, server, default_policy="auto"), body)
+
+
 @pytest.mark.parametrize("who", ["someone_else", "operator_cordon_after"])
 def test_a_cordon_that_is_not_the_drains_stays(tmp_path: Path, server: FakeApiServer, who: str) -> None:
     async def body(app: ControllerApp) -> None:

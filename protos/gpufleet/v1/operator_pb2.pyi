@@ -1310,7 +1310,7 @@ class CommandInfo(_message.Message):
     """the Command's action: "run_probes" """
     state: Global___CommandState.ValueType
     requester: _builtins.str
-    """"scheduler", "on_connect", "operator:<peer>" """
+    """"scheduler", "on_connect", "operator:<peer>", "recovery" """
     error: _builtins.str
     mutating: _builtins.bool
     """changes the node's settings: at most one in flight per node"""
