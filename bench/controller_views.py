@@ -1,6 +1,6 @@
 """What a fleet of N nodes costs a controller's event loop beside ingest, on an idle machine: the
-operators' views, a /metrics scrape (over HTTP from the controller's MetricsServer) and a full
-ListNodes (every page, over gRPC from its server), and a probe scheduling pass. All run on the
+operators' views, a /metrics scrape (over HTTP from the controller's MetricsServer), a full
+ListNodes (every page, over gRPC from its server) and a GetNode, and a probe scheduling pass. All run on the
 event loop, so each is also how long its acks wait meanwhile. The fleet is built in-process from
 the scale bench's frames (built_fleet.py), with active findings on --finding-share of its nodes,
 every node connected and offering probes. Prints a table; asserts nothing
@@ -118,6 +118,17 @@ def _list_nodes(address: str) -> tuple[float, float, int, int]:
                 return time.perf_counter() - began, longest, pages, nodes
 
 
+def _get_node(address: str, name: str) -> tuple[float, int]:
+    """Seconds for `gpufleet node NAME`'s call on a connected channel, and the probe results it
+    returned."""
+    with grpc.insecure_channel(address) as channel:
+        stub = operator_pb2_grpc.OperatorStub(channel)
+        grpc.channel_ready_future(channel).result(timeout=60)
+        began = time.perf_counter()
+        reply = stub.GetNode(operator_pb2.GetNodeRequest(name=name), timeout=60)
+        return time.perf_counter() - began, len(reply.probes)
+
+
 async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
     began = time.perf_counter()
     fleet, now = build(nodes)
@@ -136,7 +147,7 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
         registry = controller_registry(app)
         url = f"http://{await metrics.start('127.0.0.1:0')}/metrics"
         server, address = await build_server(app)
-        scrapes, pages, prometheus, listings = [], [], [], []
+        scrapes, pages, prometheus, listings, details = [], [], [], [], []
         body = b""
         for _ in range(repeat):
             seconds, body = await asyncio.to_thread(_scrape, url)
@@ -150,6 +161,11 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
             if mine != theirs:
                 raise SystemExit("controller_views: the page differs from generate_latest's")
             listings.append(await asyncio.to_thread(_list_nodes, address))
+        names = sorted(fleet.nodes)
+        for tick in range(repeat):  # each after a probe result came in somewhere, as in a live fleet
+            probe_pass(app, now, repeat + 1 + tick)
+            name = names[(tick * 7919) % len(names)]
+            details.append(await asyncio.to_thread(_get_node, address, name))
         series = sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
         return {
             "nodes": nodes,
@@ -167,6 +183,8 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
             "list_nodes_pages": listings[-1][2],
             "list_nodes_nodes": listings[-1][3],
             "probe_pass_s": statistics.median(passes),
+            "get_node_s": statistics.median(x[0] for x in details),
+            "get_node_probes": details[-1][1],
         }
     finally:
         if server is not None:
@@ -207,6 +225,10 @@ def main() -> None:
         f"{row['list_nodes_pages']} pages (longest page {row['list_nodes_longest_page_s']:.3f} s)"
     )
     print(f"probe scheduling pass: {row['probe_pass_s']:.3f} s, a result having come in since the last")
+    print(
+        f"GetNode: {row['get_node_s']:.4f} s ({row['get_node_probes']} probe results), a result having "
+        "come in since the last"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from controller.errors import InvalidMessage, NotFound
 from controller.fleet.findings import StoredFinding, by_node
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.fleet.probe_index import node_probes
 from controller.kube.wire import drain_to_proto, kube_view
 from controller.operator.recording import RecordApi
 from controller.operator.silences import SilencesApi, mark
@@ -113,7 +114,7 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
         if node is None:
             raise NotFound(f"node {request.name!r} is not known to this controller")
         probes = sorted(
-            (r for key, r in self.app.fleet.probes.items() if key[0] == node.name),
+            node_probes(self.app.fleet, node.name),
             key=lambda r: (r.probe, r.variant, -1 if r.gpu is None else r.gpu),
         )
         detail = operator_pb2.NodeDetail(

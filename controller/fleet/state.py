@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from google.protobuf.message import Message
 
+from controller.fleet import probe_index, probe_schedule
 from controller.fleet.conditions import update_held
 from controller.fleet.model import (
     HISTORY_POINTS,
@@ -25,7 +26,6 @@ from controller.fleet.model import (
     ProbeRecord,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
-from controller.fleet.probe_schedule import probed
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
@@ -152,7 +152,8 @@ def apply_frame(
             if current is None or current.time <= record.time:
                 fleet.probes[record.key] = record
             remember(fleet, record.key, record.time, record.value)
-        probed(fleet, before, write.probes)
+        probe_schedule.probed(fleet, before, write.probes)
+        probe_index.probed(fleet, before, write.probes)
     fleet.acked[(write.node, write.boot_id)] = write.seq
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from controller.errors import ControllerError
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet
+from controller.fleet.probe_index import newest_probe
 from controller.kube import nodes
 from controller.kube.actions import KubeActions
 from controller.kube.api import ApiError
@@ -146,8 +147,3 @@ class Recovery:
         if by == "other":
             return "cordoned by someone else: gpufleet never uncordons it"
         return "" if by == nodes.GPUFLEET else "not cordoned any more"
-
-
-def newest_probe(fleet: Fleet, node: str) -> float:
-    """The time of the node's newest probe result (0: none)."""
-    return max((p.time for p in fleet.probes.values() if p.node == node), default=0.0)

@@ -21,6 +21,7 @@ def test_the_views_of_a_built_fleet_are_timed() -> None:
     )
     row = json.loads(done.stdout)
     assert (row["nodes"], row["list_nodes_nodes"], row["list_nodes_pages"]) == (40, 40, 1)
+    assert row["get_node_probes"] > 0  # the built nodes' results, found through the index
     assert row["findings"] == 20  # 10 nodes, a GPU finding and a node-level one each
     # node_health: a series per node and state (healthy, degraded, critical, stale), the last
     # frame's time per node, one finding_active per finding, then the controller's own families
@@ -32,6 +33,7 @@ def test_the_views_of_a_built_fleet_are_timed() -> None:
         "list_nodes_s",
         "list_nodes_longest_page_s",
         "probe_pass_s",
+        "get_node_s",
     )
     for key in keys:
         assert row[key] > 0, key
