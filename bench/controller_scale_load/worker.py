@@ -28,13 +28,13 @@ from typing import Any
 
 import grpc
 
+from agent.stream.backoff import Backoff
 from agent.stream.client import CHANNEL_OPTIONS
 from controller_scale_load.templates import Archetype, build_archetype, frame_message, hello_message
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 METHOD = "/gpufleet.v1.Telemetry/Stream"
 HELLO_TIMEOUT_S = 60.0  # how long a Hello may wait for the controller's answer before it counts as failed
-RETRY_S = 1.0  # after a failed session, a node reconnects after this (jittered)
 # A channel of its own per node: without a local subchannel pool, gRPC would share one connection.
 NODE_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
@@ -98,6 +98,7 @@ class Worker:
         self.spec = spec
         self.conn = conn
         self.rng = random.Random(f"{spec.seed}:{spec.index}")
+        self.backoff = Backoff(rng=self.rng)  # as the agent reconnects (agent/stream/backoff.py)
         self.archetypes: list[Archetype] = []
         self.nodes: list[Node] = []
         self.window = Window()
@@ -216,7 +217,11 @@ class Worker:
             node.task = asyncio.get_running_loop().create_task(self._run_node(node, 0.0, storm=True))
 
     async def _run_node(self, node: Node, delay: float, *, storm: bool) -> None:
+        """The node's sessions, one after another; between them the agent's own backoff (0.5 s
+        doubling to 30 s, jittered, from the first again once a session was accepted): a fixed
+        retry of about a second had the whole fleet hammer a controller that could not keep up."""
         await asyncio.sleep(delay)
+        attempt = 0
         while not self.stopped.is_set():
             try:
                 await self._session(node, storm)
@@ -225,8 +230,11 @@ class Worker:
                 self.errors_total += 1
                 self.last_error = f"{node.name}: {_describe(exc)}"
             finally:
+                if node.connected:  # the controller had accepted it
+                    attempt = 0
                 node.connected = False
-            await asyncio.sleep(RETRY_S * self.rng.uniform(0.5, 1.5))
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
 
     async def _session(self, node: Node, storm: bool) -> None:
         """One stream: Hello, wait for the controller's answer, then frames and acks until it ends."""
