@@ -35,6 +35,7 @@ Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a job's futur
 
 log = logging.getLogger("gpufleet.controller.store")
 MAX_BATCH = 512
+JOB_ERRORS_SAID = 64  # distinct (job, error) pairs logged as warnings; the rest at debug
 
 
 class StoreThread:
@@ -46,6 +47,7 @@ class StoreThread:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gpufleet-store", daemon=True)
         self._started = False
+        self._said: set[tuple[str, str]] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -133,6 +135,8 @@ class StoreThread:
                         raise  # the whole transaction is gone (SQLite's SQLITE_FULL, a lost connection)
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
+                    if isinstance(exc, errors):
+                        self._job_failed(job[0], exc)
                     outcomes.append((job, None, self._translate(exc)))
             conn.execute("COMMIT")
         except failures as exc:
@@ -152,6 +156,21 @@ class StoreThread:
                 loop.call_soon_threadsafe(_settle_all, settled)
             except RuntimeError:  # that loop is closed: nobody is left to wait on these
                 log.debug("store: %d results for a closed event loop dropped", len(settled))
+
+    def _job_failed(self, fn: Callable[[Connection], Any], exc: BaseException) -> None:
+        """Say which job the database refused: the caller sees only "store unavailable: ..." (an
+        agent's stream ending UNAVAILABLE), not what was being written. Each distinct (job, error)
+        once as a warning; repeats (a PostgreSQL lock wait timing out in a storm) at debug."""
+        job = getattr(fn, "__qualname__", type(fn).__name__)
+        key = (job, f"{type(exc).__name__}: {exc}")
+        first = key not in self._said and len(self._said) < JOB_ERRORS_SAID
+        if first:
+            self._said.add(key)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "store job %s failed (its part of the batch rolled back, the rest committed): %s",
+            *key,
+        )
 
     def _abandon(self) -> None:
         """Roll back what the failed batch left open; a connection that cannot is dropped."""

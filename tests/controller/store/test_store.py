@@ -4,9 +4,12 @@ round trips, group commit, a failing job in a batch, reload. SQLite's own cases:
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+import pytest
 
 from controller.errors import StoreUnavailable
 from controller.fleet.finding import Evidence, Finding
@@ -113,7 +116,9 @@ def test_concurrent_calls_commit_in_groups(store_db: str) -> None:
     run(go())
 
 
-def test_one_failing_job_does_not_undo_its_batch(store_db: str) -> None:
+def test_one_failing_job_does_not_undo_its_batch(store_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """...and the store says which job the database refused, once per job and error."""
+
     async def go() -> None:
         store = Store(store_db)
         await store.open()
@@ -122,10 +127,18 @@ def test_one_failing_job_does_not_undo_its_batch(store_db: str) -> None:
         def broken(conn: Conn) -> None:
             conn.execute("INSERT INTO nodes (name) VALUES ('x')")  # violates NOT NULL
 
-        results = await asyncio.gather(
-            store._thread.call(broken), store.save_frame(write(1)), return_exceptions=True
-        )
-        assert isinstance(results[0], StoreUnavailable), results[0]
+        with caplog.at_level(logging.DEBUG, "gpufleet.controller.store"):
+            results = await asyncio.gather(
+                store._thread.call(broken),
+                store.save_frame(write(1)),
+                store._thread.call(broken),
+                return_exceptions=True,
+            )
+        assert isinstance(results[0], StoreUnavailable) and isinstance(results[2], StoreUnavailable), results
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("store job")]
+        assert [level for level, _ in said] == [logging.WARNING, logging.DEBUG], said
+        assert "test_one_failing_job_does_not_undo_its_batch.<locals>.go.<locals>.broken failed" in said[0][1]
+        assert "NULL" in said[0][1].upper(), said  # the database's own words (SQLite's, PostgreSQL's)
         fleet, _ = await store.load()
         store.close()
         assert fleet.acked[("n1", "b1")] == 1
