@@ -18,6 +18,14 @@ that was frozen is freed within the hour; that one pause is logged with its leng
 
 While it runs it times every collection (`gc.callbacks`): the controller's /metrics shows the
 seconds and collections per generation and the longest pause.
+
+It never lists the heap (`gc.get_objects()`): that list holds a reference to every object, and an
+object whose other references went meanwhile dies when the list does, on this (the event loop's)
+thread. A SQLite cursor the store's thread had just let go of then reset the prepared statement that
+thread was running again at that moment (Python shares them through its statement cache), and the
+store's next row failed "bad parameter or other API misuse" (SQLITE_MISUSE): a few frames in a
+12,500-node ramp went unacked. So gc_frozen_objects is counted when a freeze or a full collection
+walks them anyway or happens once: the hourly full collection and the first freeze.
 """
 
 from __future__ import annotations
@@ -54,9 +62,9 @@ class CollectorPolicy:
         self.last_freeze = now
         self.last_full = now
         self.freezes = 0
-        # Objects frozen by this policy, counted as they are frozen (what the freeze moves), since
-        # gc.get_freeze_count() walks every frozen object: 0.2 s of the event loop at 12,500 nodes,
-        # at every scrape. Those freed since count until the next full collection counts afresh.
+        # Objects frozen, as counted at the first freeze and at each full collection: only then,
+        # since gc.get_freeze_count() walks every frozen object (0.2 s of the event loop at 12,500
+        # nodes) and listing the new ones is unsafe (the module's docstring).
         self.frozen = 0
         self.full_collections = 0
         self.last_full_seconds = 0.0
@@ -95,8 +103,9 @@ class CollectorPolicy:
     def freeze(self) -> None:
         """Collect the young generations, then freeze every object still tracked."""
         gc.collect(1)
-        self.frozen += len(gc.get_objects())  # every tracked object not yet frozen (the permanent
-        gc.freeze()  # generation is not listed): what this moves there
+        gc.freeze()
+        if self.freezes == 0:
+            self.frozen = gc.get_freeze_count()  # once: the heap at start (at most one walk of it)
         self.freezes += 1
         self.last_freeze = self.clock()
 

@@ -331,8 +331,8 @@ class ControllerCollector(Collector):
         )
         yield GaugeMetricFamily(
             PREFIX + "gc_frozen_objects",
-            "Objects frozen out of the automatic collections, counted as they were frozen (the hourly "
-            "full collection counts them afresh).",
+            "Objects frozen out of the automatic collections, as counted at the first freeze and at "
+            "the last full (hourly) collection: counting them more often costs a walk of them all.",
             value=policy.frozen,
         )
 

@@ -23,6 +23,7 @@ import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -137,6 +138,10 @@ class StoreThread:
                     conn.execute("RELEASE job")
                     if isinstance(exc, errors):
                         self._job_failed(job[0], exc)
+                    # The error goes to the loop's thread; the job's frames (a cursor in a local,
+                    # say) must not: they would be freed there (controller/gc_policy.py says why
+                    # a cursor must die on this thread).
+                    traceback.clear_frames(exc.__traceback__)
                     outcomes.append((job, None, self._translate(exc)))
             conn.execute("COMMIT")
         except failures as exc:

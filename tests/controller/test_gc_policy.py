@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from controller.gc_policy import CollectorPolicy
+from controller.store.sql import Conn
+from controller.store.sqlite import SqliteBackend
+from controller.store.writer import StoreThread
 
 
 class Cycle:
@@ -52,9 +57,10 @@ def test_freezes_only_once_its_interval_has_passed() -> None:
     assert gc.get_freeze_count() > 0
 
 
-def test_counts_what_it_freezes_without_walking_the_frozen_objects() -> None:
-    """policy.frozen (gc_frozen_objects) is counted as objects freeze: gc.get_freeze_count() walks
-    every frozen object, which at a fleet's size is a long stop of the loop at every scrape."""
+def test_counts_what_is_frozen_at_the_first_freeze_and_each_full_collection() -> None:
+    """policy.frozen (gc_frozen_objects) is counted only where it costs at most one walk of the
+    frozen objects: gc.get_freeze_count() at every freeze or scrape is a long stop of the loop at a
+    fleet's size, and listing the new objects is unsafe (the next test)."""
     clock = Clock()
     policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, clock=clock)
     gc.disable()  # no automatic collection in between: the counts are exact
@@ -66,14 +72,69 @@ def test_counts_what_it_freezes_without_walking_the_frozen_objects() -> None:
         kept = [Cycle() for _ in range(500)]
         clock.now += 10
         policy.tick()
-        assert policy.frozen == gc.get_freeze_count() >= first + 500  # only what is new since
+        assert policy.freezes == 2
+        assert policy.frozen == first  # not counted again until the full collection
+        assert gc.get_freeze_count() >= first + 500
+        clock.now += 3600
+        policy.tick()
+        assert policy.full_collections == 1
+        assert policy.frozen == gc.get_freeze_count() >= first + 500
         kept.clear()
         clock.now += 3600
-        policy.tick()  # the full collection frees the 500 cycles, then counts afresh
-        assert policy.full_collections == 1
+        policy.tick()  # the next full collection frees the 500 cycles and counts afresh
         assert policy.frozen == gc.get_freeze_count() < first + 500
     finally:
         gc.enable()
+
+
+def test_freezing_beside_the_store_thread_never_makes_sqlite_refuse_a_write(tmp_path: Path) -> None:
+    """The freeze runs on the event loop while the store's thread writes. It once counted what it
+    froze by listing the heap (gc.get_objects()): a cursor the store thread had just let go of then
+    died on the loop's thread when the list did, reset the statement the store thread was running
+    again, and the store's next row failed SQLITE_MISUSE ("bad parameter or other API misuse")."""
+    backend = SqliteBackend(str(tmp_path / "store.db"), synchronous="off")
+    writer = StoreThread(backend)
+    policy = CollectorPolicy()
+    done = [0]
+
+    def table(conn: Conn) -> None:
+        conn.execute("CREATE TABLE t (node INTEGER, gpu INTEGER, sample BLOB, PRIMARY KEY (node, gpu))")
+
+    def save(node: int) -> Callable[[Conn], None]:
+        def job(conn: Conn) -> None:
+            try:
+                conn.executemany(
+                    "INSERT INTO t (node, gpu, sample) VALUES (?, ?, ?) "
+                    "ON CONFLICT (node, gpu) DO UPDATE SET sample = excluded.sample",
+                    [(node, gpu, b"s" * 64) for gpu in range(8)],
+                )
+            finally:
+                done[0] += 1
+
+        return job
+
+    async def go() -> tuple[int, list[BaseException]]:
+        await writer.call(table)
+        jobs = 1_000
+        pending = [writer.submit(save(n % 500)) for n in range(jobs)]
+        freezes = 0
+        while done[0] < jobs:
+            gc.unfreeze()  # the whole heap new again: what a fleet makes between two freezes
+            policy.freeze()
+            freezes += 1
+        failed = [r for r in await asyncio.gather(*pending, return_exceptions=True) if r is not None]
+        return freezes, failed
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the two threads take turns often: the race in 1 s, not minutes
+    writer.start()
+    try:
+        freezes, failed = asyncio.run(go())
+    finally:
+        writer.stop()
+        sys.setswitchinterval(switching)
+    assert freezes > 10, "the writes did not overlap the freezes"
+    assert failed == [], f"{len(failed)} writes refused, the first: {failed[0]!r}"
 
 
 def test_a_frozen_object_is_out_of_every_collection_until_the_full_one() -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import traceback
+import weakref
 from pathlib import Path
 
 import pytest
 
 from controller.errors import StoreUnavailable
+from controller.store.sql import Conn
 from controller.store.store import Store
 from tests.controller.harness import bmc_sample
 from tests.controller.store.test_store import hello, run, write
@@ -70,3 +73,30 @@ def test_a_file_written_before_bmc_state_existed_still_opens(tmp_path: Path) -> 
     run(newer())
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_a_failed_job_hands_the_loop_its_error_without_the_jobs_cursors(tmp_path: Path) -> None:
+    """A job's error goes to the event loop's thread. Its traceback held the job's frames, and with
+    them any cursor in a local, which then died on the loop's thread: that resets the statement the
+    store's thread may be running again at that moment (SQLITE_MISUSE, controller/gc_policy.py)."""
+    cursors: list[weakref.ref[sqlite3.Cursor]] = []
+
+    def failing(conn: Conn) -> None:
+        cursor = conn.execute("SELECT name FROM nodes")
+        assert isinstance(cursor, sqlite3.Cursor)
+        cursors.append(weakref.ref(cursor))
+        raise ValueError("the job's own error")
+
+    async def go() -> BaseException:
+        store = Store(str(tmp_path / "fleet.db"))
+        await store.open()
+        try:
+            with pytest.raises(ValueError, match="own error") as caught:
+                await store._thread.call(failing)
+            return caught.value
+        finally:
+            store.close()
+
+    error = run(go())
+    assert "failing" in "".join(traceback.format_tb(error.__traceback__))  # still says where
+    assert cursors[0]() is None, "the job's cursor outlived its frame, held by the error's traceback"
