@@ -36,6 +36,7 @@ password redacted.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -240,7 +241,15 @@ def wait_connected(fleet: Fleet, nodes: int, timeout: float) -> dict[str, Any]:
         connected = sum(a["connected"] for a in answers)
         errors = sum(a["errors"] for a in answers)
         if connected >= nodes or time.monotonic() > deadline:
-            return {"connected": connected, "errors": errors, "last_error": _last_error(answers)}
+            kinds: collections.Counter[str] = collections.Counter()
+            for answer in answers:
+                kinds.update(answer.get("error_kinds", {}))
+            return {
+                "connected": connected,
+                "errors": errors,
+                "last_error": _last_error(answers),
+                "error_kinds": kinds.most_common(),
+            }
         if time.monotonic() - last_said > 5.0:
             progress(f"{nodes} nodes: {connected} connected, {errors} stream errors")
             last_said = time.monotonic()
@@ -312,6 +321,9 @@ def measure_step(
     status = wait_connected(fleet, nodes, timeout=max(60.0, 2 * args.ramp + nodes / 50.0))
     if status["connected"] < nodes:
         progress(f"{nodes} nodes: only {status['connected']} connected ({status['last_error']})")
+    if status["errors"]:
+        kinds = "; ".join(f"{count} x {kind}" for kind, count in status["error_kinds"][:5])
+        progress(f"{nodes} nodes: {status['errors']} stream errors so far, by kind: {kinds}")
     time.sleep(1.2 * args.interval)  # every new node's first frame (with its probe round) is in
     fleet.ask("window")  # the measurements so far are left out
     first = target.scrape(controller)

@@ -20,6 +20,7 @@ import collections
 import contextlib
 import math
 import random
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class Worker:
         self.stopped = asyncio.Event()
         self.errors_total = 0
         self.last_error = ""
+        self.error_kinds: collections.Counter[str] = collections.Counter()  # _kind(exc) -> count
 
     async def main(self) -> None:
         start = time.time() - 2 * self.spec.interval
@@ -159,6 +161,7 @@ class Worker:
             "connected": sum(1 for n in self.nodes if n.connected),
             "errors": self.errors_total,
             "last_error": self.last_error,
+            "error_kinds": dict(self.error_kinds),
         }
 
     def _take_window(self) -> dict[str, Any]:
@@ -229,6 +232,7 @@ class Worker:
                 self.window.errors += 1
                 self.errors_total += 1
                 self.last_error = f"{node.name}: {_describe(exc)}"
+                self.error_kinds[_kind(exc)] += 1
             finally:
                 if node.connected:  # the controller had accepted it
                     attempt = 0
@@ -328,6 +332,11 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _kind(exc: BaseException) -> str:
+    """What kind of failure, for the tally: _describe without its numbers (ports, addresses, times)."""
+    return re.sub(r"\d+", "N", _describe(exc))[:100]
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
