@@ -22,6 +22,7 @@ from controller.app import ControllerApp
 from controller.fleet.finding import SEVERITIES
 from controller.fleet.findings import by_node
 from controller.fleet.health import node_health
+from controller.fleet.node_order import node_names
 from controller.metrics_record import SecondsHistogram
 from controller.metrics_text import TextGauge
 from protos.gpufleet.v1 import operator_pb2
@@ -250,7 +251,7 @@ class ControllerCollector(Collector):
             labels=["node"],
         )
         grouped, now = by_node(self.app.active), self.app.clock()
-        for name in sorted(self.app.fleet.nodes):
+        for name in node_names(self.app.fleet):
             node = self.app.fleet.nodes[name]
             # As `gpufleet nodes` shows it: silenced findings (a node under maintenance) left out.
             findings = self.app.silencing.unsilenced(grouped.get(name, []), now)

@@ -19,6 +19,7 @@ from controller.errors import InvalidMessage, NotFound
 from controller.fleet.findings import StoredFinding, by_node
 from controller.fleet.health import node_health
 from controller.fleet.model import NodeState
+from controller.fleet.node_order import names_after
 from controller.fleet.probe_index import node_probes
 from controller.kube.wire import drain_to_proto, kube_view
 from controller.operator.recording import RecordApi
@@ -97,7 +98,7 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
         size = page_size(request.page_size, self.app.config.limits.page_size)
         after = node_after(request.page_token)
         known = self.app.fleet.nodes
-        names = heapq.nsmallest(size + 1, (n for n in known if after is None or n > after))
+        names = names_after(self.app.fleet, after, size + 1)
         page, token = take(names, size, lambda n: (n,), NODES)
         grouped = by_node(self.app.active)
         return operator_pb2.ListNodesResponse(

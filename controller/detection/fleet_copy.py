@@ -128,6 +128,7 @@ def install(fleet: Fleet, message: tuple[Any, ...]) -> None:
     if known:
         forget(fleet, known)
     fleet.nodes.update(nodes)
+    fleet.members += 1
     fleet.probes.update(probes)
     fleet.history.update(history)
     fleet.acked.update(acked)

@@ -33,6 +33,7 @@ def adopt(fleet: Fleet, stored: Fleet, heard: Mapping[str, float], *, counters: 
                 continue
             node = fleet.nodes[name] = NodeState(name, row.hello, row.first_seen, row.last_seen)
             fleet.probe_version += 1
+            fleet.members += 1
         elif row.hello.node and node.hello != row.hello:
             node.hello = row.hello
             fleet.probe_version += 1  # its inventory and probe facts may differ

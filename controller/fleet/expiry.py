@@ -26,6 +26,7 @@ def forget(fleet: Fleet, names: Collection[str]) -> None:
     gone = set(names)
     fleet.probe_version += 1
     fleet.forgets += 1
+    fleet.members += 1
     for name in gone:
         fleet.nodes.pop(name, None)
     for key in [k for k in fleet.acked if k[0] in gone]:

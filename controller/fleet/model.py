@@ -108,6 +108,7 @@ class Fleet:
     # while the version stands (probe_outlier's judgement of every result).
     probe_version: int = 0
     forgets: int = 0  # bumped by expiry.forget: keys went from probes, history and acked
+    members: int = 0  # bumped whenever a node is added to or removed from `nodes` (fleet/node_order.py)
     derived: dict[str, tuple[object, ...]] = field(default_factory=dict)  # name -> (key..., value)
 
 

@@ -184,6 +184,7 @@ def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeSt
     if node is None:
         node = NodeState(hello.node, hello, now, now)
         fleet.nodes[hello.node] = node
+        fleet.members += 1
     else:
         node.hello, node.last_seen = hello, now
     node.last_heard = max(node.last_heard, now)
