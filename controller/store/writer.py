@@ -138,10 +138,6 @@ class StoreThread:
                     conn.execute("RELEASE job")
                     if isinstance(exc, errors):
                         self._job_failed(job[0], exc)
-                    # The error goes to the loop's thread; the job's frames (a cursor in a local,
-                    # say) must not: they would be freed there (controller/gc_policy.py says why
-                    # a cursor must die on this thread).
-                    traceback.clear_frames(exc.__traceback__)
                     outcomes.append((job, None, self._translate(exc)))
             conn.execute("COMMIT")
         except failures as exc:
@@ -190,6 +186,10 @@ class StoreThread:
             self._close()
 
     def _translate(self, exc: BaseException) -> BaseException:
+        """The error as the loop's thread gets it. Without the frames its traceback holds: a job's
+        (a cursor in a local, say) would be freed on that thread, and a cursor must die on this
+        one (controller/gc_policy.py says why)."""
+        traceback.clear_frames(exc.__traceback__)
         if isinstance(exc, (*self.backend.errors, OSError)):
             return StoreUnavailable(f"store unavailable: {exc}")
         return exc
