@@ -45,12 +45,18 @@ peers: helm
 helm: | $(BIN)/python
 	@tests/install-helm.sh $(BIN)/helm
 
+# The suite runs in TEST_JOBS processes (pytest-xdist), each test module whole in one of them
+# (--dist loadscope: a module's fixtures, a PostgreSQL server say, are set up once). Most of the
+# suite's time is spent waiting on the servers and processes it starts, so two processes halve it
+# on CI's 2 cores. `make test TEST_JOBS=0` runs it in one process.
+TEST_JOBS ?= 2
+
 # The project's bytecode is written once first: where PYTHONDONTWRITEBYTECODE is set (as on this
 # project's CI machines), every controller, agent and front process the suite starts would otherwise
 # compile the modules it imports again (0.2-0.3 s each).
 test: lint peers
 	$(BIN)/python -m compileall -q agent controller protos bench > /dev/null
-	$(BIN)/python -m pytest -W error $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -W error -n $(TEST_JOBS) --dist loadscope $(PYTEST_ARGS)
 
 protos: $(VENV)/.installed-test
 	$(BIN)/python -m protos.generate

@@ -27,3 +27,7 @@ __all__ = ["IN_CI", "free_port", "require"]
 # reach (and patch the nodes of) whatever cluster the machine running it is set up for.
 for _name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_name, None)
+# Tables are laid out for a pipe unless a test sets $COLUMNS itself: the width of the terminal the
+# suite was started from (or the 80 columns pytest-xdist gives its workers) must not change them.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)

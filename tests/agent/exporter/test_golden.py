@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.snapshot import Snapshot
+from protos.logsafe import SuppressedCounts
 from tests.agent.exporter.simnode import SimAgent, build, scrape, serve
 
 GOLDEN = Path(__file__).parent / "golden" / "sim-node-8gpu.prom"
@@ -58,6 +59,9 @@ def _golden_node(*, dcgm_compat: bool) -> SimAgent:
 
 def _page(monkeypatch: pytest.MonkeyPatch, *, dcgm_compat: bool) -> str:
     monkeypatch.setattr("agent.exporter.derive.version", lambda: "0.0.0-golden")  # not the installed one
+    # The process's count of suppressed log lines, as this node alone left it (none): not what
+    # tests run before in the same process suppressed.
+    monkeypatch.setattr("agent.exporter.exporter.SUPPRESSED", SuppressedCounts())
     sim = _golden_node(dcgm_compat=dcgm_compat)
     try:
         with serve(sim.exporter) as server:
