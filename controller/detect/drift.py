@@ -90,9 +90,9 @@ def _compare(
         return []
     verb = "run" if metric.endswith("version") else "have"
     out = []
-    for key, value in sorted(values.items()):
-        if value == common:
-            continue
+    # Only the few that differ are sorted (by id, for a stable order): sorting every value of a
+    # BIOS attribute or a VBIOS across 12,500 nodes, each pass, was an eighth of the pass.
+    for key, value in sorted((key, value) for key, value in values.items() if value != common):
         node, gpu = where(key)
         on_gpu = "" if gpu is None else f" on GPU {gpu}"
         evidence = Evidence(

@@ -5,7 +5,9 @@ turn after each detector."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
+from collections import defaultdict
 
 import pytest
 
@@ -13,9 +15,12 @@ from controller.config import DetectConfig
 from controller.detect import probe_outlier
 from controller.detect.base import REGISTRY, DetectContext
 from controller.detect.runner import run_detectors, run_detectors_yielding
+from controller.detect.stats import baseline
 from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
+from controller.fleet.model import ProbeKey, ProbeRecord
 from controller.fleet.state import apply_hello
+from tests.controller.detect.test_probe_outlier_baselines import small_group
 from tests.simfleet import SimFleet
 
 CONFIG = DetectConfig(throttle_window_seconds=5.0)
@@ -81,3 +86,63 @@ def test_a_pass_gives_the_event_loop_a_turn_between_detectors(monkeypatch: pytes
     order.clear()
     assert run_detectors(ctx, ["zz_slow", "zz_after"]).durations.keys() == {"zz_slow", "zz_after"}
     assert order == ["slow", "after"]
+
+
+def _one_by_one(ctx: DetectContext) -> set[tuple[ProbeKey, probe_outlier.Slow, bool]]:
+    """Every result judged on its own, each against its group's baseline (what _judge_all did before
+    it worked out each group's thresholds once)."""
+    groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
+    peers_of = probe_outlier.PeerGroups(ctx.fleet)
+    for record in ctx.fleet.probes.values():
+        group = peers_of.of(record)
+        if group is not None:
+            groups[group].append(record)
+    usual = probe_outlier.usual_peak_ratios(ctx.fleet.probes.values(), ctx.config.min_peers)
+    out: set[tuple[ProbeKey, probe_outlier.Slow, bool]] = set()
+    for group, records in groups.items():
+        higher = group[-1] == "higher"
+        peers = baseline([r.value for r in records]) if len(records) >= ctx.config.min_peers else None
+        for record in records:
+            slow = probe_outlier._judge(ctx, record, peers, usual.get((record.probe, record.variant)), higher)
+            if slow is not None:
+                out.add((record.key, slow, higher))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_group_thresholds_leave_out_only_results_judging_each_one_finds_not_slow(seed: int) -> None:
+    sim = SimFleet(12, seed=seed)
+    small_group(sim)  # a group under min_peers: its own history and the datasheet judge it
+    for _ in range(6):
+        sim.step(3600.0, probes=True)
+    for (node, gpu), factor in {("node-01", 2): 0.97, ("node-03", 5): 0.94, ("node-05", 0): 0.8}.items():
+        sim.sims[node].gpus[gpu].condition.hbm_factor = factor  # within, near and past the margin
+    for _ in range(2):
+        sim.step(3600.0, probes=True)
+    for state in sim.fleet.nodes.values():  # a probe where lower is better: the other side is slow
+        for info in state.hello.probe_infos:
+            if info.name == "gemm":
+                info.higher_is_better = False
+    rng = random.Random(seed)
+    for record in sim.fleet.probes.values():  # values all around each group's median and margins
+        if rng.random() < 0.5:
+            record.value *= rng.uniform(0.8, 1.2)
+    sources: set[tuple[str, bool]] = set()
+    configs: list[dict[str, float]] = [
+        {},
+        {"margin": 0.01},
+        {"change_peer_margin": 0.0},
+        {"margin": 0.3},
+        {"min_peers": 500},  # no group has peers enough: each GPU's own history judges it
+        # The 96 GPUs' 93 + 3 results of a probe are two groups under 95 peers, while the datasheet
+        # baseline (over every model) has its 95; no own history is long enough.
+        {"min_peers": 95, "own_history_min_points": 99},
+    ]
+    for overrides in configs:
+        ctx = DetectContext(sim.fleet, DetectConfig(**overrides), sim.now)  # type: ignore[arg-type]
+        expected = _one_by_one(ctx)
+        got = {(record.key, slow, higher) for record, slow, higher in probe_outlier._judge_all(ctx)}
+        assert got == expected, overrides
+        sources |= {(slow.source, higher) for _, slow, higher in expected}
+    # Every way of judging was compared, both ways round (the datasheet's ratio is higher-is-better).
+    assert sources >= {("peers", True), ("peers", False), ("own_history", True), ("datasheet", True)}
