@@ -23,15 +23,15 @@ routine) and for BIOS attributes (a setting worth aligning, not a fault of the n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.detect.base import DetectContext, register
+from controller.detect.drift_values import NodeValues, node_values
 from controller.fleet.finding import SEVERITIES, Evidence, Finding
 from controller.fleet.majority import majority
 from controller.fleet.model import NodeState
 from controller.fleet.peers import node_group
-from protos.gpufleet.v1 import bmc_pb2
 
 NAME = "drift"
 
@@ -44,22 +44,6 @@ class _Drift:
     severity: str
     label: str  # what drifted, for the summary ("VBIOS", "BIOS attribute TurboMode")
     evidence: Evidence
-
-
-def _section_ok(bmc: bmc_pb2.BmcSample, section: str) -> bool:
-    """False when the BMC sample says `section` failed (a value it left empty is not a value)."""
-    return not any(s.name == section and not s.success for s in bmc.sections)
-
-
-def _bmc_values(
-    nodes: Iterable[NodeState], section: str, read: Callable[[bmc_pb2.BmcSample], str]
-) -> dict[str, str]:
-    """node -> read(its latest BMC sample), where there is a sample, a value and `section` read."""
-    return {
-        n.name: value
-        for n in nodes
-        if n.bmc is not None and _section_ok(n.bmc, section) and (value := read(n.bmc))
-    }
 
 
 def _node_of(key: str) -> tuple[str, int | None]:
@@ -106,48 +90,44 @@ def _compare(
     return out
 
 
-def _gpu_side(members: list[NodeState], min_peers: int) -> list[_Drift]:
+def _gpu_side(members: list[NodeState], values: dict[str, NodeValues], min_peers: int) -> list[_Drift]:
     """VBIOS per GPU (by board part number) and the driver, from the nodes' Hello inventories."""
     out: list[_Drift] = []
     boards: dict[str, dict[str, str]] = {}
+    reporting: dict[str, set[str]] = {}  # board part number -> the nodes with one
     for node in members:
-        for info in node.hello.inventory.gpus:
-            if info.vbios_version:
-                boards.setdefault(info.board_part_number, {})[f"{node.name}/{info.index}"] = (
-                    info.vbios_version
-                )
-    for values in boards.values():
-        reporting = len({_gpu_of(key)[0] for key in values})
-        vbios = ("vbios_version", "VBIOS", "firmware_drift", "warning")
-        out += _compare(values, reporting, min_peers, vbios, where=_gpu_of, unit_of_peers="GPUs")
-    driver = {n.name: n.hello.inventory.driver_version for n in members if n.hello.inventory.driver_version}
+        for board, key, version in values[node.name].vbios:
+            boards.setdefault(board, {})[key] = version
+            reporting.setdefault(board, set()).add(node.name)
+    for board, vbios in boards.items():
+        what = ("vbios_version", "VBIOS", "firmware_drift", "warning")
+        out += _compare(vbios, len(reporting[board]), min_peers, what, where=_gpu_of, unit_of_peers="GPUs")
+    driver = {n.name: driven for n in members if (driven := values[n.name].driver)}
     out += _compare(driver, len(driver), min_peers, ("driver_version", "driver", "firmware_drift", "info"))
     return out
 
 
-def _bmc_side(members: list[NodeState], min_peers: int) -> list[_Drift]:
+def _bmc_side(members: list[NodeState], values: dict[str, NodeValues], min_peers: int) -> list[_Drift]:
     """BIOS version, BMC firmware and BIOS attributes, per server model, from the BMC samples."""
     out: list[_Drift] = []
-    servers: dict[str, list[NodeState]] = {}
+    servers: dict[str, list[tuple[str, NodeValues]]] = {}
     for node in members:
-        if node.bmc is not None:
-            servers.setdefault(f"{node.bmc.manufacturer} {node.bmc.model}", []).append(node)
+        read = values[node.name]
+        if read.server is not None:
+            servers.setdefault(read.server, []).append((node.name, read))
     for nodes in servers.values():
-        bios = _bmc_values(nodes, "systems", lambda b: b.bios_version)
+        bios = {name: read.bios for name, read in nodes if read.bios}
         out += _compare(bios, len(bios), min_peers, ("bios_version", "BIOS", "firmware_drift", "warning"))
-        bmc = _bmc_values(nodes, "managers", lambda b: b.bmc_firmware_version)
+        bmc = {name: read.firmware for name, read in nodes if read.firmware}
         what = ("bmc_firmware_version", "BMC firmware", "firmware_drift", "warning")
         out += _compare(bmc, len(bmc), min_peers, what)
         attributes: dict[str, dict[str, str]] = {}
-        for node in nodes:
-            if node.bmc is None or not _section_ok(node.bmc, "bios"):
-                continue
-            for name, value in node.bmc.bios_attributes.items():
-                if value:
-                    attributes.setdefault(name, {})[node.name] = value
-        for name, values in sorted(attributes.items()):
-            what = (f"bios_attributes.{name}", f"BIOS attribute {name}", "bios_drift", "info")
-            out += _compare(values, len(values), min_peers, what)
+        for name, read in nodes:
+            for attribute, value in read.attributes.items():
+                attributes.setdefault(attribute, {})[name] = value
+        for attribute, held in sorted(attributes.items()):
+            what = (f"bios_attributes.{attribute}", f"BIOS attribute {attribute}", "bios_drift", "info")
+            out += _compare(held, len(held), min_peers, what)
     return out
 
 
@@ -179,8 +159,10 @@ def detect(ctx: DetectContext) -> list[Finding]:
     groups: dict[str, list[NodeState]] = {}
     for node in ctx.fleet.nodes.values():
         groups.setdefault(node_group(node), []).append(node)
+    values = node_values(ctx.fleet)
+    min_peers = ctx.config.min_peers
     keyed: dict[tuple[str, int | None, str], list[_Drift]] = {}
     for members in groups.values():
-        for drift in _gpu_side(members, ctx.config.min_peers) + _bmc_side(members, ctx.config.min_peers):
+        for drift in _gpu_side(members, values, min_peers) + _bmc_side(members, values, min_peers):
             keyed.setdefault((drift.node, drift.gpu, drift.cause), []).append(drift)
     return [_finding(drifts) for _, drifts in sorted(keyed.items(), key=lambda kv: str(kv[0]))]

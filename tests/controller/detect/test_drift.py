@@ -10,7 +10,11 @@ from agent.sources.sim import FaultSpec
 from agent.sources.sim.faults.bmc import BIOS_DRIFT
 from agent.sources.sim.profile import H100_SXM
 from controller.config import DetectConfig
+from controller.detect.drift_values import KEPT
+from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
+from controller.fleet.state import apply_hello
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.hostsim import HostSimFleet
 
 
@@ -119,3 +123,26 @@ def test_each_peer_group_has_its_own_majority() -> None:
         for info in sim.fleet.nodes[name].hello.inventory.gpus:
             info.name, info.vbios_version = "NVIDIA H200", "96.00.AA.00.01"
     assert drift(sim) == []
+
+
+def test_a_new_bmc_poll_or_hello_is_read_at_the_next_pass_and_a_forgotten_node_is_dropped() -> None:
+    sim = fleet(8)
+    assert drift(sim) == []  # every node's values read, and kept
+    sim.poll_override["node-02"] = lambda sample: dataclasses.replace(sample, bios_version="0.9.1")
+    sim.step(60.0)  # a frame with a new BMC poll: a new sample, read again
+    assert keys(drift(sim)) == [("node-02", None, "firmware_drift", "warning")]
+    hello = pb.Hello()
+    hello.CopyFrom(sim.fleet.nodes["node-05"].hello)
+    hello.inventory.driver_version = "535.54.03"
+    apply_hello(sim.fleet, hello, 0, sim.now)  # the agent says hello again, on another driver
+    assert keys(drift(sim)) == [
+        ("node-02", None, "firmware_drift", "warning"),
+        ("node-05", None, "firmware_drift", "info"),
+    ]
+    del sim.poll_override["node-02"]
+    sim.step(60.0)
+    assert keys(drift(sim)) == [("node-05", None, "firmware_drift", "info")]
+    forget(sim.fleet, ["node-05"])
+    assert drift(sim) == []
+    kept = sim.fleet.derived[KEPT][0]
+    assert isinstance(kept, dict) and sorted(kept) == sorted(sim.fleet.nodes)  # node-05's values went too

@@ -1,0 +1,70 @@
+"""What the drift detector compares, read once from each node's Hello and latest BMC sample and kept
+(in Fleet.derived) until either is replaced: a Hello or a BMC sample is replaced when a new one
+comes, never changed in place (as NodeState.gpu_model relies on too).
+
+Reading every node's inventory, BMC sections and BIOS attributes out of their messages each pass
+was most of drift's time at 12,500 nodes; now a pass reads only the nodes whose Hello or BMC sample
+is new since the last, and merges the rest from plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.fleet.model import Fleet, NodeState
+from protos.gpufleet.v1 import bmc_pb2
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+KEPT = "drift_values"  # Fleet.derived: (node name -> NodeValues,)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeValues:
+    hello: pb.Hello  # the messages these were read from
+    bmc: bmc_pb2.BmcSample | None
+    # (board part number, "node/index", VBIOS version) of each GPU in the inventory with a VBIOS
+    vbios: tuple[tuple[str, str, str], ...]
+    driver: str  # "" when not reported
+    server: str | None  # the BMC's "manufacturer model"; None without a BMC sample
+    bios: str  # "" when not reported or its BMC section (systems) failed
+    firmware: str  # the BMC's own firmware; "" likewise (managers)
+    attributes: dict[str, str]  # BIOS attributes with a value, where the bios section read
+
+
+def node_values(fleet: Fleet) -> dict[str, NodeValues]:
+    """Every node's values, read again only where its Hello or BMC sample is not the one they were
+    read from. Nodes gone from the fleet are dropped."""
+    cached = fleet.derived.get(KEPT)
+    before: dict[str, NodeValues] = cached[0] if cached is not None else {}  # type: ignore[assignment]
+    now: dict[str, NodeValues] = {}
+    for name, node in fleet.nodes.items():
+        kept = before.get(name)
+        if kept is None or kept.hello is not node.hello or kept.bmc is not node.bmc:
+            kept = read(node)
+        now[name] = kept
+    fleet.derived[KEPT] = (now,)
+    return now
+
+
+def read(node: NodeState) -> NodeValues:
+    inventory = node.hello.inventory
+    vbios = tuple(
+        (info.board_part_number, f"{node.name}/{info.index}", info.vbios_version)
+        for info in inventory.gpus
+        if info.vbios_version
+    )
+    bmc = node.bmc
+    if bmc is None:
+        return NodeValues(node.hello, None, vbios, inventory.driver_version, None, "", "", {})
+    failed = {s.name for s in bmc.sections if not s.success}
+    attributes = {} if "bios" in failed else {k: v for k, v in bmc.bios_attributes.items() if v}
+    return NodeValues(
+        node.hello,
+        bmc,
+        vbios,
+        inventory.driver_version,
+        f"{bmc.manufacturer} {bmc.model}",
+        "" if "systems" in failed else bmc.bios_version,
+        "" if "managers" in failed else bmc.bmc_firmware_version,
+        attributes,
+    )
