@@ -31,3 +31,7 @@ for _name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
 # suite was started from (or the 80 columns pytest-xdist gives its workers) must not change them.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+# One thread for torch's CPU kernels in the suite's processes (and what they start): `make test`
+# runs two pytest processes on CI's two cores, and two GEMMs of two OpenMP threads each spin-wait
+# on each other's cores (bench/probe_quality.py's probe/independent ratio read 0.06 to 12,000 so).
+os.environ["OMP_NUM_THREADS"] = "1"

@@ -139,8 +139,10 @@ def _judge_all(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
             continue
         if usual is None:
             usual = usual_peak_ratios(ctx.fleet.probes.values(), min_peers)
-        for record in records:
-            slow = _judge(ctx, record, None, usual.get((record.probe, record.variant)), higher_better)
+        for record in records:  # too few peers: its own history, and the datasheet as last resort
+            slow = _against_own_history(ctx, record, higher_better) or _against_datasheet(
+                ctx, record, usual.get((record.probe, record.variant)), higher_better
+            )
             if slow is not None:
                 slow_ones.append((record, slow, higher_better))
     return slow_ones
@@ -170,21 +172,6 @@ def usual_peak_ratios(records: Iterable[ProbeRecord], min_results: int) -> dict[
         if r.result.HasField("peak_ratio") and r.result.peak_ratio > 0:
             ratios[(r.probe, r.variant)].append(r.result.peak_ratio)
     return {key: baseline(values) for key, values in ratios.items() if len(values) >= min_results}
-
-
-def _judge(
-    ctx: DetectContext,
-    record: ProbeRecord,
-    peers: Baseline | None,
-    usual: Baseline | None,
-    higher_better: bool,
-) -> Slow | None:
-    """Peers where the group is big enough; else its own history, and the datasheet as last resort."""
-    if peers is not None:
-        return _against_peers(ctx, record, peers, higher_better)
-    return _against_own_history(ctx, record, higher_better) or _against_datasheet(
-        ctx, record, usual, higher_better
-    )
 
 
 def _against_peers(

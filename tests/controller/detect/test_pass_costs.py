@@ -103,7 +103,12 @@ def _one_by_one(ctx: DetectContext) -> set[tuple[ProbeKey, probe_outlier.Slow, b
         higher = group[-1] == "higher"
         peers = baseline([r.value for r in records]) if len(records) >= ctx.config.min_peers else None
         for record in records:
-            slow = probe_outlier._judge(ctx, record, peers, usual.get((record.probe, record.variant)), higher)
+            if peers is not None:
+                slow = probe_outlier._against_peers(ctx, record, peers, higher)
+            else:
+                ratios = usual.get((record.probe, record.variant))
+                own = probe_outlier._against_own_history(ctx, record, higher)
+                slow = own or probe_outlier._against_datasheet(ctx, record, ratios, higher)
             if slow is not None:
                 out.add((record.key, slow, higher))
     return out
