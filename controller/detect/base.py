@@ -49,7 +49,20 @@ def register(name: str) -> Callable[[DetectFn], DetectFn]:
     return wrap
 
 
-_NOT_DETECTORS = {"base", "finding", "explain", "offline", "own_history", "runner", "stats", "xid_catalogue"}
+_NOT_DETECTORS = {
+    "base",
+    "clock_peers",
+    "drift_values",
+    "finding",
+    "explain",
+    "infiniband_ports",
+    "offline",
+    "own_history",
+    "per_gpu",
+    "runner",
+    "stats",
+    "xid_catalogue",
+}
 
 
 def discover() -> dict[str, DetectFn]:

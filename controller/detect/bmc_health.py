@@ -37,15 +37,13 @@ BAD_HEALTH = ("warning", "critical")
 INTAKE = "intake"
 
 
-def section(node: NodeState, name: str, max_age: float) -> bmc_pb2.BmcSample | None:
-    """The node's latest BMC sample if its poll read section `name` and is recent enough."""
-    sample = node.bmc
-    if sample is None or node.last_seen - node.bmc_time > max_age:
-        return None
+def read_sections(sample: bmc_pb2.BmcSample) -> tuple[bool, bool]:
+    """Whether the sample's poll read the "thermal" and the "power" section."""
     status = {s.name: s.success for s in sample.sections}
     if status:
-        return sample if status.get(name, False) else None
-    return sample if sample.success and not sample.error else None  # a sample without section list
+        return status.get("thermal", False), status.get("power", False)
+    whole = sample.success and not sample.error  # a sample without section list
+    return whole, whole
 
 
 def _rpm(fan: bmc_pb2.BmcFan) -> float | None:
@@ -214,20 +212,39 @@ def _finding(node: NodeState, cause: str, evidence: list[tuple[bool, Evidence]])
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """What a node's BMC sample says on its own (its fans, PSUs, intakes), worked out once per
-    sample: a BMC is polled every minute or so, a pass runs every few seconds."""
+    """What a node's BMC sample says on its own (which sections its poll read, its fans, PSUs and
+    intakes), worked out once per sample: a BMC is polled every minute or so, a pass runs every few
+    seconds. Only an intake without thresholds is judged against its group each pass, and only when
+    it is hot enough to matter."""
 
     sample: bmc_pb2.BmcSample
+    thermal: bool  # the poll read the section
+    power: bool
     fans: Finding | None
     psus: Finding | None
-    intakes: list[bmc_pb2.BmcTemperature]
+    hottest: float | None  # the hottest intake's reading: the node's worst air, for its group's median
+    unbounded: float | None  # the hottest intake without thresholds, the only one a median can flag
+    inlet: Finding | None  # the intakes against their own thresholds alone
 
 
 def _read(node: NodeState, sample: bmc_pb2.BmcSample, previous: dict[str, _Read]) -> _Read:
     known = previous.get(node.name)
     if known is not None and known.sample is sample:
         return known
-    return _Read(sample, fan_finding(node, sample), psu_finding(node, sample), intakes(sample))
+    thermal, power = read_sections(sample)
+    found = intakes(sample)
+    bounded = [t.HasField("upper_caution_celsius") or t.HasField("upper_critical_celsius") for t in found]
+    unbounded = [t.reading_celsius for t, b in zip(found, bounded, strict=True) if not b]
+    return _Read(
+        sample,
+        thermal,
+        power,
+        fan_finding(node, sample),
+        psu_finding(node, sample),
+        max((t.reading_celsius for t in found), default=None),
+        max(unbounded, default=None),
+        inlet_finding(node, sample, None, 0, 0.0) if len(unbounded) < len(found) else None,
+    )
 
 
 @register(NAME)
@@ -238,22 +255,27 @@ def detect(ctx: DetectContext) -> list[Finding]:
     reads: dict[str, _Read] = {}  # this pass's, kept for the next (nodes gone drop out)
     findings: list[Finding | None] = []
     for group in peer_groups(ctx).values():
-        # Each is the node's latest sample, or None: too old, or the poll did not read the section.
-        sections = {n.name: (section(n, "thermal", max_age), section(n, "power", max_age)) for n in group}
+        # The nodes whose latest sample is recent enough and read a section this detector uses.
+        fresh = []
         for node in group:
             sample = node.bmc
-            if sample is not None and sections[node.name] != (None, None):
-                reads[node.name] = _read(node, sample, previous)
+            if sample is None or node.last_seen - node.bmc_time > max_age:
+                continue
+            read = _read(node, sample, previous)
+            if read.thermal or read.power:
+                reads[node.name] = read
+                fresh.append((node, read))
         # One intake per node for the group's median: the node's hottest, as its worst air.
-        inlets = [reads[name].intakes for name, (thermal, _) in sections.items() if thermal is not None]
-        readings = [max(t.reading_celsius for t in found) for found in inlets if found]
+        readings = [r.hottest for _, r in fresh if r.thermal and r.hottest is not None]
         median = statistics.median(readings) if len(readings) >= ctx.config.min_peers else None
-        for node in group:
-            thermal, power = sections[node.name]
-            if thermal is not None:
-                findings.append(reads[node.name].fans)
-                findings.append(inlet_finding(node, thermal, median, len(readings), margin))
-            if power is not None:
-                findings.append(reads[node.name].psus)
+        for node, read in fresh:
+            if read.thermal:
+                findings.append(read.fans)
+                if median is not None and read.unbounded is not None and read.unbounded >= median + margin:
+                    findings.append(inlet_finding(node, read.sample, median, len(readings), margin))
+                else:
+                    findings.append(read.inlet)
+            if read.power:
+                findings.append(read.psus)
     ctx.fleet.derived[NAME] = (reads,)
     return [f for f in findings if f is not None]

@@ -21,54 +21,27 @@ GPU at another limit runs at another clock by design) on any node, the GPU itsel
 
 from __future__ import annotations
 
-import statistics
-
 from controller.detect.base import DetectContext, register
+from controller.detect.clock_peers import PeerKey, busy_clocks, peer_key, peers_median, util
 from controller.detect.explain import clock_cause
 from controller.fleet.finding import Evidence, Finding
-from controller.fleet.model import Fleet, GpuState, NodeState
+from controller.fleet.model import GpuState, NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import clock_event_reason_names
 
 NAME = "clock_lock"
-
-PeerKey = tuple[str, float, float]  # GPU model, max SM clock, default power limit
 
 
 def _mhz(hz: float) -> float:
     return round(hz / 1e6)
 
 
-def _util(sample: pb.GpuSample) -> float:
-    return sample.gpu_utilization_ratio if sample.HasField("gpu_utilization_ratio") else 0.0
-
-
-def _peer_key(names: dict[int, str], gpu: GpuState) -> PeerKey:
-    """`names`: the node's GPU names by index (NodeState.gpu_names), read once per node, not once per GPU."""
-    s = gpu.sample
-    return (names.get(gpu.index, ""), s.max_sm_clock_hz, s.default_power_limit_watts)
-
-
-def _busy_clocks(fleet: Fleet, utilization: float) -> dict[PeerKey, list[tuple[str, int, float]]]:
-    """(node, gpu, SM clock) of every GPU at or above `utilization`, by peer key."""
-    out: dict[PeerKey, list[tuple[str, int, float]]] = {}
-    for node in fleet.nodes.values():
-        names: dict[int, str] | None = None
-        for index, gpu in node.gpus.items():
-            s = gpu.sample
-            if s.HasField("sm_clock_hz") and s.max_sm_clock_hz and _util(s) >= utilization:
-                names = node.gpu_names() if names is None else names
-                out.setdefault(_peer_key(names, gpu), []).append((node.name, index, s.sm_clock_hz))
-    return out
-
-
 def _peer_evidence(
-    sample: pb.GpuSample, clocks: list[float], utilization: float, min_peers: int
+    sample: pb.GpuSample, median: float | None, count: int, utilization: float, min_peers: int
 ) -> Evidence | None:
-    """The GPU's clock against the median of its busy peers' (None with fewer than min_peers)."""
-    if len(clocks) < min_peers:
+    """The GPU's clock against the median of its `count` busy peers' (None with fewer than min_peers)."""
+    if median is None or count < min_peers:
         return None
-    median = statistics.median(clocks)
     deviation = sample.sm_clock_hz / median - 1.0 if median else None
     return Evidence(
         metric="sm_clock_hz",
@@ -76,9 +49,9 @@ def _peer_evidence(
         baseline=median,
         deviation=deviation,
         unit="Hz",
-        peers=len(clocks),
+        peers=count,
         detail=f"peers at >={utilization:.0%} utilisation run {_mhz(median)} MHz (median of "
-        f"{len(clocks)} GPUs); this GPU {_mhz(sample.sm_clock_hz)} MHz at {_util(sample):.0%}",
+        f"{count} GPUs); this GPU {_mhz(sample.sm_clock_hz)} MHz at {util(sample):.0%}",
         baseline_source="peers",
     )
 
@@ -87,7 +60,7 @@ def _locked(
     node: NodeState, gpu: GpuState, held: float, peers: Evidence | None, busy: float
 ) -> Finding | None:
     s = gpu.sample
-    if _util(s) < busy:
+    if util(s) < busy:
         return None
     cause, support = clock_cause(s)
     if cause != "clocks_locked_low":
@@ -107,7 +80,7 @@ def _locked(
         unit="Hz",
         reasons=shown,
         detail=f"SM clock {_mhz(s.sm_clock_hz)} MHz of {_mhz(s.max_sm_clock_hz)} MHz max at "
-        f"{_util(s):.0%} utilisation, held there by the clock setting for {held:.0f}s",
+        f"{util(s):.0%} utilisation, held there by the clock setting for {held:.0f}s",
         held_seconds=round(held, 1),
         baseline_source="expected",
     )
@@ -125,7 +98,7 @@ def _unexplained(
     node: NodeState, gpu: GpuState, held: float, peers: Evidence | None, ctx: DetectContext
 ) -> Finding | None:
     s, config = gpu.sample, ctx.config
-    if peers is None or peers.baseline is None or _util(s) < config.clock_peer_utilization:
+    if peers is None or peers.baseline is None or util(s) < config.clock_peer_utilization:
         return None
     if s.sm_clock_hz > (1.0 - config.clock_peer_margin) * peers.baseline:
         return None
@@ -160,17 +133,18 @@ def _unexplained(
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     config, window = ctx.config, ctx.config.throttle_window_seconds
-    busy = _busy_clocks(ctx.fleet, config.clock_peer_utilization)
+    utilization = config.clock_peer_utilization
+    busy: dict[PeerKey, list[float]] | None = None  # read at the first GPU that holds a condition
     findings = []
     for node in ctx.fleet.nodes.values():
-        for index, gpu in sorted(node.gpus.items()):
+        for _, gpu in sorted(node.gpus.items()):
             state = next((c for c in ("clocks_locked", "clock_low_no_reason") if c in gpu.held), None)
             if state is None or gpu.held_for(state) < window:
                 continue
             held = gpu.held_for(state)
-            key = _peer_key(node.gpu_names(), gpu)
-            others = [c for n, i, c in busy.get(key, []) if (n, i) != (node.name, index)]
-            peers = _peer_evidence(gpu.sample, others, config.clock_peer_utilization, config.min_peers)
+            busy = busy_clocks(ctx.fleet, utilization) if busy is None else busy
+            median, count = peers_median(busy, peer_key(node.gpu_names(), gpu), gpu, utilization)
+            peers = _peer_evidence(gpu.sample, median, count, utilization, config.min_peers)
             if state == "clocks_locked":
                 found = _locked(node, gpu, held, peers, config.clock_busy_utilization)
             else:

@@ -10,18 +10,17 @@ is new since the last, and merges the rest from plain values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from controller.fleet.model import Fleet, NodeState
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-KEPT = "drift_values"  # Fleet.derived: (node name -> NodeValues,)
+KEPT = "drift_values"  # Fleet.derived: (node name -> Kept,)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeValues:
-    hello: pb.Hello  # the messages these were read from
-    bmc: bmc_pb2.BmcSample | None
     # (board part number, "node/index", VBIOS version) of each GPU in the inventory with a VBIOS
     vbios: tuple[tuple[str, str, str], ...]
     driver: str  # "" when not reported
@@ -31,19 +30,32 @@ class NodeValues:
     attributes: dict[str, str]  # BIOS attributes with a value, where the bios section read
 
 
+class Kept(NamedTuple):
+    hello: pb.Hello  # the messages the values were read from
+    bmc: bmc_pb2.BmcSample | None
+    values: NodeValues
+
+
 def node_values(fleet: Fleet) -> dict[str, NodeValues]:
     """Every node's values, read again only where its Hello or BMC sample is not the one they were
-    read from. Nodes gone from the fleet are dropped."""
+    read from. Values read again equal to those kept (a new poll of the same BIOS, the usual case)
+    stay the object kept, so that drift.py can tell a group whose values are all as last pass by
+    identity alone. Nodes gone from the fleet are dropped."""
     cached = fleet.derived.get(KEPT)
-    before: dict[str, NodeValues] = cached[0] if cached is not None else {}  # type: ignore[assignment]
-    now: dict[str, NodeValues] = {}
+    before: dict[str, Kept] = cached[0] if cached is not None else {}  # type: ignore[assignment]
+    now: dict[str, Kept] = {}
+    out: dict[str, NodeValues] = {}
     for name, node in fleet.nodes.items():
         kept = before.get(name)
         if kept is None or kept.hello is not node.hello or kept.bmc is not node.bmc:
-            kept = read(node)
+            values = read(node)
+            kept = Kept(
+                node.hello, node.bmc, kept.values if kept is not None and kept.values == values else values
+            )
         now[name] = kept
+        out[name] = kept.values
     fleet.derived[KEPT] = (now,)
-    return now
+    return out
 
 
 def read(node: NodeState) -> NodeValues:
@@ -55,12 +67,10 @@ def read(node: NodeState) -> NodeValues:
     )
     bmc = node.bmc
     if bmc is None:
-        return NodeValues(node.hello, None, vbios, inventory.driver_version, None, "", "", {})
+        return NodeValues(vbios, inventory.driver_version, None, "", "", {})
     failed = {s.name for s in bmc.sections if not s.success}
     attributes = {} if "bios" in failed else {k: v for k, v in bmc.bios_attributes.items() if v}
     return NodeValues(
-        node.hello,
-        bmc,
         vbios,
         inventory.driver_version,
         f"{bmc.manufacturer} {bmc.model}",

@@ -15,15 +15,23 @@ A port is bad when
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from controller.detect.base import DetectContext, peer_groups, register
+from controller.detect.infiniband_ports import (
+    PeerRates,
+    Port,
+    PortKey,
+    PortPeers,
+    Ports,
+    group_ports,
+    node_ports,
+    of_nodes,
+)
 from controller.fleet.finding import Evidence, Finding, worse
 from controller.fleet.model import NodeState
-from controller.fleet.trends import ib_group, ib_key
-from protos.gpufleet.v1 import telemetry_pb2 as pb
+from controller.fleet.trends import ib_key
 
 NAME = "infiniband"
 
@@ -36,16 +44,6 @@ ERROR_COUNTERS = {  # counter -> how the detail names it
 }
 LINK_DOWNED = "link_downed_total"
 
-PortKey = tuple[str, int]  # device, port
-
-
-def port_name(port: pb.InfinibandPortSample) -> str:
-    return f"{port.device}/{port.port}"
-
-
-def is_up(port: pb.InfinibandPortSample) -> bool:
-    return port.state == "active" and port.physical_state in ("link_up", "")
-
 
 @dataclass(slots=True)
 class Bad:
@@ -55,72 +53,24 @@ class Bad:
     evidence: list[Evidence]
 
 
-def _ports(node: NodeState) -> dict[PortKey, pb.InfinibandPortSample]:
-    return {} if node.host is None else {(p.device, p.port): p for p in node.host.infiniband}
+class Verdict(NamedTuple):
+    """One port of a port set, judged by its state against its group's same port."""
+
+    port: Port
+    down: Evidence | None  # not up, and a fault (critical)
+    slow: Evidence | None  # up below the usual rate (warning)
 
 
-@dataclass(slots=True)
-class PortPeers:
-    """One device/port across a peer group, gathered once per pass (asking each node's peers port
-    by port cost the group's size squared)."""
-
-    total: int = 0  # nodes of the group that have the port
-    active: int = 0  # ...with it up
-    rates: list[float] = field(default_factory=list)  # the rates of those up that report one, sorted
-
-    def without(self, port: pb.InfinibandPortSample) -> tuple[int, int, PeerRates]:
-        """(total, active, rates) of the node's peers: the group less this node's own port. The
-        rates' median is read off the sorted list around the port's own place, with no copy (a
-        copy per port cost the group's size squared)."""
-        up = is_up(port)
-        skip = None
-        if up and port.HasField("rate_gbps"):
-            skip = bisect.bisect_left(self.rates, port.rate_gbps)
-        return self.total - 1, self.active - (1 if up else 0), _median_without(self.rates, skip)
-
-
-class PeerRates(NamedTuple):
-    median: float | None  # None: no peer reports a rate
-    peers: int
-
-
-def _median_without(rates: list[float], skip: int | None) -> PeerRates:
-    """The median of sorted `rates` less the one at index `skip` (None: all of them)."""
-    count = len(rates) - (0 if skip is None else 1)
-    if count <= 0:
-        return PeerRates(None, 0)
-
-    def at(k: int) -> float:
-        return rates[k if skip is None or k < skip else k + 1]
-
-    return PeerRates((at((count - 1) // 2) + at(count // 2)) / 2, count)
-
-
-def group_ports(group: list[NodeState]) -> dict[PortKey, PortPeers]:
-    out: dict[PortKey, PortPeers] = {}
-    for node in group:
-        for key, port in _ports(node).items():
-            peers = out.setdefault(key, PortPeers())
-            peers.total += 1
-            if is_up(port):
-                peers.active += 1
-                if port.HasField("rate_gbps"):
-                    peers.rates.append(port.rate_gbps)
-    for peers in out.values():
-        peers.rates.sort()
-    return out
-
-
-def _down(node: NodeState, port: pb.InfinibandPortSample, total: int, active: int) -> Evidence | None:
+def _down(ports: Ports, port: Port, total: int, active: int) -> Evidence | None:
     """`total`, `active`: the peers that have this port, and those with it up."""
-    name = port_name(port)
+    name = port.name
     if total:
         if 2 * active <= total:
             return None  # down on most of the group too: unused or uncabled
         baseline, where = f"active on {active} of {total} peers", "peers"
     else:
-        same = [p for p in _ports(node).values() if p.link_layer == port.link_layer and p is not port]
-        if len(same) < 2 or not all(is_up(p) for p in same):
+        same = [p for p in ports if p.link_layer == port.link_layer and p is not port]
+        if len(same) < 2 or not all(p.up for p in same):
             return None
         baseline, where = f"the node's other {len(same)} {port.link_layer} ports active", "expected"
     state = f"{port.state or 'unknown'} ({port.physical_state or 'unknown'})"
@@ -133,44 +83,55 @@ def _down(node: NodeState, port: pb.InfinibandPortSample, total: int, active: in
     )
 
 
-def _slow(node: NodeState, port: pb.InfinibandPortSample, rates: PeerRates) -> Evidence | None:
+def _slow(ports: Ports, port: Port, rates: PeerRates) -> Evidence | None:
     """`rates`: the peers' rates of this port where it is up."""
-    if not port.HasField("rate_gbps"):
+    if port.rate is None:
         return None
     if rates.median is not None:
         usual, where, whose = rates.median, "peers", "peers"
     else:
         own = [
-            p.rate_gbps
-            for p in _ports(node).values()
-            if p is not port and p.link_layer == port.link_layer and is_up(p) and p.HasField("rate_gbps")
+            p.rate
+            for p in ports
+            if p is not port and p.link_layer == port.link_layer and p.up and p.rate is not None
         ]
         if not own:
             return None
         usual, where, whose = max(own), "expected", "the node's other ports"
-    if usual <= 0 or port.rate_gbps >= RATE_TOLERANCE * usual:
+    if usual <= 0 or port.rate >= RATE_TOLERANCE * usual:
         return None
-    name = port_name(port)
+    name = port.name
     return Evidence(
         metric="infiniband.rate_gbps",
-        value=port.rate_gbps,
+        value=port.rate,
         baseline=usual,
-        deviation=port.rate_gbps / usual - 1.0,
+        deviation=port.rate / usual - 1.0,
         unit="Gb/s",
         reasons=(name, "rate_below_usual"),
         peers=rates.peers,
-        detail=f"{name} at {port.rate_gbps:g} Gb/s, {whose} {usual:g}",
+        detail=f"{name} at {port.rate:g} Gb/s, {whose} {usual:g}",
         baseline_source=where,
     )
 
 
-def _erroring(node: NodeState, port: pb.InfinibandPortSample, ctx: DetectContext) -> list[Evidence]:
+def judge_ports(ports: Ports, group: dict[PortKey, PortPeers]) -> list[Verdict]:
+    """Each port of a port set by its state; `group`: its peer group's ports (group_ports)."""
+    out = []
+    for port in ports:
+        total, active, rates = group[port.key].without(port)
+        if not port.up:
+            out.append(Verdict(port, _down(ports, port, total, active), None))
+        else:
+            out.append(Verdict(port, None, _slow(ports, port, rates)))
+    return out
+
+
+def _erroring(node: NodeState, port: Port, ctx: DetectContext) -> list[Evidence]:
+    """Evidence of the port's error counters rising; the caller has found its group changed (no
+    counter of a quiet group rose within the window: every increase is 0, under both thresholds,
+    ib_errors_per_minute > 0 and ib_link_downs_per_window >= 1)."""
     trends = node.trends
-    if not trends.changed(ib_group(port.device, port.port)):
-        # No counter of the port rose within the window (the usual case): every increase is 0, under
-        # both thresholds (ib_errors_per_minute > 0, ib_link_downs_per_window >= 1).
-        return []
-    name, out = port_name(port), []
+    name, out = port.name, list[Evidence]()
     for counter, words in ERROR_COUNTERS.items():
         key = ib_key(port.device, port.port, counter)
         span = trends.span(key)
@@ -193,7 +154,7 @@ def _erroring(node: NodeState, port: pb.InfinibandPortSample, ctx: DetectContext
         )
     key = ib_key(port.device, port.port, LINK_DOWNED)
     downs = trends.increase(key)
-    if is_up(port) and downs >= ctx.config.ib_link_downs_per_window:
+    if port.up and downs >= ctx.config.ib_link_downs_per_window:
         out.append(
             Evidence(
                 metric=f"infiniband.{LINK_DOWNED}",
@@ -209,18 +170,19 @@ def _erroring(node: NodeState, port: pb.InfinibandPortSample, ctx: DetectContext
     return out
 
 
-def bad_ports(node: NodeState, group: dict[PortKey, PortPeers], ctx: DetectContext) -> list[Bad]:
-    """The node's bad ports, worst first; `group`: its peer group's ports (group_ports)."""
-    out = []
-    for key, port in sorted(_ports(node).items()):
-        total, active, rates = group[key].without(port)
-        if not is_up(port):
-            down = _down(node, port, total, active)
-            if down is not None:
-                out.append(Bad("critical", [down]))
+def bad_ports(node: NodeState, verdicts: list[Verdict], ctx: DetectContext) -> list[Bad]:
+    """The node's bad ports, worst first; `verdicts`: its port set's (judge_ports)."""
+    trends, out = node.trends, []
+    for verdict in verdicts:
+        if verdict.down is not None:
+            out.append(Bad("critical", [verdict.down]))
             continue
-        evidence = [e for e in (_slow(node, port, rates),) if e is not None]
-        evidence += _erroring(node, port, ctx)
+        port = verdict.port
+        if not port.up:
+            continue
+        evidence = [] if verdict.slow is None else [verdict.slow]
+        if trends.changed(port.group):
+            evidence += _erroring(node, port, ctx)
         if evidence:
             out.append(Bad("warning", evidence))
     out.sort(key=lambda b: b.severity != "critical")
@@ -230,10 +192,13 @@ def bad_ports(node: NodeState, group: dict[PortKey, PortPeers], ctx: DetectConte
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
+    ports_of = node_ports(ctx.fleet)
     for group in peer_groups(ctx).values():
-        ports = group_ports(group)
-        for node in group:
-            bad = bad_ports(node, ports, ctx)
+        sets, counts = of_nodes(group, ports_of)
+        ports = group_ports(counts)
+        judged = {port_set: judge_ports(port_set, ports) for port_set in counts}
+        for node, port_set in zip(group, sets, strict=True):
+            bad = bad_ports(node, judged[port_set], ctx)
             if not bad:
                 continue
             severity = "warning"

@@ -21,6 +21,7 @@ from itertools import pairwise
 
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext, register
+from controller.detect.per_gpu import each_gpu
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import GpuState, NodeState
 from controller.fleet.trends import NVLINK_COUNTERS, Trends, nvlink_group, nvlink_key
@@ -129,12 +130,11 @@ def gpu_finding(node: NodeState, gpu: GpuState, config: DetectConfig) -> Finding
     return Finding(node.name, gpu.index, "nvlink_errors", severity, summary, primary, supporting, [NAME])
 
 
+def judge(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[Finding]:
+    finding = gpu_finding(node, gpu, config)
+    return [] if finding is None else [finding]
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    findings = []
-    for node in ctx.fleet.nodes.values():
-        for _, gpu in sorted(node.gpus.items()):
-            finding = gpu_finding(node, gpu, ctx.config)
-            if finding is not None:
-                findings.append(finding)
-    return findings
+    return each_gpu(ctx, NAME, judge)

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from controller.config import DetectConfig
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import pcie_cause
+from controller.detect.per_gpu import each_gpu
 from controller.fleet.finding import Finding
+from controller.fleet.model import GpuState, NodeState
 
 NAME = "pcie_link"
 
 
+def judge(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[Finding]:
+    held = gpu.held_for("pcie_below_max")
+    if held == 0.0 or held < config.throttle_window_seconds:
+        return []
+    cause, evidence = pcie_cause(gpu.sample)
+    if cause != "pcie_downtrained":
+        return []
+    summary = f"GPU {gpu.index} {evidence[0].detail}"
+    return [Finding(node.name, gpu.index, cause, "warning", summary, evidence[0], [], [NAME])]
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    findings = []
-    for node in ctx.fleet.nodes.values():
-        for index, gpu in sorted(node.gpus.items()):
-            held = gpu.held_for("pcie_below_max")
-            if held == 0.0 or held < ctx.config.throttle_window_seconds:
-                continue
-            cause, evidence = pcie_cause(gpu.sample)
-            if cause != "pcie_downtrained":
-                continue
-            summary = f"GPU {index} {evidence[0].detail}"
-            findings.append(Finding(node.name, index, cause, "warning", summary, evidence[0], [], [NAME]))
-    return findings
+    return each_gpu(ctx, NAME, judge)

@@ -11,46 +11,48 @@ until a reading clears it or the node is forgotten (limits.forget_after_seconds)
 
 from __future__ import annotations
 
+from controller.config import DetectConfig
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import THERMAL, clock_cause
+from controller.detect.per_gpu import each_gpu
 from controller.fleet.finding import Evidence, Finding
-from controller.fleet.model import GpuState
+from controller.fleet.model import GpuState, NodeState
 
 NAME = "throttle"
+CHECKS = (
+    ("thermal_throttle", THERMAL),
+    ("power_brake", ("hw_power_brake_slowdown",)),
+    ("power_cap", ("sw_power_cap",)),
+)
 
 
 def _held(gpu: GpuState, names: tuple[str, ...]) -> float:
     return max((gpu.held_for(n) for n in names), default=0.0)
 
 
+def judge(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[Finding]:
+    window = config.throttle_window_seconds
+    s = gpu.sample
+    findings = []
+    for cause, names in CHECKS:
+        held = _held(gpu, names)
+        if held < window or held == 0.0:
+            continue
+        explained, support = clock_cause(s)
+        if explained != cause:
+            continue  # e.g. sw_power_cap at the default limit: normal under load
+        primary = Evidence(
+            metric="clock_event_reasons",
+            value=float(s.clock_event_reasons),
+            reasons=tuple(n for n in names if n in gpu.held),
+            held_seconds=round(held, 1),
+            detail=f"{' + '.join(n for n in names if n in gpu.held)} held for {held:.0f}s",
+        )
+        summary = f"GPU {gpu.index} {cause.replace('_', ' ')} for {held:.0f}s"
+        findings.append(Finding(node.name, gpu.index, cause, "warning", summary, primary, support, [NAME]))
+    return findings
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    window = ctx.config.throttle_window_seconds
-    findings = []
-    for node in ctx.fleet.nodes.values():
-        for index, gpu in sorted(node.gpus.items()):
-            s = gpu.sample
-            checks = (
-                ("thermal_throttle", THERMAL),
-                ("power_brake", ("hw_power_brake_slowdown",)),
-                ("power_cap", ("sw_power_cap",)),
-            )
-            for cause, names in checks:
-                held = _held(gpu, names)
-                if held < window or held == 0.0:
-                    continue
-                explained, support = clock_cause(s)
-                if explained != cause:
-                    continue  # e.g. sw_power_cap at the default limit: normal under load
-                primary = Evidence(
-                    metric="clock_event_reasons",
-                    value=float(s.clock_event_reasons),
-                    reasons=tuple(n for n in names if n in gpu.held),
-                    held_seconds=round(held, 1),
-                    detail=f"{' + '.join(n for n in names if n in gpu.held)} held for {held:.0f}s",
-                )
-                summary = f"GPU {index} {cause.replace('_', ' ')} for {held:.0f}s"
-                findings.append(
-                    Finding(node.name, index, cause, "warning", summary, primary, support, [NAME])
-                )
-    return findings
+    return each_gpu(ctx, NAME, judge)

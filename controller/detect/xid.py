@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext, register
+from controller.detect.per_gpu import each_gpu
 from controller.detect.xid_catalogue import CATALOGUE, ROW_REMAP_CODES, describe
 from controller.fleet.finding import SEVERITIES, Evidence, Finding
 from controller.fleet.model import GpuState, NodeState
@@ -154,10 +155,13 @@ def gpu_findings(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[F
     return findings
 
 
+def ends(node: NodeState) -> tuple[object, ...]:
+    """The node's first and last XID event kept: what its deque holds (detect/per_gpu.py), which
+    any of its GPUs' readings changes."""
+    xids = node.trends.xids
+    return (xids[0], xids[-1]) if xids else ()
+
+
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    findings = []
-    for node in ctx.fleet.nodes.values():
-        for _, gpu in sorted(node.gpus.items()):
-            findings.extend(gpu_findings(node, gpu, ctx.config))
-    return findings
+    return each_gpu(ctx, NAME, gpu_findings, ends)

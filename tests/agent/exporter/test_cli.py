@@ -106,7 +106,12 @@ def test_none_serves_nothing_and_once_never_binds() -> None:
         _agent("--metrics-address", "none"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        time.sleep(1.5)
+        # Its first log line comes from the running agent, after the SIGTERM handler is in place (a
+        # fixed sleep sent the signal before it was, when two test processes slowed its start).
+        assert process.stderr is not None
+        started = process.stderr.readline()
+        assert " on node n1: " in started, started + process.communicate()[1]
+        time.sleep(0.5)
         assert process.poll() is None
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=15)

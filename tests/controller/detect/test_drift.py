@@ -4,15 +4,20 @@ strict majority of the node's peer group (controller/detect/drift.py)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import pytest
 
 from agent.sources.bmc import BmcSample
 from agent.sources.sim import FaultSpec
 from agent.sources.sim.faults.bmc import BIOS_DRIFT
 from agent.sources.sim.profile import H100_SXM
 from controller.config import DetectConfig
+from controller.detect import drift as drift_module
 from controller.detect.drift_values import KEPT
 from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
+from controller.fleet.model import NodeState
 from controller.fleet.state import apply_hello
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.hostsim import HostSimFleet
@@ -146,3 +151,24 @@ def test_a_new_bmc_poll_or_hello_is_read_at_the_next_pass_and_a_forgotten_node_i
     assert drift(sim) == []
     kept = sim.fleet.derived[KEPT][0]
     assert isinstance(kept, dict) and sorted(kept) == sorted(sim.fleet.nodes)  # node-05's values went too
+
+
+def test_a_group_is_compared_again_only_when_a_members_values_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = fleet(8, {"node-03": [FaultSpec("bios_drift", "TurboMode")]})
+    found = keys(drift(sim))
+    assert found == [("node-03", None, "bios_drift", "info")]
+    compared: list[int] = []
+    real = drift_module._bmc_side
+
+    def counted(members: list[NodeState], *args: Any) -> Any:
+        compared.append(len(members))
+        return real(members, *args)
+
+    monkeypatch.setattr(drift_module, "_bmc_side", counted)
+    sim.step(60.0)  # every node polled again, the same values: the group as it was
+    assert keys(drift(sim)) == found and compared == []
+    sim.poll_override["node-05"] = lambda sample: dataclasses.replace(sample, bios_version="0.9.1")
+    sim.step(60.0)
+    assert keys(drift(sim)) == [*found[:1], ("node-05", None, "firmware_drift", "warning")]
+    assert compared == [8]
+    assert keys(drift(sim, min_peers=9)) == [] and compared == [8, 8]  # another config: compared again

@@ -3,14 +3,9 @@ ports, alone): simulated nodes with hosts through the real wire (hostsim.py), an
 
 from __future__ import annotations
 
-import random
-import statistics
-
-import pytest
-
 from agent.sources.sim import FaultSpec
 from controller.config import DetectConfig
-from controller.detect.infiniband import PeerRates, PortPeers, _median_without
+from controller.detect.infiniband_ports import PeerRates, Port, PortPeers
 from controller.fleet.finding import Finding
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -141,21 +136,13 @@ def test_a_flapping_link_is_found_and_one_link_down_is_not() -> None:
 def test_a_ports_peers_are_the_group_less_the_port_itself() -> None:
     """The group's ports are gathered once per pass; each port's peers are that less itself."""
     up = [
-        pb.InfinibandPortSample(device="mlx5_0", port=1, state="active", rate_gbps=r) for r in (400, 200, 400)
+        Port.of(pb.InfinibandPortSample(device="mlx5_0", port=1, state="active", rate_gbps=r))
+        for r in (400, 200, 400)
     ]
-    down = pb.InfinibandPortSample(device="mlx5_0", port=1, state="down")
+    down = Port.of(pb.InfinibandPortSample(device="mlx5_0", port=1, state="down"))
     peers = PortPeers(total=4, active=3, rates=[200.0, 400.0, 400.0])
     assert peers.without(up[1]) == (3, 2, PeerRates(400.0, 2))  # the slow one sees two 400s
     assert peers.without(up[0]) == (3, 2, PeerRates(300.0, 2))  # one of two equal rates goes
     assert peers.without(down) == (3, 3, PeerRates(400.0, 3))
     assert PortPeers(total=1, active=1, rates=[400.0]).without(up[0])[2] == PeerRates(None, 0)
     assert peers.rates == [200.0, 400.0, 400.0]  # unchanged
-
-
-@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 8])
-def test_the_median_less_one_port_is_the_median_of_the_others(size: int) -> None:
-    rates = sorted(float(r) for r in random.Random(size).choices([100, 200, 400, 800], k=size))
-    for skip in [None, *range(size)]:
-        others = [r for i, r in enumerate(rates) if i != skip]
-        expected = PeerRates(statistics.median(others) if others else None, len(others))
-        assert _median_without(rates, skip) == expected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent.sources.sim import FaultSpec
@@ -125,7 +127,11 @@ def test_unknown_codes_need_to_repeat() -> None:
 def test_row_remap_xids_join_the_row_remap_finding() -> None:
     fleet = node_with([(T0 - 10, 94), (T0 - 10, 63)])
     assert [(f.cause, f.severity) for f in found(fleet)] == [("xid_error", "warning")]  # no remap pending
-    fleet.nodes["node-00"].gpus[0].sample.row_remap_pending = True
+    gpu = fleet.nodes["node-00"].gpus[0]
+    remapping = pb.GpuSample()
+    remapping.CopyFrom(gpu.sample)
+    remapping.row_remap_pending = True
+    fleet.nodes["node-00"].gpus[0] = dataclasses.replace(gpu, sample=remapping)  # a reading replaces it
     assert [f.cause for f in found(fleet)] == ["ecc_row_remap_pending", "ecc_row_remap_pending"]
     fleet = node_with([(T0 - 10, 94), (T0 - 5, 95)])
     fleet.nodes["node-00"].gpus[0].sample.row_remap_pending = True

@@ -1,0 +1,132 @@
+"""The InfiniBand ports the infiniband detector judges, as plain values, and a peer group's ports.
+
+A port's state (not its counters) is what the verdicts of down and slow ports read. Nodes built
+alike report the same ports in the same state, so a group of thousands of nodes holds a handful of
+distinct port sets (`Ports`): the group's ports are counted once per distinct set, and each set is
+judged once per pass (infiniband.py), not once per node.
+
+Each node's ports are read once per host sample and kept (in Fleet.derived) until the sample is
+replaced: a HostSample is replaced when a new one comes, never changed in place (as drift_values.py
+relies on for the Hello and the BMC sample). Reading ten ports out of every node's message, and
+comparing each port with its group's one by one, was most of the detector's time at 12,500 nodes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from controller.detect.stats import median_less
+from controller.fleet.model import Fleet, NodeState
+from controller.fleet.trends import ib_group
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+KEPT = "infiniband_ports"  # Fleet.derived: (node name -> (host sample, Ports),)
+
+PortKey = tuple[str, int]  # device, port
+
+
+class Port(NamedTuple):
+    """One port's state as its reading had it."""
+
+    device: str
+    port: int
+    state: str
+    physical_state: str
+    link_layer: str
+    rate: float | None  # Gb/s; None when not reported
+    up: bool  # active, and its physical link up (or not reported)
+    group: str  # its error counters' group in NodeState.trends
+
+    @classmethod
+    def of(cls, port: pb.InfinibandPortSample) -> Port:
+        up = port.state == "active" and port.physical_state in ("link_up", "")
+        rate = port.rate_gbps if port.HasField("rate_gbps") else None
+        group = ib_group(port.device, port.port)
+        return cls(port.device, port.port, port.state, port.physical_state, port.link_layer, rate, up, group)
+
+    @property
+    def key(self) -> PortKey:
+        return (self.device, self.port)
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+
+Ports = tuple[Port, ...]  # a node's ports in (device, port) order, one per device/port
+
+
+def read_ports(host: pb.HostSample | None) -> Ports:
+    """The sample's ports in (device, port) order; of a device/port listed twice, the last."""
+    if host is None:
+        return ()
+    by_key = {(p.device, p.port): p for p in host.infiniband}
+    return tuple(Port.of(by_key[key]) for key in sorted(by_key))
+
+
+def node_ports(fleet: Fleet) -> dict[str, Ports]:
+    """Every node's ports, read again only where its host sample is not the one they were read from.
+    Nodes gone from the fleet are dropped."""
+    cached = fleet.derived.get(KEPT)
+    before: dict[str, tuple[pb.HostSample | None, Ports]] = cached[0] if cached is not None else {}  # type: ignore[assignment]
+    kept: dict[str, tuple[pb.HostSample | None, Ports]] = {}
+    out: dict[str, Ports] = {}
+    for name, node in fleet.nodes.items():
+        entry = before.get(name)
+        if entry is None or entry[0] is not node.host:
+            entry = (node.host, read_ports(node.host))
+        kept[name] = entry
+        out[name] = entry[1]
+    fleet.derived[KEPT] = (kept,)
+    return out
+
+
+class PeerRates(NamedTuple):
+    median: float | None  # None: no peer reports a rate
+    peers: int
+
+
+@dataclass(slots=True)
+class PortPeers:
+    """One device/port across a peer group, gathered once per pass (asking each node's peers port
+    by port cost the group's size squared)."""
+
+    total: int = 0  # nodes of the group that have the port
+    active: int = 0  # ...with it up
+    rates: list[float] = field(default_factory=list)  # the rates of those up that report one, sorted
+
+    def without(self, port: Port) -> tuple[int, int, PeerRates]:
+        """(total, active, rates) of the node's peers: the group less this node's own port. The
+        rates' median is read off the sorted list around the port's own place, with no copy (a
+        copy per port cost the group's size squared)."""
+        skip = None
+        if port.up and port.rate is not None:
+            skip = bisect.bisect_left(self.rates, port.rate)
+        return self.total - 1, self.active - (1 if port.up else 0), PeerRates(*median_less(self.rates, skip))
+
+
+def group_ports(sets: Counter[Ports]) -> dict[PortKey, PortPeers]:
+    """The group's ports, from its nodes' distinct port sets and how many nodes hold each."""
+    out: dict[PortKey, PortPeers] = {}
+    for ports, nodes in sets.items():
+        for port in ports:
+            peers = out.get(port.key)
+            if peers is None:
+                peers = out[port.key] = PortPeers()
+            peers.total += nodes
+            if port.up:
+                peers.active += nodes
+                if port.rate is not None:
+                    peers.rates.extend([port.rate] * nodes)
+    for peers in out.values():
+        peers.rates.sort()
+    return out
+
+
+def of_nodes(group: list[NodeState], ports: dict[str, Ports]) -> tuple[list[Ports], Counter[Ports]]:
+    """Each node's ports in the group's order, and how many nodes hold each distinct set."""
+    sets = [ports[node.name] for node in group]
+    return sets, Counter(sets)

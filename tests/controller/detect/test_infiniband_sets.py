@@ -1,0 +1,132 @@
+"""The infiniband detector judges each distinct port set of a peer group once, from ports read once
+per host sample (controller/detect/infiniband_ports.py): its verdicts must be the ones of judging
+every node's every port against all its peers one by one."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from controller.detect import infiniband_ports
+from controller.detect.infiniband import RATE_TOLERANCE
+from controller.fleet.model import NodeState
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.detect.hostsim import HostSimFleet
+
+
+def replace_host(node: NodeState, change: dict[str, dict[str, object]]) -> None:
+    """A new host sample for the node: its latest with the named devices' ports changed."""
+    assert node.host is not None
+    host = pb.HostSample()
+    host.CopyFrom(node.host)
+    for port in host.infiniband:
+        for attribute, value in change.get(port.device, {}).items():
+            if value is None:
+                assert attribute == "rate_gbps"
+                port.ClearField("rate_gbps")
+            else:
+                setattr(port, attribute, value)
+    node.host = host
+
+
+def one_by_one(fleet: HostSimFleet) -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
+    """node -> (metric, reasons, detail) of each bad port by state, every port against every peer."""
+    nodes = list(fleet.fleet.nodes.values())
+
+    def ports(node: NodeState) -> dict[tuple[str, int], pb.InfinibandPortSample]:
+        assert node.host is not None
+        return {(p.device, p.port): p for p in node.host.infiniband}
+
+    def up(p: pb.InfinibandPortSample) -> bool:
+        return p.state == "active" and p.physical_state in ("link_up", "")
+
+    out: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+    for node in nodes:
+        bad: list[tuple[str, tuple[str, ...], str]] = []
+        for key, port in sorted(ports(node).items()):
+            peers = [ports(n)[key] for n in nodes if n is not node and key in ports(n)]
+            active = [p for p in peers if up(p)]
+            name = f"{port.device}/{port.port}"
+            if not up(port):
+                if 2 * len(active) > len(peers):
+                    state = f"{port.state or 'unknown'} ({port.physical_state or 'unknown'})"
+                    detail = f"{name} {state}, active on {len(active)} of {len(peers)} peers"
+                    bad.append(("infiniband.state", (name, port.state, port.physical_state), detail))
+                continue
+            rates = [p.rate_gbps for p in active if p.HasField("rate_gbps")]
+            if port.HasField("rate_gbps") and rates:
+                usual = statistics.median(rates)
+                if port.rate_gbps < RATE_TOLERANCE * usual:
+                    detail = f"{name} at {port.rate_gbps:g} Gb/s, peers {usual:g}"
+                    bad.append(("infiniband.rate_gbps", (name, "rate_below_usual"), detail))
+        if bad:
+            bad.sort(key=lambda b: b[0] != "infiniband.state")  # down ports (critical) first
+            out[node.name] = bad
+    return out
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_each_distinct_port_set_judged_once_reads_as_every_port_judged_against_every_peer(seed: int) -> None:
+    fleet = HostSimFleet(16)
+    fleet.run(20)
+    draw = random.Random(seed)
+    devices = sorted({p.device for p in fleet.fleet.nodes["node-00"].host.infiniband})  # type: ignore[union-attr]
+    variants: list[dict[str, object]] = [
+        {"state": "down", "physical_state": "disabled"},
+        {"state": "active", "physical_state": "polling"},
+        {"rate_gbps": 200.0},
+        {"rate_gbps": 100.0},
+        {"rate_gbps": None},
+        {"state": "init"},
+    ]
+    # A few shared shapes (nodes alike share a port set) and some of their own; one device down on
+    # most nodes (unused, not a fault) and one at a lower rate on half of them (the median moves).
+    shapes = [{draw.choice(devices): draw.choice(variants)} for _ in range(3)]
+    for i, node in enumerate(fleet.fleet.nodes.values()):
+        change: dict[str, dict[str, object]] = {devices[-1]: {"state": "down"}} if i % 8 else {}
+        if i % 2:
+            change.setdefault(devices[0], {})["rate_gbps"] = 200.0
+        if draw.random() < 0.5:
+            for device, what in draw.choice(shapes).items():
+                change.setdefault(device, {}).update(what)
+        replace_host(node, change)
+    expected = one_by_one(fleet)
+    assert expected, "the case must hold bad ports"
+    found = {
+        f.node: [(e.metric, e.reasons, e.detail) for e in (f.evidence, *f.supporting)]
+        for f in fleet.detect("infiniband")
+    }
+    assert found == expected
+
+
+def test_ports_are_read_again_only_from_a_new_host_sample_and_a_forgotten_node_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet = HostSimFleet(4)
+    fleet.run(20)
+    assert fleet.detect("infiniband") == []
+    read: list[pb.HostSample | None] = []
+    real = infiniband_ports.read_ports
+
+    def counted(host: pb.HostSample | None) -> infiniband_ports.Ports:
+        read.append(host)
+        return real(host)
+
+    monkeypatch.setattr(infiniband_ports, "read_ports", counted)
+    assert fleet.detect("infiniband") == []
+    assert read == []  # no host sample is new
+    node = fleet.fleet.nodes["node-02"]
+    replace_host(node, {"mlx5_1": {"state": "down", "physical_state": "disabled"}})
+    [finding] = fleet.detect("infiniband")
+    assert (finding.node, finding.severity, finding.evidence.reasons[0]) == (
+        "node-02",
+        "critical",
+        "mlx5_1/1",
+    )
+    assert read == [node.host]
+    del fleet.fleet.nodes["node-02"]
+    assert fleet.detect("infiniband") == []
+    (kept,) = fleet.fleet.derived[infiniband_ports.KEPT]
+    assert sorted(kept) == ["node-00", "node-01", "node-03"]  # type: ignore[call-overload]
