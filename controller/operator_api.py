@@ -62,6 +62,10 @@ COMMAND_STATES = {name: operator_pb2.CommandState.Value(f"COMMAND_STATE_{name.up
 class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorServicer):
     def __init__(self, app: ControllerApp) -> None:
         self.app = app
+        # Each node's summary fields read from its Hello (replaced when the agent says hello again,
+        # never changed in place), kept with it: reading them out of the message was a third of a
+        # summary's time.
+        self._from_hello: dict[str, tuple[pb.Hello, dict[str, Any]]] = {}
 
     def _findings_of(self, node: str) -> list[StoredFinding]:
         return [s for key, s in self.app.active.items() if key[0] == node]
@@ -69,28 +73,48 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
     def _summary(
         self, node: NodeState, active: list[StoredFinding] | None = None
     ) -> operator_pb2.NodeSummary:
-        """`active`: the node's active findings when the caller has them grouped (else looked up).
-        Health and the count leave silenced findings out (and so every finding of a node under
-        maintenance): what needs an operator's attention; `node NAME` still lists them, marked."""
+        summary = operator_pb2.NodeSummary(**self._summary_fields(node, active, self.app.clock()))
+        summary.last_seen.FromNanoseconds(int(node.last_seen * 1e9))
+        return summary
+
+    def _summary_fields(
+        self, node: NodeState, active: list[StoredFinding] | None, now: float
+    ) -> dict[str, Any]:
+        """A NodeSummary's fields but last_seen (a message: set in place). `active`: the node's active
+        findings when the caller has them grouped (else looked up). Health and the count leave
+        silenced findings out (and so every finding of a node under maintenance): what needs an
+        operator's attention; `node NAME` still lists them, marked."""
         mine = self._findings_of(node.name) if active is None else active
-        findings = self.app.silencing.unsilenced(mine, self.app.clock())
+        findings = self.app.silencing.unsilenced(mine, now) if mine else mine
         maintenance = self.app.silencing.maintenance.get(node.name)
-        return operator_pb2.NodeSummary(
-            name=node.name,
-            boot_id=node.boot_id,
-            agent_version=node.hello.agent_version,
-            gpu_count=len(node.hello.inventory.gpus),
-            gpu_model=node.gpu_model,
-            connected=node.connected,
-            last_seen=_ts(node.last_seen),
-            acked_seq=self.app.fleet.acked.get((node.name, node.boot_id), 0),
-            health=node_health(node, findings, self.app.clock(), self.app.config.stale_after_seconds),
-            active_findings=len(findings),
-            source=node.hello.inventory.source,
-            transport=self.app.identity.transports.get(node.name, ""),
-            maintenance=maintenance is not None,
-            maintenance_comment="" if maintenance is None else maintenance.comment,
-        )
+        return {
+            **self._hello_fields(node),
+            "connected": node.connected,
+            "acked_seq": self.app.fleet.acked.get((node.name, node.hello.boot_id), 0),
+            "health": node_health(node, findings, now, self.app.config.stale_after_seconds),
+            "active_findings": len(findings),
+            "transport": self.app.identity.transports.get(node.name, ""),
+            "maintenance": maintenance is not None,
+            "maintenance_comment": "" if maintenance is None else maintenance.comment,
+        }
+
+    def _hello_fields(self, node: NodeState) -> dict[str, Any]:
+        kept = self._from_hello.get(node.name)
+        if kept is not None and kept[0] is node.hello:
+            return kept[1]
+        if len(self._from_hello) > 2 * len(self.app.fleet.nodes):  # forgotten nodes': dropped
+            self._from_hello = {n: k for n, k in self._from_hello.items() if n in self.app.fleet.nodes}
+        hello = node.hello
+        fields = {
+            "name": node.name,
+            "boot_id": hello.boot_id,
+            "agent_version": hello.agent_version,
+            "gpu_count": len(hello.inventory.gpus),
+            "gpu_model": node.gpu_model,
+            "source": hello.inventory.source,
+        }
+        self._from_hello[node.name] = (hello, fields)
+        return fields
 
     async def ListNodes(
         self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -101,12 +125,18 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
         names = names_after(self.app.fleet, after, size + 1)
         page, token = take(names, size, lambda n: (n,), NODES)
         grouped = by_node(self.app.active)
-        return operator_pb2.ListNodesResponse(
-            nodes=[self._summary(known[n], grouped.get(n, [])) for n in page],
-            next_page_token=token,
-            total=len(known),
-            warning=security_warning(self.app.config),
+        response = operator_pb2.ListNodesResponse(
+            next_page_token=token, total=len(known), warning=security_warning(self.app.config)
         )
+        # Each summary made in its place in the answer: one made apart is copied in (at 12,500 nodes
+        # a listing under load took 1.5 s, a third of it building the pages on the event loop).
+        add, now = response.nodes.add, self.app.clock()
+        for name in page:
+            node = known[name]
+            add(**self._summary_fields(node, grouped.get(name, []), now)).last_seen.FromNanoseconds(
+                int(node.last_seen * 1e9)
+            )
+        return response
 
     async def GetNode(
         self, request: operator_pb2.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -28,46 +28,13 @@ from controller.detect.explain import explain_gpu, explain_node
 from controller.detect.own_history import own_baseline, recent_change
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
-from controller.fleet.model import Fleet, ProbeRecord
-from controller.fleet.peers import node_peer_key
-from controller.fleet.probe_info import probe_infos
+from controller.fleet.model import ProbeRecord
+from controller.fleet.probe_groups import grouped
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
 CRITICAL_WORSE = 0.25  # a quarter worse than its baseline: the GPU is badly broken for any job
 SUMMARY_BASIS = {"peers": "peers", "own_history": "its own history", "datasheet": "the datasheet ratio"}
-
-
-def peer_group(fleet: Fleet, record: ProbeRecord) -> tuple[str, ...] | None:
-    node = fleet.nodes.get(record.node)
-    if node is None:
-        return None
-    return PeerGroups(fleet).of(record)
-
-
-class PeerGroups:
-    """peer_group for every result of a pass: each node's probe facts and GPU names read once, not
-    once per result."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self._nodes: dict[str, tuple[dict[str, pb.ProbeInfo], dict[int, str], tuple[str, ...]]] = {}
-
-    def of(self, record: ProbeRecord) -> tuple[str, ...] | None:
-        facts = self._nodes.get(record.node)
-        if facts is None:
-            node = self.fleet.nodes.get(record.node)
-            if node is None:
-                return None
-            gpus = node.gpu_names()
-            facts = self._nodes[record.node] = (probe_infos(node.hello), gpus, node_peer_key(node))
-        infos, gpus, node_key = facts
-        info = infos.get(record.probe)
-        better = "higher" if info is None or info.higher_is_better else "lower"
-        what = (record.probe, record.variant, record.unit, better)
-        if record.gpu is None:
-            return (*node_key, *what)
-        return (gpus.get(record.gpu, ""), "gpu", *what)
 
 
 def worse_by(deviation: float, higher_better: bool) -> float:
@@ -119,16 +86,11 @@ def _judge_all(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
     had come in since the last pass (nearly every pass), so a group's thresholds are worked out once
     and only the results past them are judged one by one; the datasheet baseline is read only if a
     group is too small for its peers."""
-    groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
-    peers_of = PeerGroups(ctx.fleet)
-    for record in ctx.fleet.probes.values():
-        group = peers_of.of(record)
-        if group is not None:
-            groups[group].append(record)
     min_peers = ctx.config.min_peers
     usual: dict[tuple[str, str], Baseline] | None = None
     slow_ones: list[tuple[ProbeRecord, Slow, bool]] = []
-    for group, records in groups.items():
+    for group, members in grouped(ctx.fleet).items():
+        records = list(members.values())
         higher_better = group[-1] == "higher"
         if len(records) >= min_peers:
             peers = baseline([r.value for r in records])

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from google.protobuf.message import Message
 
-from controller.fleet import probe_index, probe_schedule
+from controller.fleet import probe_groups, probe_index, probe_schedule
 from controller.fleet.conditions import update_held
 from controller.fleet.model import (
     HISTORY_POINTS,
@@ -154,6 +154,7 @@ def apply_frame(
             remember(fleet, record.key, record.time, record.value)
         probe_schedule.probed(fleet, before, write.probes)
         probe_index.probed(fleet, before, write.probes)
+        probe_groups.probed(fleet, before, write.probes)
     fleet.acked[(write.node, write.boot_id)] = write.seq
 
 

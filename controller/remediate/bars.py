@@ -9,9 +9,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from controller.config import DetectConfig
-from controller.detect.probe_outlier import peer_group
 from controller.detect.stats import baseline
 from controller.fleet.model import Fleet, NodeState, ProbeRecord
+from controller.fleet.probe_groups import peer_group
 from controller.fleet.probe_info import higher_is_better
 from controller.remediate.changes import gpu_indexes
 from protos.gpufleet.v1 import telemetry_pb2 as pb

@@ -92,6 +92,22 @@ def test_list_nodes_reports_health_from_findings_and_silence() -> None:
     serve(body)
 
 
+def test_list_nodes_shows_what_the_agents_newest_hello_says() -> None:
+    """The fields a summary reads from the Hello are kept with it: a new Hello shows at once."""
+
+    async def body(running: Running, stub: Stub, clock: Clock) -> None:
+        await running.app.ingest.hello(hello("n1", gpus=2))
+        [first] = (await stub.ListNodes(operator_pb2.ListNodesRequest())).nodes
+        await running.app.ingest.hello(hello("n1", "b2", gpus=4, agent_version="0.2.0"))
+        [again] = (await stub.ListNodes(operator_pb2.ListNodesRequest())).nodes
+        assert (first.boot_id, first.agent_version, first.gpu_count) == ("b1", "test", 2)
+        assert (again.boot_id, again.agent_version, again.gpu_count) == ("b2", "0.2.0", 4)
+        detail = await stub.GetNode(operator_pb2.GetNodeRequest(name="n1"))
+        assert detail.summary == again
+
+    serve(body)
+
+
 def test_get_node_returns_its_state_and_active_findings_worst_first() -> None:
     async def body(running: Running, stub: Stub, clock: Clock) -> None:
         await populate(running.app, clock)

@@ -19,6 +19,7 @@ from controller.detect.stats import baseline
 from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
 from controller.fleet.model import ProbeKey, ProbeRecord
+from controller.fleet.probe_groups import PeerGroups
 from controller.fleet.state import apply_hello
 from tests.controller.detect.test_probe_outlier_baselines import small_group
 from tests.simfleet import SimFleet
@@ -92,7 +93,7 @@ def _one_by_one(ctx: DetectContext) -> set[tuple[ProbeKey, probe_outlier.Slow, b
     """Every result judged on its own, each against its group's baseline (what _judge_all did before
     it worked out each group's thresholds once)."""
     groups: dict[tuple[str, ...], list[ProbeRecord]] = defaultdict(list)
-    peers_of = probe_outlier.PeerGroups(ctx.fleet)
+    peers_of = PeerGroups(ctx.fleet)
     for record in ctx.fleet.probes.values():
         group = peers_of.of(record)
         if group is not None:
