@@ -59,6 +59,7 @@ _NOT_DETECTORS = {
     "offline",
     "own_history",
     "per_gpu",
+    "per_node",
     "runner",
     "stats",
     "xid_catalogue",

@@ -11,13 +11,13 @@ not from a copy of the others per GPU, which cost the group's size squared with 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
+from controller.detect.per_node import per_node
 from controller.detect.stats import median_less
 from controller.fleet.model import Fleet, GpuState, NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-KEPT = "clock_peers"  # Fleet.derived: (utilisation floor, node name -> NodeBusy)
+KEPT = "clock_peers"  # Fleet.derived, by detect/per_node.py (under the utilisation floor)
 
 PeerKey = tuple[str, float, float]  # GPU model, max SM clock, default power limit
 
@@ -40,11 +40,7 @@ def busy_clock(gpu: GpuState, utilization: float) -> float | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeBusy:
-    hello: pb.Hello  # the Hello and GPU readings these were read from, the GPUs in node.gpus order
-    gpus: tuple[GpuState, ...]
-    busy: tuple[tuple[PeerKey, float], ...]  # (peer key, SM clock) of each busy GPU
+NodeBusy = tuple[tuple[PeerKey, float], ...]  # (peer key, SM clock) of each busy GPU of a node
 
 
 def _read(node: NodeState, utilization: float) -> NodeBusy:
@@ -55,32 +51,25 @@ def _read(node: NodeState, utilization: float) -> NodeBusy:
         if clock is not None:
             names = node.gpu_names() if names is None else names
             busy.append((peer_key(names, gpu), clock))
-    return NodeBusy(node.hello, tuple(node.gpus.values()), tuple(busy))
+    return tuple(busy)
 
 
-def _same(kept: tuple[GpuState, ...], gpus: dict[int, GpuState]) -> bool:
-    return len(kept) == len(gpus) and all(a is b for a, b in zip(kept, gpus.values(), strict=True))
+def _sources(node: NodeState) -> tuple[object, ...]:
+    """The Hello (which names the GPUs) and the GPUs' readings."""
+    return (node.hello, *node.gpus.values())
 
 
 def busy_clocks(fleet: Fleet, utilization: float) -> dict[PeerKey, list[float]]:
-    """The SM clocks of every GPU at or above `utilization`, by peer key, each list sorted. Nodes
-    gone from the fleet are dropped from what is kept."""
-    cached = fleet.derived.get(KEPT)
-    before: dict[str, NodeBusy] = cached[1] if cached is not None and cached[0] == utilization else {}  # type: ignore[assignment]
-    kept: dict[str, NodeBusy] = {}
+    """The SM clocks of every GPU at or above `utilization`, by peer key, each list sorted."""
     out: dict[PeerKey, list[float]] = {}
-    for name, node in fleet.nodes.items():
-        entry = before.get(name)
-        if entry is None or entry.hello is not node.hello or not _same(entry.gpus, node.gpus):
-            entry = _read(node, utilization)
-        kept[name] = entry
-        for key, clock in entry.busy:
+    read = per_node(fleet, KEPT, _sources, lambda node: _read(node, utilization), context=utilization)
+    for busy in read.values():
+        for key, clock in busy:
             clocks = out.get(key)
             if clocks is None:
                 out[key] = [clock]
             else:
                 clocks.append(clock)
-    fleet.derived[KEPT] = (utilization, kept)
     for clocks in out.values():
         clocks.sort()
     return out

@@ -10,13 +10,11 @@ is new since the last, and merges the rest from plain values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from controller.detect.per_node import per_node
 from controller.fleet.model import Fleet, NodeState
-from protos.gpufleet.v1 import bmc_pb2
-from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-KEPT = "drift_values"  # Fleet.derived: (node name -> Kept,)
+KEPT = "drift_values"  # Fleet.derived, by detect/per_node.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,32 +28,16 @@ class NodeValues:
     attributes: dict[str, str]  # BIOS attributes with a value, where the bios section read
 
 
-class Kept(NamedTuple):
-    hello: pb.Hello  # the messages the values were read from
-    bmc: bmc_pb2.BmcSample | None
-    values: NodeValues
-
-
 def node_values(fleet: Fleet) -> dict[str, NodeValues]:
     """Every node's values, read again only where its Hello or BMC sample is not the one they were
     read from. Values read again equal to those kept (a new poll of the same BIOS, the usual case)
     stay the object kept, so that drift.py can tell a group whose values are all as last pass by
     identity alone. Nodes gone from the fleet are dropped."""
-    cached = fleet.derived.get(KEPT)
-    before: dict[str, Kept] = cached[0] if cached is not None else {}  # type: ignore[assignment]
-    now: dict[str, Kept] = {}
-    out: dict[str, NodeValues] = {}
-    for name, node in fleet.nodes.items():
-        kept = before.get(name)
-        if kept is None or kept.hello is not node.hello or kept.bmc is not node.bmc:
-            values = read(node)
-            kept = Kept(
-                node.hello, node.bmc, kept.values if kept is not None and kept.values == values else values
-            )
-        now[name] = kept
-        out[name] = kept.values
-    fleet.derived[KEPT] = (now,)
-    return out
+    return per_node(fleet, KEPT, _sources, read, keep_equal=True)
+
+
+def _sources(node: NodeState) -> tuple[object, ...]:
+    return (node.hello, node.bmc)
 
 
 def read(node: NodeState) -> NodeValues:

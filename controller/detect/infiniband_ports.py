@@ -18,12 +18,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from controller.detect.per_node import per_node
 from controller.detect.stats import median_less
 from controller.fleet.model import Fleet, NodeState
 from controller.fleet.trends import ib_group
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-KEPT = "infiniband_ports"  # Fleet.derived: (node name -> (host sample, Ports),)
+KEPT = "infiniband_ports"  # Fleet.derived, by detect/per_node.py
 
 PortKey = tuple[str, int]  # device, port
 
@@ -70,18 +71,15 @@ def read_ports(host: pb.HostSample | None) -> Ports:
 def node_ports(fleet: Fleet) -> dict[str, Ports]:
     """Every node's ports, read again only where its host sample is not the one they were read from.
     Nodes gone from the fleet are dropped."""
-    cached = fleet.derived.get(KEPT)
-    before: dict[str, tuple[pb.HostSample | None, Ports]] = cached[0] if cached is not None else {}  # type: ignore[assignment]
-    kept: dict[str, tuple[pb.HostSample | None, Ports]] = {}
-    out: dict[str, Ports] = {}
-    for name, node in fleet.nodes.items():
-        entry = before.get(name)
-        if entry is None or entry[0] is not node.host:
-            entry = (node.host, read_ports(node.host))
-        kept[name] = entry
-        out[name] = entry[1]
-    fleet.derived[KEPT] = (kept,)
-    return out
+    return per_node(fleet, KEPT, _sources, _read)
+
+
+def _sources(node: NodeState) -> tuple[object, ...]:
+    return (node.host,)
+
+
+def _read(node: NodeState) -> Ports:
+    return read_ports(node.host)
 
 
 class PeerRates(NamedTuple):

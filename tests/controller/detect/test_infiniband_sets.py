@@ -128,5 +128,5 @@ def test_ports_are_read_again_only_from_a_new_host_sample_and_a_forgotten_node_i
     assert read == [node.host]
     del fleet.fleet.nodes["node-02"]
     assert fleet.detect("infiniband") == []
-    (kept,) = fleet.fleet.derived[infiniband_ports.KEPT]
+    _, kept = fleet.fleet.derived[infiniband_ports.KEPT]
     assert sorted(kept) == ["node-00", "node-01", "node-03"]  # type: ignore[call-overload]
