@@ -317,12 +317,15 @@ class LimitsConfig(_Config):
 
     max_nodes: int = 20_000  # a Hello from one more node is refused (RESOURCE_EXHAUSTED)
     forget_after_seconds: float = 7 * 86400.0  # a node gone this long is forgotten (0: never)
-    page_size: int = 500  # the most nodes or findings in one operator answer
+    page_size: int = 500  # the most findings in one operator answer
+    # The most nodes in one ListNodes answer (a summary is ~200 bytes; a page also ends before
+    # paging.PAGE_BYTES). 12,500 nodes in 3 answers: each answer waits its turn behind the frames.
+    node_page_size: int = 5000
     max_clock_skew_seconds: float = 300.0  # a frame this far in the future is refused
 
     def __post_init__(self) -> None:
-        if self.max_nodes < 1 or self.page_size < 1:
-            raise ValueError("limits.max_nodes and limits.page_size must be >= 1")
+        if self.max_nodes < 1 or self.page_size < 1 or self.node_page_size < 1:
+            raise ValueError("limits.max_nodes, limits.page_size and limits.node_page_size must be >= 1")
         if self.forget_after_seconds < 0 or self.max_clock_skew_seconds <= 0:
             raise ValueError("limits.forget_after_seconds must be >= 0 and max_clock_skew_seconds > 0")
 

@@ -1,11 +1,12 @@
 """The controller's /metrics endpoint: protos.scrape_http on the controller's own event loop.
 
-On the loop rather than in a thread, so a scrape reads the app between two of its updates, never
-during one. It answers GET and HEAD: /metrics in the Prometheus text format 0.0.4 whatever the
-Accept header asks (Prometheus 2.42 asks for OpenMetrics first), an HTML index at /, 404
-elsewhere. One request per connection; Prometheus reconnects each scrape. Bounded (connections,
-timeouts, threads) as protos.scrape_http says; with a web-config file (Prometheus exporter-toolkit
-format, see protos.webconfig) it speaks HTTPS and/or asks for basic auth.
+The families are read on the loop rather than in a thread, so a scrape reads the app between two
+of its updates, never during one; the page is written from them on a worker thread. It answers
+GET and HEAD: /metrics in the Prometheus text format 0.0.4 whatever the Accept header asks
+(Prometheus 2.42 asks for OpenMetrics first), an HTML index at /, 404 elsewhere. One request per
+connection; Prometheus reconnects each scrape. Bounded (connections, timeouts, threads) as
+protos.scrape_http says; with a web-config file (Prometheus exporter-toolkit format, see
+protos.webconfig) it speaks HTTPS and/or asks for basic auth.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import CollectorRegistry
 
-from controller.metrics_text import page
+from controller.metrics_text import collected
 from protos import scrape_http
 from protos.webconfig import WebConfigError, WebGuard
 
@@ -69,7 +70,7 @@ class MetricsServer:
             raise OSError(f"cannot serve metrics on {address}: {exc}") from None
         self._server = scrape_http.ScrapeServer(
             sock,
-            lambda: page(self.registry),
+            lambda: collected(self.registry),
             index=scrape_http.Reply(200, "text/html; charset=utf-8", self._index()),
             guard=guard,
             timeout=REQUEST_TIMEOUT_SECONDS,

@@ -1,10 +1,11 @@
 """Pages of the operator API's long lists (ListNodes, ListFindings).
 
-A page holds at most page_size entries (0, or more than limits.page_size: limits.page_size) in a
-fixed order; its next_page_token is opaque to clients: the kind of list and the last entry's sort
-key, as base64 of JSON. A token this controller did not give (or gave for the other list) is
-INVALID_ARGUMENT. Keys, not offsets: a node joining or leaving between two pages shifts nothing,
-and every entry present throughout is listed exactly once.
+A page holds at most page_size entries (0, or more than the list's limit: the limit) in a fixed
+order, and a page of nodes ends before its summaries pass PAGE_BYTES; its next_page_token is opaque
+to clients: the kind of list and the last entry's sort key, as base64 of JSON. A token this
+controller did not give (or gave for the other list) is INVALID_ARGUMENT. Keys, not offsets: a node
+joining or leaving between two pages shifts nothing, and every entry present throughout is listed
+exactly once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ NODES = "nodes"
 FINDINGS = "findings"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}  # worst first; anything else after
 FindingKey = tuple[int, str, int, str, str]
+# A page's summaries stay under this: gRPC clients refuse answers over 4 MiB unless told otherwise
+# (a maintenance comment has no length limit of its own).
+PAGE_BYTES = 3 * 1024 * 1024
+# Most a NodeSummary adds beyond its strings' bytes: tags, lengths, numbers, flags, last_seen.
+SUMMARY_FIXED_BYTES = 128
 
 
 def page_size(requested: int, limit: int) -> int:

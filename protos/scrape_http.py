@@ -87,13 +87,15 @@ class ScrapeServer:
     """Serves `render` at /metrics on `sock` (from `listen`) until `stop`.
 
     `render_in_thread`: call it on the worker pool (the agent: its page may take a while) or on the
-    event loop (the controller: a scrape then reads the app between two of its updates).
+    event loop (the controller: a scrape then reads the app between two of its updates). On the
+    loop, `render` may instead return a function that writes the page from what it read: that runs
+    on the worker pool, so the loop only waits for the reading.
     """
 
     def __init__(
         self,
         sock: socket.socket,
-        render: Callable[[], bytes] | None,
+        render: Callable[[], bytes | Callable[[], bytes]] | None,
         *,
         index: Reply,
         routes: Mapping[str, Callable[[], Reply]] | None = None,
@@ -272,7 +274,9 @@ class ScrapeServer:
         if render is None:
             return Reply(404, TEXT, b"not found\n")
         try:
-            page: bytes = await self._blocking(render) if self.render_in_thread else render()
+            page = await self._blocking(render) if self.render_in_thread else render()
+            if callable(page):  # read on the loop, written on the pool
+                page = await self._blocking(page)
         except Exception as exc:  # a broken page is a 500 with its reason, not a dead server
             log.exception("rendering /metrics failed")
             return Reply(500, TEXT, f"cannot render metrics: {exc}\n".encode())

@@ -18,7 +18,7 @@ from prometheus_client.samples import Sample
 
 from controller.app import ControllerApp
 from controller.metrics import PREFIX, controller_registry
-from controller.metrics_text import TextGauge, page
+from controller.metrics_text import OneHotGauge, TextGauge, page
 from tests.controller.harness import STALE_AFTER, Clock, add_findings, config, hello, populate, stored_finding
 
 HELP = 'help with a \\ and a\nnewline "quoted"'
@@ -77,6 +77,54 @@ def test_a_text_gauge_refuses_a_series_with_the_wrong_number_of_labels() -> None
         gauge.add_metric(["n1"], 1)
     with pytest.raises(TypeError, match="add_metric"):
         gauge.samples = plain_samples()
+
+
+STATES = ("healthy", "degraded", "failed")
+
+
+def one_hot(kept: dict[tuple[str, str], str], current: list[tuple[str, str]]) -> OneHotGauge:
+    gauge = OneHotGauge("gpufleet_controller_node_health", HELP, ("node", "state"), STATES, kept)
+    for node, state in current:
+        gauge.add_current(node, state)
+    return gauge
+
+
+def plain_one_hot(current: list[tuple[str, str]]) -> GaugeMetricFamily:
+    plain = GaugeMetricFamily("gpufleet_controller_node_health", HELP, labels=["node", "state"])
+    for node, state in current:
+        for s in STATES:
+            plain.add_metric([node, s], 1 if s == state else 0)
+    return plain
+
+
+def test_a_one_hot_gauge_writes_what_generate_latest_writes_and_keeps_each_nodes_lines() -> None:
+    kept: dict[tuple[str, str], str] = {}
+    first = [("n1", "healthy"), (AWKWARD, "failed"), ("n3", "")]  # "": no state is 1
+    gauge = one_hot(kept, first)
+    expected = generate_latest(_Registry(plain_one_hot(first)))
+    assert gauge.text().encode() == expected
+    assert generate_latest(_Registry(gauge)) == expected
+    assert gauge.samples == plain_one_hot(first).samples
+    assert set(kept) == set(first)
+
+    # The next page: n1's lines are the kept ones (marked here, so reuse shows); n1 changed state:
+    # written afresh, both kept.
+    kept[("n1", "healthy")] = kept[("n1", "healthy")].replace("} 1.0", "} 7.0")
+    assert '{node="n1",state="healthy"} 7.0' in one_hot(kept, first).text()
+    second = [("n1", "degraded"), (AWKWARD, "failed"), ("n3", "")]
+    assert one_hot(kept, second).text().encode() == generate_latest(_Registry(plain_one_hot(second)))
+    assert set(kept) == {*first, ("n1", "degraded")}
+
+
+def test_a_one_hot_gauge_forgets_nodes_gone_once_it_holds_twice_the_nodes() -> None:
+    kept: dict[tuple[str, str], str] = {}
+    one_hot(kept, [(f"n{i}", "healthy") for i in range(4)]).text()
+    one_hot(kept, [(f"n{i}", "healthy") for i in range(2)]).text()  # 4 kept for 2 nodes: all stay
+    assert len(kept) == 4
+    one_hot(kept, [("n0", "healthy")]).text()
+    assert set(kept) == {("n0", "healthy")}
+    with pytest.raises(TypeError, match="add_current"):
+        one_hot(kept, []).samples = plain_samples()
 
 
 def plain_samples() -> list[Sample]:

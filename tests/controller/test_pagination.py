@@ -16,6 +16,7 @@ import pytest
 from controller.cli import operator
 from controller.config import LimitsConfig
 from controller.fleet.findings import StoredFinding
+from controller.paging import PAGE_BYTES
 from controller.security.warning import security_warning
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, operator_pb2_grpc
 from protos.names import cause_name, severity_name
@@ -33,14 +34,15 @@ from tests.controller.harness import (
 if TYPE_CHECKING:  # the async stub exists only in the generated type stubs
     Stub: TypeAlias = operator_pb2_grpc.OperatorAsyncStub
 
-PAGE_LIMIT = 4  # limits.page_size in these tests
+PAGE_LIMIT = 4  # limits.page_size (findings) in these tests
+NODE_PAGE_LIMIT = 5  # limits.node_page_size
 NAMES = [f"node-{i:03d}" for i in range(11)]
 RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 def serve(body: Callable[[Running, Stub], Awaitable[None]]) -> None:
     async def go() -> None:
-        cfg = config(limits=LimitsConfig(page_size=PAGE_LIMIT))
+        cfg = config(limits=LimitsConfig(page_size=PAGE_LIMIT, node_page_size=NODE_PAGE_LIMIT))
         async with (
             running_controller(cfg, Clock()) as running,
             grpc.aio.insecure_channel(running.address) as channel,
@@ -85,11 +87,11 @@ def wire_keys(found: list[findings_pb2.Finding]) -> list[tuple[str, str, int, st
     ]
 
 
-@pytest.mark.parametrize("asked", [0, 1, 3, PAGE_LIMIT, PAGE_LIMIT + 1, 1000])
+@pytest.mark.parametrize("asked", [0, 1, 3, NODE_PAGE_LIMIT, NODE_PAGE_LIMIT + 1, 1000])
 def test_node_pages_list_every_node_once_in_name_order(asked: int) -> None:
     async def body(running: Running, stub: Stub) -> None:
         await add_nodes(running, NAMES)
-        size = asked if 0 < asked <= PAGE_LIMIT else PAGE_LIMIT
+        size = asked if 0 < asked <= NODE_PAGE_LIMIT else NODE_PAGE_LIMIT
         listed: list[str] = []
         token = ""
         while True:
@@ -121,6 +123,33 @@ def test_a_node_joining_between_pages_shifts_nothing() -> None:
             token = page.next_page_token
         assert [n.name for n in first.nodes] + rest == sorted([*NAMES, "node-005a"])
         assert page.total == len(NAMES) + 2
+
+    serve(body)
+
+
+def test_a_node_page_ends_before_a_client_would_refuse_it() -> None:
+    """Five nodes under maintenance with 1 MiB comments: one page of five (5 MiB) would pass the
+    4 MiB a gRPC client takes by default; pages end before PAGE_BYTES, and nothing is lost."""
+    comment = "é" * (512 * 1024)  # 1 MiB in UTF-8: bytes, not characters, are counted
+
+    async def body(running: Running, stub: Stub) -> None:
+        await add_nodes(running, NAMES[:5])
+        for name in NAMES[:5]:
+            await stub.SetMaintenance(operator_pb2.SetMaintenanceRequest(node=name, on=True, comment=comment))
+        sizes: list[int] = []
+        listed: list[str] = []
+        token = ""
+        while True:
+            page = await stub.ListNodes(operator_pb2.ListNodesRequest(page_token=token))
+            assert page.ByteSize() <= PAGE_BYTES
+            assert all(n.maintenance_comment == comment for n in page.nodes)
+            sizes.append(len(page.nodes))
+            listed += [n.name for n in page.nodes]
+            token = page.next_page_token
+            if not token:
+                break
+        assert sizes == [2, 2, 1]
+        assert listed == NAMES[:5]
 
     serve(body)
 
@@ -203,7 +232,7 @@ def test_finding_pages_list_every_finding_once_worst_first(
 @pytest.fixture(scope="module")
 def small_pages() -> Any:
     """A controller answering two entries a page, with 5 nodes and their findings."""
-    with ControllerThread(config(limits=LimitsConfig(page_size=2)), Clock()) as c:
+    with ControllerThread(config(limits=LimitsConfig(page_size=2, node_page_size=2)), Clock()) as c:
 
         async def setup(app: Any) -> None:
             for name in NAMES[:5]:
