@@ -378,6 +378,9 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> 
     seconds = time.monotonic() - began
     after, generator = target.sample(controller), fleet.cpu_seconds() - generator
     series = {key: [x for a in answers for x in a[key]] for key in ("reconnect", "first_ack", "since_storm")}
+    failed: collections.Counter[str] = collections.Counter()
+    for answer in answers:
+        failed.update(answer["failed"])
     storm: dict[str, Any] = {
         "nodes": nodes,
         "recovered": done,
@@ -385,6 +388,9 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> 
         "controller_cores": (after.cpu_seconds - before.cpu_seconds) / seconds,
         "generator_cores": generator / seconds,
         "controller_ms_per_node": 1e3 * (after.cpu_seconds - before.cpu_seconds) / max(done, 1),
+        "failed_attempts": failed.most_common(),  # tries that ended in an error before a node was back
+        # how long the generator took to cancel every old stream (its own cost, not the controller's)
+        "dropped_s": max((a["dropped"] for a in answers if a["dropped"] is not None), default=None),
     }
     for key, values in series.items():
         storm[f"{key}_p50_s"] = report.percentile(values, 50)

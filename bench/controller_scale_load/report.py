@@ -301,6 +301,10 @@ def text(document: dict[str, Any]) -> str:
             f"  during it the controller used {_cell(storm.get('controller_cores'), '{:.2f}')} cores "
             f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
             f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
+            f"  the generator's processes had cancelled every old stream "
+            f"{_cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
+            "before a node was back: "
+            + (", ".join(f"{n} x {kind}" for kind, n in storm.get("failed_attempts", [])) or "none"),
         ]
     lines += floor_lines(document.get("floor"), steps)
     lines += disk_writer.line(document.get("disk_writer"))

@@ -75,6 +75,8 @@ class Storm:
     reconnect: list[float] = field(default_factory=list)  # storm start -> Hello accepted
     first_ack: list[float] = field(default_factory=list)  # the first frame's send -> its ack
     since_storm: list[float] = field(default_factory=list)  # storm start -> the first frame's ack
+    failed: collections.Counter[str] = field(default_factory=collections.Counter)  # attempts, by error
+    dropped: float | None = None  # storm start -> every old stream cancelled (this worker's)
 
 
 @dataclass
@@ -188,6 +190,8 @@ class Worker:
             "reconnect": storm.reconnect,
             "first_ack": storm.first_ack,
             "since_storm": storm.since_storm,
+            "failed": dict(storm.failed),
+            "dropped": storm.dropped,
         }
 
     # -- nodes ------------------------------------------------------------------------------
@@ -216,6 +220,8 @@ class Worker:
     async def _storm(self) -> None:
         """Drop every stream, then reconnect every node at once."""
         await self._cancel_all()
+        if self.storm is not None:
+            self.storm.dropped = time.perf_counter() - self.storm.began
         for node in self.nodes:
             node.task = asyncio.get_running_loop().create_task(self._run_node(node, 0.0, storm=True))
 
@@ -233,6 +239,8 @@ class Worker:
                 self.errors_total += 1
                 self.last_error = f"{node.name}: {_describe(exc)}"
                 self.error_kinds[_kind(exc)] += 1
+                if storm and self.storm is not None:
+                    self.storm.failed[_kind(exc)] += 1
             finally:
                 if node.connected:  # the controller had accepted it
                     attempt = 0

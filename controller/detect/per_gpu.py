@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from operator import is_, itemgetter
+from operator import itemgetter
 
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext
+from controller.fleet.derived import carried, keep, same_objects
 from controller.fleet.finding import Finding
 from controller.fleet.model import GpuState, NodeState
 
@@ -58,30 +59,23 @@ def each_gpu(ctx: DetectContext, name: str, judge: Judge, also: Also | None = No
     Per node, not per GPU: a node whose GpuStates are all the ones judged (most of them) costs one
     look at its entry and one walk of its GPUs in C, and adds its findings in one go."""
     config, key = ctx.config, f"per_gpu:{name}"
-    cached = ctx.fleet.derived.get(key)
-    kept: dict[str, _Kept] = {}
-    if cached is not None and cached[0] == config:  # another config: every GPU judged again
-        kept = cached[1]  # type: ignore[assignment]
+    kept: dict[str, _Kept] = carried(ctx.fleet, key, config) or {}  # another config: all judged again
     nodes = ctx.fleet.nodes
     findings: list[Finding] = []
     for node_name, node in nodes.items():
         extra = () if also is None else also(node)
         entry = kept.get(node_name)
         gpus = node.gpus
-        if entry is None or entry[0] is not node or not (entry[1] is extra or _same(entry[1], extra)):
+        if entry is None or entry[0] is not node or not (entry[1] is extra or same_objects(entry[1], extra)):
             entry = kept[node_name] = _judge(node, extra, None, judge, config)
-        elif len(entry[2]) != len(gpus) or not all(map(is_, entry[2], gpus.values())):
+        elif not same_objects(entry[2], gpus.values()):
             entry = kept[node_name] = _judge(node, extra, entry, judge, config)
         if entry[4]:
             findings += entry[4]
     if len(kept) > len(nodes):  # every node has its entry now: the rest are of nodes gone
         kept = {n: entry for n, entry in kept.items() if n in nodes}
-    ctx.fleet.derived[key] = (config, kept)
+    keep(ctx.fleet, key, config, kept)
     return findings
-
-
-def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    return len(a) == len(b) and all(map(is_, a, b))
 
 
 def _judge(

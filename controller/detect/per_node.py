@@ -11,9 +11,9 @@ what reading them does), and a pass reads again only the nodes with a new one: a
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import is_
 from typing import TypeVar
 
+from controller.fleet.derived import carried, keep, same_objects
 from controller.fleet.model import Fleet, NodeState
 
 T = TypeVar("T")
@@ -34,21 +34,18 @@ def per_node(
     was read under. keep_equal: a value read again that equals the one kept stays the object kept,
     so a caller can tell by identity alone that nothing changed (drift.py's groups). Kept in
     Fleet.derived under `name`; nodes gone from the fleet drop out."""
-    cached = fleet.derived.get(name)
-    before: dict[str, tuple[tuple[object, ...], T]] = (
-        cached[1] if cached is not None and cached[0] == context else {}  # type: ignore[assignment]
-    )
+    before: dict[str, tuple[tuple[object, ...], T]] = carried(fleet, name, context) or {}
     kept: dict[str, tuple[tuple[object, ...], T]] = {}
     out: dict[str, T] = {}
     for node_name, node in fleet.nodes.items():
         now = sources(node)
         entry = before.get(node_name)
-        if entry is None or len(entry[0]) != len(now) or not all(map(is_, entry[0], now)):
+        if entry is None or not same_objects(entry[0], now):
             value = read(node)
             if keep_equal and entry is not None and entry[1] == value:
                 value = entry[1]
             entry = (now, value)
         kept[node_name] = entry
         out[node_name] = entry[1]
-    fleet.derived[name] = (context, kept)
+    keep(fleet, name, context, kept)
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 
+from controller.fleet.derived import kept
 from controller.fleet.model import Fleet
 
 ORDER = "node_order"  # Fleet.derived: ((members, len(nodes)), sorted names)
@@ -19,13 +20,7 @@ ORDER = "node_order"  # Fleet.derived: ((members, len(nodes)), sorted names)
 
 def node_names(fleet: Fleet) -> list[str]:
     """Every node's name, sorted. Shared between callers: read it, never change it."""
-    version = (fleet.members, len(fleet.nodes))
-    cached = fleet.derived.get(ORDER)
-    if cached is not None and cached[0] == version:
-        return cached[1]  # type: ignore[return-value]
-    names = sorted(fleet.nodes)
-    fleet.derived[ORDER] = (version, names)
-    return names
+    return kept(fleet, ORDER, (fleet.members, len(fleet.nodes)), lambda: sorted(fleet.nodes))
 
 
 def names_after(fleet: Fleet, after: str | None, count: int) -> list[str]:

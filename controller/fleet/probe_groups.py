@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controller.fleet.derived import carried, forget, keep, kept, probes_version
 from controller.fleet.model import Fleet, ProbeKey, ProbeRecord
 from controller.fleet.peers import node_peer_key
 from controller.fleet.probe_info import probe_infos
@@ -60,21 +61,20 @@ def peer_group(fleet: Fleet, record: ProbeRecord) -> Group | None:
 
 def grouped(fleet: Fleet) -> dict[Group, dict[ProbeKey, ProbeRecord]]:
     """Every stored result of a node in the fleet, by peer group. Read, not changed, by callers."""
-    version = (fleet.probe_version, len(fleet.probes))
-    cached = fleet.derived.get(GROUPED)
-    if cached is not None and cached[0] == version:
-        return cached[1]  # type: ignore[return-value]
-    groups: dict[Group, dict[ProbeKey, ProbeRecord]] = {}
-    peers_of = PeerGroups(fleet)
-    for key, record in fleet.probes.items():
-        group = peers_of.of(record)
-        if group is not None:
-            members = groups.get(group)
-            if members is None:
-                members = groups[group] = {}
-            members[key] = record
-    fleet.derived[GROUPED] = (version, groups)
-    return groups
+
+    def build() -> dict[Group, dict[ProbeKey, ProbeRecord]]:
+        groups: dict[Group, dict[ProbeKey, ProbeRecord]] = {}
+        peers_of = PeerGroups(fleet)
+        for key, record in fleet.probes.items():
+            group = peers_of.of(record)
+            if group is not None:
+                members = groups.get(group)
+                if members is None:
+                    members = groups[group] = {}
+                members[key] = record
+        return groups
+
+    return kept(fleet, GROUPED, probes_version(fleet), build)
 
 
 def probed(fleet: Fleet, before: tuple[int, int], records: Iterable[ProbeRecord]) -> None:
@@ -82,10 +82,9 @@ def probed(fleet: Fleet, before: tuple[int, int], records: Iterable[ProbeRecord]
     were (the fleet's (probe_version, len(probes)) then); otherwise the next reader groups afresh.
     A key whose result moved to another group (its unit changed) leaves it to the next reader too:
     its place in the new group would not be its place in Fleet.probes."""
-    cached = fleet.derived.get(GROUPED)
-    if cached is None or cached[0] != before:
+    groups: dict[Group, dict[ProbeKey, ProbeRecord]] | None = carried(fleet, GROUPED, before)
+    if groups is None:
         return
-    groups: dict[Group, dict[ProbeKey, ProbeRecord]] = cached[1]  # type: ignore[assignment]
     peers_of = PeerGroups(fleet)
     for record in records:
         key = record.key
@@ -100,10 +99,10 @@ def probed(fleet: Fleet, before: tuple[int, int], records: Iterable[ProbeRecord]
             members[key] = current  # in its place
             continue
         if _elsewhere(groups, key, group):
-            del fleet.derived[GROUPED]
+            forget(fleet, GROUPED)
             return
         members[key] = current  # a new key: last, as in Fleet.probes
-    fleet.derived[GROUPED] = ((fleet.probe_version, len(fleet.probes)), groups)
+    keep(fleet, GROUPED, probes_version(fleet), groups)
 
 
 def _elsewhere(groups: dict[Group, dict[ProbeKey, ProbeRecord]], key: ProbeKey, group: Group) -> bool:

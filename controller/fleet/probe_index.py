@@ -13,21 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controller.fleet.derived import carried, keep, kept, probes_version
 from controller.fleet.model import Fleet, ProbeKey, ProbeRecord
 
 BY_NODE = "probes_by_node"  # Fleet.derived: ((probe_version, len(probes)), node -> {key: None})
 
 
 def _index(fleet: Fleet) -> dict[str, dict[ProbeKey, None]]:
-    version = (fleet.probe_version, len(fleet.probes))
-    cached = fleet.derived.get(BY_NODE)
-    if cached is not None and cached[0] == version:
-        return cached[1]  # type: ignore[return-value]
-    index: dict[str, dict[ProbeKey, None]] = {}
-    for key in fleet.probes:
-        index.setdefault(key[0], {})[key] = None
-    fleet.derived[BY_NODE] = (version, index)
-    return index
+    def build() -> dict[str, dict[ProbeKey, None]]:
+        index: dict[str, dict[ProbeKey, None]] = {}
+        for key in fleet.probes:
+            index.setdefault(key[0], {})[key] = None
+        return index
+
+    return kept(fleet, BY_NODE, probes_version(fleet), build)
 
 
 def node_probes(fleet: Fleet, node: str) -> list[ProbeRecord]:
@@ -44,10 +43,9 @@ def newest_probe(fleet: Fleet, node: str) -> float:
 def probed(fleet: Fleet, before: tuple[int, int], records: Iterable[ProbeRecord]) -> None:
     """Carry results apply_frame has just stored into the index, if it was current `before` they
     were (the fleet's (probe_version, len(probes)) then); otherwise the next reader builds it."""
-    cached = fleet.derived.get(BY_NODE)
-    if cached is None or cached[0] != before:
+    index: dict[str, dict[ProbeKey, None]] | None = carried(fleet, BY_NODE, before)
+    if index is None:
         return
-    index: dict[str, dict[ProbeKey, None]] = cached[1]  # type: ignore[assignment]
     for record in records:
         index.setdefault(record.node, {})[record.key] = None
-    fleet.derived[BY_NODE] = ((fleet.probe_version, len(fleet.probes)), index)
+    keep(fleet, BY_NODE, probes_version(fleet), index)

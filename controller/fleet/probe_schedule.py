@@ -31,6 +31,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.config import ProbeConfig
+from controller.fleet.derived import carried, keep, kept, probes_version
 from controller.fleet.model import Fleet, NodeState, ProbeRecord
 from controller.fleet.probe_info import node_level_probes, probe_infos
 
@@ -61,17 +62,15 @@ def last_probed(fleet: Fleet, attempts: Mapping[ProbeTarget, float]) -> dict[Pro
     """When each target was last probed: its newest stored result or the last command asking for it.
     The results' part is worked out again only when a result (or a Hello) came in since
     (Fleet.probe_version): a scheduling pass runs every few seconds over every stored result."""
-    version = (fleet.probe_version, len(fleet.probes))
-    cached = fleet.derived.get(LAST_PROBED)
-    if cached is not None and cached[0] == version:
-        results: dict[ProbeTarget, float] = cached[1]  # type: ignore[assignment]
-    else:
-        results = {}
+
+    def build() -> dict[ProbeTarget, float]:
+        results: dict[ProbeTarget, float] = {}
         for record in fleet.probes.values():
             key = (record.node, record.gpu)
             results[key] = max(results.get(key, record.time), record.time)
-        fleet.derived[LAST_PROBED] = (version, results)
-    last = dict(results)
+        return results
+
+    last = dict(kept(fleet, LAST_PROBED, probes_version(fleet), build))
     for key, when in attempts.items():
         last[key] = max(last.get(key, when), when)
     return last
@@ -82,14 +81,13 @@ def probed(fleet: Fleet, before: tuple[int, int], records: Iterable[ProbeRecord]
     (probe_version, len(probes)) from before it stored them), if they were current then: a result
     arriving somewhere in the fleet, every few seconds at 12,500 nodes, no longer has the next pass
     walk every stored result (0.2 s of the event loop at that size)."""
-    cached = fleet.derived.get(LAST_PROBED)
-    if cached is None or cached[0] != before:
+    results: dict[ProbeTarget, float] | None = carried(fleet, LAST_PROBED, before)
+    if results is None:
         return
-    results: dict[ProbeTarget, float] = cached[1]  # type: ignore[assignment]
     for record in records:
         key = (record.node, record.gpu)
         results[key] = max(results.get(key, record.time), record.time)
-    fleet.derived[LAST_PROBED] = ((fleet.probe_version, len(fleet.probes)), results)
+    keep(fleet, LAST_PROBED, probes_version(fleet), results)
 
 
 def idle_gpus(node: NodeState, now: float, idle_utilization: float, max_reading_age: float) -> list[int]:

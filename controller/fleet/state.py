@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from controller.fleet import probe_groups, probe_index, probe_schedule
 from controller.fleet.conditions import update_held
+from controller.fleet.derived import probes_version
 from controller.fleet.model import (
     HISTORY_POINTS,
     Fleet,
@@ -145,7 +146,7 @@ def apply_frame(
     if write.bmc is not None:
         node.bmc, node.bmc_time = write.bmc, write.bmc_time
     if write.probes:
-        before = (fleet.probe_version, len(fleet.probes))
+        before = probes_version(fleet)
         fleet.probe_version += 1
         for record in write.probes:
             current = fleet.probes.get(record.key)
