@@ -26,6 +26,7 @@ from controller.operator.recording import RecordApi
 from controller.operator.silences import SilencesApi, mark
 from controller.operator.wire import _ts, finding_to_proto
 from controller.paging import (
+    ENTRY_FRAMING_BYTES,
     FINDINGS,
     NODES,
     PAGE_BYTES,
@@ -36,7 +37,6 @@ from controller.paging import (
     finding_key,
     node_after,
     page_size,
-    take,
 )
 from controller.remediate.applying import BreakerRefused, Started
 from controller.remediate.guard import Status
@@ -214,10 +214,18 @@ class OperatorServicer(SilencesApi, RecordApi, operator_pb2_grpc.OperatorService
                 ),
                 key=finding_key,
             )
-        page, token = take(found, size, finding_key, FINDINGS)
-        return operator_pb2.ListFindingsResponse(
-            findings=[mark(finding_to_proto(s), self.app) for s in page], next_page_token=token
-        )
+        response = operator_pb2.ListFindingsResponse()
+        room, last = PAGE_BYTES, None
+        for stored in found[:size]:
+            message = mark(finding_to_proto(stored), self.app)
+            room -= message.ByteSize() + ENTRY_FRAMING_BYTES  # an acked comment has no length limit
+            if room < 0 and last is not None:  # this one would pass the bytes a client takes
+                break
+            response.findings.append(message)
+            last = stored
+        if last is not None and len(response.findings) < len(found):
+            response.next_page_token = encode(FINDINGS, finding_key(last))
+        return response
 
     async def ProbeNode(
         self, request: operator_pb2.ProbeNodeRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -1,11 +1,10 @@
 """Pages of the operator API's long lists (ListNodes, ListFindings).
 
 A page holds at most page_size entries (0, or more than the list's limit: the limit) in a fixed
-order, and a page of nodes ends before its summaries pass PAGE_BYTES; its next_page_token is opaque
-to clients: the kind of list and the last entry's sort key, as base64 of JSON. A token this
-controller did not give (or gave for the other list) is INVALID_ARGUMENT. Keys, not offsets: a node
-joining or leaving between two pages shifts nothing, and every entry present throughout is listed
-exactly once.
+order, and ends before its entries pass PAGE_BYTES; its next_page_token is opaque to clients: the
+kind of list and the last entry's sort key, as base64 of JSON. A token this controller did not give
+(or gave for the other list) is INVALID_ARGUMENT. Keys, not offsets: a node joining or leaving
+between two pages shifts nothing, and every entry present throughout is listed exactly once.
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from controller.errors import InvalidMessage
 from controller.fleet.findings import StoredFinding
 
-T = TypeVar("T")
 NODES = "nodes"
 FINDINGS = "findings"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}  # worst first; anything else after
@@ -29,6 +27,7 @@ FindingKey = tuple[int, str, int, str, str]
 PAGE_BYTES = 3 * 1024 * 1024
 # Most a NodeSummary adds beyond its strings' bytes: tags, lengths, numbers, flags, last_seen.
 SUMMARY_FIXED_BYTES = 128
+ENTRY_FRAMING_BYTES = 8  # a repeated message's tag and length, at most, beyond its own bytes
 
 
 def page_size(requested: int, limit: int) -> int:
@@ -71,14 +70,3 @@ def finding_after(token: str) -> FindingKey | None:
 
 def node_after(token: str) -> str | None:
     return str(decode(NODES, token, (str,))[0]) if token else None
-
-
-def take(
-    ordered: Sequence[T], size: int, key: Callable[[T], Sequence[Any]], kind: str
-) -> tuple[Sequence[T], str]:
-    """The first `size` of `ordered` (the entries after the previous page, in order; one more than
-    the page when there are more) and the next page's token ("" after the last page)."""
-    if len(ordered) <= size:
-        return ordered, ""
-    page = ordered[:size]
-    return page, encode(kind, key(page[-1]))

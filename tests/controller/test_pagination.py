@@ -229,6 +229,36 @@ def test_finding_pages_list_every_finding_once_worst_first(
     serve(body)
 
 
+def test_a_finding_page_ends_before_a_client_would_refuse_it() -> None:
+    """Every active finding acked with a 1 MiB comment: four a page (the limit) would pass the
+    4 MiB a gRPC client takes by default; pages end before PAGE_BYTES, and nothing is lost."""
+    comment = "é" * (512 * 1024)  # 1 MiB in UTF-8
+
+    async def body(running: Running, stub: Stub) -> None:
+        await add_nodes(running, NAMES)
+        stored = findings()
+        await add_findings(running.app, stored)
+        wanted = [s for s in stored if s.active]
+        for s in wanted:
+            await stub.AckFinding(operator_pb2.AckFindingRequest(finding_id=s.id, comment=comment))
+        sizes: list[int] = []
+        listed: list[findings_pb2.Finding] = []
+        token = ""
+        while True:
+            page = await stub.ListFindings(operator_pb2.ListFindingsRequest(page_token=token))
+            assert page.ByteSize() <= PAGE_BYTES
+            assert all(f.ack.comment == comment for f in page.findings)
+            sizes.append(len(page.findings))
+            listed += page.findings
+            token = page.next_page_token
+            if not token:
+                break
+        assert sizes == [2, 2, 2, 1]
+        assert wire_keys(listed) == order(wanted)
+
+    serve(body)
+
+
 @pytest.fixture(scope="module")
 def small_pages() -> Any:
     """A controller answering two entries a page, with 5 nodes and their findings."""
