@@ -3,7 +3,8 @@ operators' views, a /metrics scrape (over HTTP from the controller's MetricsServ
 ListNodes (every page, over gRPC from its server) and a GetNode, and a probe scheduling pass. All run on the
 event loop, so each is also how long its acks wait meanwhile. The fleet is built in-process from
 the scale bench's frames (built_fleet.py), with active findings on --finding-share of its nodes,
-every node connected and offering probes. Prints a table; asserts nothing
+every node connected and offering probes; the memory the fleet holds per node is the process's RSS
+before and after building it. Prints a table; asserts nothing
 (tests/bench/test_controller_views.py runs a small step of it).
 
     .venv/bin/python bench/controller_views.py [--nodes 12500] [--repeat 5] [--finding-share 0.02]
@@ -27,6 +28,7 @@ import urllib.request
 from typing import Any
 
 import grpc
+import psutil
 from controller_scale_load.built_fleet import build
 from prometheus_client.exposition import generate_latest
 
@@ -82,7 +84,7 @@ def probe_pass(app: ControllerApp, now: float, tick: int) -> float:
     fleet, node = app.fleet, sorted(app.fleet.nodes)[tick % len(app.fleet.nodes)]
     write = FrameWrite(node, "boot", 1_000_000 + tick, now)
     result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=700.0, unit="TFLOP/s")
-    write.probes = [ProbeRecord(node, 0, "gemm", "bf16", 700.0, "TFLOP/s", now, result)]
+    write.probes = [ProbeRecord(node, 0, "gemm", "bf16", 700.0, "TFLOP/s", now, result.SerializeToString())]
     apply_frame(fleet, write)
     commands = app.probing.commands
     began = time.perf_counter()
@@ -130,9 +132,12 @@ def _get_node(address: str, name: str) -> tuple[float, int]:
 
 
 async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
-    began = time.perf_counter()
+    gc.collect()
+    rss, began = psutil.Process().memory_info().rss, time.perf_counter()
     fleet, now = build(nodes)
     built = time.perf_counter() - began
+    gc.collect()
+    held = psutil.Process().memory_info().rss - rss  # what the fleet itself holds (upb's arenas too)
     gc.freeze()  # out of the automatic collections, as a running controller's fleet is (gc_policy.py)
     app = ControllerApp(ControllerConfig(listen="127.0.0.1:0", db=":memory:"), clock=lambda: now)
     await app.start()
@@ -171,6 +176,7 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
             "nodes": nodes,
             "cores": os.cpu_count(),
             "built_s": built,
+            "fleet_kb_per_node": held / 1024 / nodes,
             "findings": findings,
             "scrape_s": statistics.median(scrapes),
             "scrape_max_s": max(scrapes),
@@ -211,8 +217,9 @@ def main() -> None:
         print(json.dumps(row))
         return
     print(
-        f"controller_views: {row['nodes']} nodes (built in {row['built_s']:.0f} s), {row['findings']} active "
-        f"findings, {row['cores']} cores, median of {args.repeat}"
+        f"controller_views: {row['nodes']} nodes (built in {row['built_s']:.0f} s, holding "
+        f"{row['fleet_kb_per_node']:.0f} KB of memory each), {row['findings']} active findings, "
+        f"{row['cores']} cores, median of {args.repeat}"
     )
     print(
         f"/metrics scrape: {row['scrape_s']:.3f} s (max {row['scrape_max_s']:.3f}), "

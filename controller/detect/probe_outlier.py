@@ -131,8 +131,8 @@ def usual_peak_ratios(records: Iterable[ProbeRecord], min_results: int) -> dict[
     share of its datasheet peak a GPU reaches; higher is better either way), from `min_results` on."""
     ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in records:
-        if r.result.HasField("peak_ratio") and r.result.peak_ratio > 0:
-            ratios[(r.probe, r.variant)].append(r.result.peak_ratio)
+        if r.peak_ratio > 0:
+            ratios[(r.probe, r.variant)].append(r.peak_ratio)
     return {key: baseline(values) for key, values in ratios.items() if len(values) >= min_results}
 
 
@@ -180,7 +180,7 @@ def _against_own_history(ctx: DetectContext, record: ProbeRecord, higher_better:
 def _against_datasheet(
     ctx: DetectContext, record: ProbeRecord, usual: Baseline | None, higher_better: bool
 ) -> Slow | None:
-    ratio = record.result.peak_ratio if record.result.HasField("peak_ratio") else 0.0
+    ratio = record.peak_ratio
     if usual is None or ratio <= 0 or usual.median <= 0:
         return None
     if worse_by(usual.deviation(ratio), True) <= usual.margin(ctx.config.margin, ctx.config.min_robust_z):

@@ -33,6 +33,11 @@ class GpuState:
 
 @dataclass(slots=True)
 class ProbeRecord:
+    """One probe result. The result itself is kept serialized (`data`; `result` parses it again): a
+    result taken from a frame as parsed would keep that whole frame's memory alive (protobuf's upb
+    holds one arena per parsed message), ~95 KB a node for the frame of a probe round. peak_ratio,
+    the one field detection reads of every result, is kept beside it (0.0 when unset)."""
+
     node: str
     gpu: int | None
     probe: str
@@ -40,7 +45,28 @@ class ProbeRecord:
     value: float
     unit: str
     time: float
-    result: pb.ProbeResult
+    data: bytes
+    peak_ratio: float = 0.0
+
+    @classmethod
+    def of(cls, node: str, gpu: int | None, result: pb.ProbeResult, time: float) -> ProbeRecord:
+        """The record of `result` (its probe, variant, value and unit) taken at `time`."""
+        return cls(
+            node,
+            gpu,
+            result.probe,
+            result.variant,
+            result.value,
+            result.unit,
+            time,
+            result.SerializeToString(),
+            result.peak_ratio if result.HasField("peak_ratio") else 0.0,
+        )
+
+    @property
+    def result(self) -> pb.ProbeResult:
+        """The result, parsed afresh at each call (a copy: changing it changes nothing here)."""
+        return pb.ProbeResult.FromString(self.data)
 
     @property
     def key(self) -> ProbeKey:

@@ -27,6 +27,7 @@ from controller.fleet.model import (
     ProbeRecord,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
+from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.ingest")
@@ -110,9 +111,8 @@ def write_of(node: str, frame: pb.TelemetryFrame, plan: FramePlan) -> FrameWrite
     write.implausible = dict(plan.implausible)
     for position, when in plan.probes:
         result = results[position]
-        gpu = result.gpu if result.HasField("gpu") else None
         write.probes.append(
-            ProbeRecord(node, gpu, result.probe, result.variant, result.value, result.unit, when, result)
+            ProbeRecord.of(node, result.gpu if result.HasField("gpu") else None, result, when)
         )
     for position, held in plan.gpus:
         sample = samples[position]
@@ -144,7 +144,10 @@ def apply_frame(
         if counters:
             node.trends.observe_host(write.host, write.time)
     if write.bmc is not None:
-        node.bmc, node.bmc_time = write.bmc, write.bmc_time
+        # A copy: the frame's own sample would keep the whole frame's memory alive until the next
+        # poll (upb holds one arena per parsed message), ~55 KB a node.
+        node.bmc, node.bmc_time = bmc_pb2.BmcSample(), write.bmc_time
+        node.bmc.CopyFrom(write.bmc)
     if write.probes:
         before = probes_version(fleet)
         fleet.probe_version += 1

@@ -56,7 +56,7 @@ def save_frame(conn: Conn, w: FrameWrite) -> None:
             "node, gpu, probe, variant, time, value, unit, result",
             "node, gpu, probe, variant",
         ),
-        [(*row, p.unit, p.result.SerializeToString()) for row, p in zip(rows, w.probes, strict=True)],
+        [(*row, p.unit, p.data) for row, p in zip(rows, w.probes, strict=True)],
     )
     conn.executemany(
         "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", rows

@@ -57,7 +57,10 @@ class StoredNodes:
                 nodes[node].bmc, nodes[node].bmc_time = bmc_pb2.BmcSample.FromString(sample), time
         for node, gpu, probe, variant, time, value, unit, result in self.probes:
             parsed = pb.ProbeResult.FromString(result)
-            record = ProbeRecord(node, None if gpu < 0 else gpu, probe, variant, value, unit, time, parsed)
+            ratio = parsed.peak_ratio if parsed.HasField("peak_ratio") else 0.0
+            record = ProbeRecord(
+                node, None if gpu < 0 else gpu, probe, variant, value, unit, time, result, ratio
+            )
             fleet.probes[record.key] = record
         return fleet
 

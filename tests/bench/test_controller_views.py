@@ -27,6 +27,7 @@ def test_the_views_of_a_built_fleet_are_timed() -> None:
     # frame's time per node, one finding_active per finding, then the controller's own families
     assert row["series"] > 40 * 4 + 40 + 20
     keys = (
+        "fleet_kb_per_node",
         "scrape_s",
         "page_s",
         "generate_latest_s",

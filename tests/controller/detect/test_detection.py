@@ -130,7 +130,9 @@ def test_disabled_detector_is_not_run() -> None:
 def test_an_empty_during_counts_as_absent(during: pb.GpuSample) -> None:
     sim = run(12, {"node-05": [FaultSpec("hbm_degraded", 2)]})
     (record,) = [r for r in sim.fleet.probes.values() if r.key[:3] == ("node-05", 2, "membw")]
-    record.result.during.CopyFrom(during)  # no reading while the probe ran (set, but empty)
+    result = record.result  # a copy: the record keeps its result serialized
+    result.during.CopyFrom(during)  # no reading while the probe ran (set, but empty)
+    record.data = result.SerializeToString()
     latest = sim.fleet.nodes["node-05"].gpus[2].sample
     latest.memory_clock_hz = latest.max_memory_clock_hz / 2  # the latest reading: memory clocks down
     assert [(n, g, c) for n, g, c, _ in detect(sim)] == [("node-05", 2, "slow_unknown")]

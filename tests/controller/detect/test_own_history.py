@@ -8,7 +8,6 @@ import pytest
 
 from controller.detect.own_history import earlier_values, own_baseline, recent_change
 from controller.fleet.model import Fleet, ProbeRecord
-from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
 def fleet_with(values: list[float], latest: float | None = None) -> tuple[Fleet, ProbeRecord]:
@@ -18,9 +17,7 @@ def fleet_with(values: list[float], latest: float | None = None) -> tuple[Fleet,
     key = ("n1", 0, "membw", "d2d")
     fleet.history[key] = deque((3600.0 * i, v) for i, v in enumerate(values))
     time, value = fleet.history[key][-1]
-    record = ProbeRecord(
-        "n1", 0, "membw", "d2d", value if latest is None else latest, "GB/s", time, pb.ProbeResult()
-    )
+    record = ProbeRecord("n1", 0, "membw", "d2d", value if latest is None else latest, "GB/s", time, b"")
     return fleet, record
 
 

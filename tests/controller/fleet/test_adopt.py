@@ -26,7 +26,7 @@ def _stored(t: float, ecc: int = 0, gpus: int = 2, boot: str = "b1", seq: int = 
         node.gpus[i] = GpuState(i, sample, t, {"hw_slowdown": t - 5} if i == 0 else {})
     node.host, node.host_time = pb.HostSample(load1=t), t
     result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=t)
-    record = ProbeRecord("n1", 0, "gemm", "bf16", t, "TFLOP/s", t, result)
+    record = ProbeRecord("n1", 0, "gemm", "bf16", t, "TFLOP/s", t, result.SerializeToString())
     fleet.probes[record.key] = record
     fleet.acked[("n1", boot)] = seq
     return fleet

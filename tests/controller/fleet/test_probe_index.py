@@ -18,7 +18,7 @@ RESULT = pb.ProbeResult(probe="gemm", variant="bf16", unit="TFLOP/s", value=700.
 
 def result(fleet: Fleet, node: str, gpu: int | None, time: float, probe: str = "gemm") -> None:
     write = FrameWrite(node, "b1", 1, time)
-    write.probes = [ProbeRecord(node, gpu, probe, "bf16", 700.0, "TFLOP/s", time, RESULT)]
+    write.probes = [ProbeRecord(node, gpu, probe, "bf16", 700.0, "TFLOP/s", time, RESULT.SerializeToString())]
     apply_frame(fleet, write)
 
 
@@ -90,7 +90,7 @@ def test_what_else_changes_the_results_has_the_next_reader_build_the_index_again
         elif action < 0.8:
             apply_hello(fleet, pb.Hello(node=node, boot_id=f"b{step}"), 0, T0)
         elif action < 0.9:  # stored as a load or a copy does: the version bumped, nothing carried
-            record = ProbeRecord(node, 5, "pcie", "h2d", 50.0, "GB/s", T0 + step, RESULT)
+            record = ProbeRecord(node, 5, "pcie", "h2d", 50.0, "GB/s", T0 + step, RESULT.SerializeToString())
             fleet.probes[record.key] = record
             fleet.probe_version += 1
         for name in names:  # read after every step: a stale index shows at once

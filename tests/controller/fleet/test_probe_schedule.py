@@ -71,7 +71,7 @@ def add_node(
 def probed(fleet: Fleet, node: str, gpu: int | None, at: float, probe: str = "gemm") -> None:
     result = pb.ProbeResult(probe=probe, variant="bf16", value=700.0, unit="TFLOP/s")
     fleet.probes[(node, gpu, probe, "bf16")] = ProbeRecord(
-        node, gpu, probe, "bf16", 700.0, "TFLOP/s", at, result
+        node, gpu, probe, "bf16", 700.0, "TFLOP/s", at, result.SerializeToString()
     )
     fleet.probe_version += 1  # as apply_frame does: what was worked out from the results is stale
 
@@ -345,7 +345,9 @@ def test_last_probed_follows_new_results_and_merges_attempts() -> None:
 
     def result(gpu: int, time: float) -> None:
         write = FrameWrite("n1", "b1", 1, time)
-        write.probes = [ProbeRecord("n1", gpu, "gemm", "bf16", 700.0, "TFLOP/s", time, gemm)]
+        write.probes = [
+            ProbeRecord("n1", gpu, "gemm", "bf16", 700.0, "TFLOP/s", time, gemm.SerializeToString())
+        ]
         fleet.nodes.setdefault("n1", NodeState("n1", pb.Hello(node="n1"), T0, T0))
         apply_frame(fleet, write)
 
@@ -371,7 +373,9 @@ def test_results_arriving_update_the_kept_last_probed_without_walking_every_resu
 
     def result(gpu: int | None, time: float, probe: str = "gemm") -> None:
         write = FrameWrite("n1", "b1", 1, time)
-        write.probes = [ProbeRecord("n1", gpu, probe, "bf16", 700.0, "TFLOP/s", time, gemm)]
+        write.probes = [
+            ProbeRecord("n1", gpu, probe, "bf16", 700.0, "TFLOP/s", time, gemm.SerializeToString())
+        ]
         apply_frame(fleet, write)
 
     for gpu in range(4):

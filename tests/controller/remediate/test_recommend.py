@@ -54,9 +54,7 @@ def fleet(nodes: int = 5, gpus: int = 4, gemm: float = 700.0) -> Fleet:
         for i in range(gpus):
             node.gpus[i] = GpuState(i, sample(i), 0.0)
             result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=i, value=gemm + n, unit="TFLOP/s")
-            out.probes[(name, i, "gemm", "bf16")] = ProbeRecord(
-                name, i, "gemm", "bf16", gemm + n, "TFLOP/s", 0.0, result
-            )
+            out.probes[(name, i, "gemm", "bf16")] = ProbeRecord.of(name, i, result, 0.0)
         out.nodes[name] = node
     return out
 

@@ -14,9 +14,25 @@ from tests.controller.store.test_store import hello
 def probe_write(seq: int) -> FrameWrite:
     """Frame `seq`: a GPU gemm result and a node-level nccl result."""
     time = 1000.0 + seq
-    gemm = ProbeRecord("n1", 0, "gemm", "bf16", 700.0 + seq, "TFLOP/s", time, pb.ProbeResult(probe="gemm"))
+    gemm = ProbeRecord(
+        "n1",
+        0,
+        "gemm",
+        "bf16",
+        700.0 + seq,
+        "TFLOP/s",
+        time,
+        pb.ProbeResult(probe="gemm").SerializeToString(),
+    )
     nccl = ProbeRecord(
-        "n1", None, "nccl", "all_reduce", 400.0 + seq, "GB/s", time, pb.ProbeResult(probe="nccl")
+        "n1",
+        None,
+        "nccl",
+        "all_reduce",
+        400.0 + seq,
+        "GB/s",
+        time,
+        pb.ProbeResult(probe="nccl").SerializeToString(),
     )
     return FrameWrite("n1", "b1", seq, time, probes=[gemm, nccl])
 

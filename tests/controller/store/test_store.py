@@ -40,7 +40,11 @@ def write(seq: int, node: str = "n1", boot: str = "b1") -> FrameWrite:
         1000.0 + seq,
         gpus=[GpuState(0, sample, 1000.0 + seq, {"sw_power_cap": 1000.0})],
         host=pb.HostSample(load1=1.5),
-        probes=[ProbeRecord(node, 0, "gemm", "bf16", 700.0 + seq, "TFLOP/s", 1000.0 + seq, result)],
+        probes=[
+            ProbeRecord(
+                node, 0, "gemm", "bf16", 700.0 + seq, "TFLOP/s", 1000.0 + seq, result.SerializeToString()
+            )
+        ],
     )
 
 

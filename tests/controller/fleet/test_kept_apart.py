@@ -1,0 +1,63 @@
+"""What the fleet keeps of a frame holds none of the frame's own messages.
+
+protobuf's upb keeps one arena per parsed message: a submessage kept from a frame (a probe result,
+a BMC sample) keeps the whole frame's memory alive. The fleet therefore keeps probe results
+serialized and the BMC sample as a copy; a change to the frame afterwards shows nowhere in it.
+"""
+
+from __future__ import annotations
+
+from controller.fleet.model import Fleet, ProbeRecord
+from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from protos.gpufleet.v1 import bmc_pb2
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+T0 = 1_700_000_000.0
+
+
+def _frame() -> pb.TelemetryFrame:
+    frame = pb.TelemetryFrame(node="n1", boot_id="b1", seq=1)
+    frame.time.FromSeconds(int(T0))
+    frame.gpus.add(index=0, uuid="GPU-0", temperature_celsius=60.0)
+    frame.bmc.CopyFrom(bmc_pb2.BmcSample(power_consumed_watts=5000.0))
+    frame.bmc.time.FromSeconds(int(T0))
+    result = frame.probes.add(probe="gemm", variant="bf16", gpu=0, value=700.0, unit="TFLOP/s")
+    result.peak_ratio = 0.7
+    result.time.FromSeconds(int(T0))
+    return pb.TelemetryFrame.FromString(frame.SerializeToString())  # parsed, as ingest has it
+
+
+def test_the_fleet_keeps_copies_not_the_frames_messages() -> None:
+    fleet = Fleet()
+    apply_hello(fleet, pb.Hello(node="n1", boot_id="b1"), 0, T0)
+    frame = _frame()
+    write, _ = plan_frame(fleet.nodes["n1"], frame, T0 + 1)
+    apply_frame(fleet, write)
+
+    frame.bmc.power_consumed_watts = 1.0
+    frame.probes[0].value = 1.0
+    frame.probes[0].peak_ratio = 0.01
+
+    node = fleet.nodes["n1"]
+    assert node.bmc is not None
+    assert node.bmc.power_consumed_watts == 5000.0
+    record = fleet.probes[("n1", 0, "gemm", "bf16")]
+    assert isinstance(record.data, bytes)
+    assert (record.value, record.peak_ratio) == (700.0, 0.7)
+    assert (record.result.value, record.result.peak_ratio) == (700.0, 0.7)
+
+
+def test_a_record_of_a_result() -> None:
+    result = pb.ProbeResult(probe="membw", variant="d2d", gpu=3, value=3000.0, unit="GB/s", error="")
+    record = ProbeRecord.of("n1", 3, result, T0)
+    assert (record.key, record.value, record.unit, record.time) == (
+        ("n1", 3, "membw", "d2d"),
+        3000.0,
+        "GB/s",
+        T0,
+    )
+    assert record.peak_ratio == 0.0  # unset
+    assert record.result == result
+    copy = record.result
+    copy.value = 1.0  # a parsed copy: the record is unchanged
+    assert record.result.value == 3000.0
