@@ -26,10 +26,10 @@ from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
 from controller.security.auth import OperatorAuth, operator_auth
 from controller.security.tls import ServerTls
-from controller.servicer import TelemetryServicer
+from controller.servicer import TelemetryServicer, add_telemetry
 from controller.standing import Standing
 from controller.store.lease import POLL_SECONDS
-from protos.gpufleet.v1 import operator_pb2_grpc, telemetry_pb2_grpc
+from protos.gpufleet.v1 import operator_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller")
 SERVER_KEEPALIVE_MS = 30_000  # as the agent's own (agent/stream/client.py CHANNEL_OPTIONS)
@@ -75,7 +75,7 @@ async def build_server(
     # the tokens file is unusable)
     interceptors = [ErrorInterceptor(), auth if auth is not None else operator_auth(app.config)]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(app.config))
-    telemetry_pb2_grpc.add_TelemetryServicer_to_server(TelemetryServicer(app, agents=not operator), server)
+    add_telemetry(TelemetryServicer(app, agents=not operator), server)
     if operators_api:  # (a standby's agents' port serves no operators: replica_ingest)
         operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
     address = app.config.operator_listen if operator else app.config.listen

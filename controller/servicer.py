@@ -15,21 +15,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from controller.app import ControllerApp
 from controller.errors import InvalidMessage
+from controller.frame_bytes import frame_bytes
 from controller.ingest import PlannedFrame
 from controller.security.identity import IdentityRefused, check_node
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller.stream")
-AgentMessage = pb.AgentMessage | PlannedFrame  # a front's planned frames come ready parsed (fronts/relay.py)
 _WAKE = pb.ControllerMessage()  # in an outbox: the stream's reader ended or it was replaced (never sent)
+SERVICE = "gpufleet.v1.Telemetry"
+
+
+class Received(NamedTuple):
+    """An agent's message as gRPC parsed it, with the bytes it came as: a frame's own bytes then go
+    to the detection process as received (when screening cleared nothing), not serialized again."""
+
+    message: pb.AgentMessage
+    raw: bytes
+
+
+def received(data: bytes) -> Received:
+    """The request deserializer of the agents' stream (add_telemetry)."""
+    return Received(pb.AgentMessage.FromString(data), data)
+
+
+# A front's planned frames come ready parsed (fronts/relay.py); tests feed AgentMessages alone.
+AgentMessage = pb.AgentMessage | PlannedFrame | Received
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
@@ -48,7 +66,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 "agents must connect to the agent port with a client certificate",
             )
         request_iterator = _decoded(request_iterator)
-        first = await anext(aiter(request_iterator), None)
+        first = _unwrapped(await anext(aiter(request_iterator), None))
         if first is None:
             return
         if not isinstance(first, pb.AgentMessage) or first.WhichOneof("msg") != "hello":
@@ -107,13 +125,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     async def _read(
         self, requests: AsyncIterator[AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
     ) -> None:
-        async for msg in requests:
-            if isinstance(msg, PlannedFrame):
-                await self._frame(node, msg.frame, outbox, msg)
+        async for item in requests:
+            if isinstance(item, PlannedFrame):
+                await self._frame(node, item.frame, outbox, item)
                 continue
+            msg, raw = item if isinstance(item, Received) else (item, None)
             kind = msg.WhichOneof("msg")
             if kind == "frame":
-                await self._frame(node, msg.frame, outbox)
+                await self._frame(node, msg.frame, outbox, raw=None if raw is None else frame_bytes(raw))
             elif kind == "command_result":
                 self.app.commands.answered(node, msg.command_result)
             elif kind == "command_started":
@@ -129,10 +148,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         frame: pb.TelemetryFrame,
         outbox: asyncio.Queue[pb.ControllerMessage],
         planned: PlannedFrame | None = None,
+        *,
+        raw: bytes | None = None,
     ) -> None:
+        """`raw`: the frame's own bytes as received (None: not at hand)."""
         ingest = self.app.ingest
         work = (
-            ingest.frame(node, frame)
+            ingest.frame(node, frame, None, raw)
             if planned is None
             else ingest.frame(node, frame, planned.plan, planned.raw)
         )
@@ -141,6 +163,25 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         seq = await asyncio.shield(work)
         outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
         self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
+
+
+def _unwrapped(item: AgentMessage | None) -> pb.AgentMessage | PlannedFrame | None:
+    return item.message if isinstance(item, Received) else item
+
+
+def add_telemetry(servicer: TelemetryServicer, server: grpc.aio.Server) -> None:
+    """Serve `servicer` on `server` as telemetry_pb2_grpc.add_TelemetryServicer_to_server does, but
+    each message comes with its bytes as received (Received)."""
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            servicer.Stream,
+            request_deserializer=received,
+            response_serializer=pb.ControllerMessage.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    # As the generated code does (gRPC matches the method in its core); not in grpc's stubs.
+    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]
 
 
 async def _decoded(requests: AsyncIterator[AgentMessage]) -> AsyncIterator[AgentMessage]:

@@ -35,10 +35,10 @@ from controller.errors import InvalidMessage, RefusedFrame
 from controller.fleet.model import GpuState, NodeState
 from controller.fleet.state import FramePlan, plan_changes
 from controller.fleet.trends import link_read
+from controller.frame_bytes import frame_bytes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.front")
-FRAME_FIELD = 0x12  # AgentMessage.frame: field 2, length-delimited
 _NO_SAMPLE = pb.GpuSample()  # planning reads a GPU's time and held conditions, not its sample
 
 
@@ -67,22 +67,6 @@ def planned_parts(payload: bytes) -> tuple[FramePlan, bytes]:
     plan, frame = pickle.loads(payload)
     assert isinstance(plan, FramePlan) and isinstance(frame, bytes)
     return plan, frame
-
-
-def frame_bytes(message: bytes) -> bytes | None:
-    """The TelemetryFrame's own bytes in a serialized AgentMessage that holds only it, in one piece
-    (as agents send it); None otherwise."""
-    if len(message) < 2 or message[0] != FRAME_FIELD:
-        return None
-    length, shift, position = 0, 0, 1
-    while position < len(message) and shift < 64:
-        byte = message[position]
-        position += 1
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return message[position:] if position + length == len(message) else None
-    return None
 
 
 class StreamPlanner:

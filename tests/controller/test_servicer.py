@@ -373,7 +373,7 @@ def test_handler_errors_become_statuses(error: Exception, code: grpc.StatusCode,
     async def body(running: Running, stub: Stub) -> None:
         ingest_frame = running.app.ingest.frame
 
-        async def broken(node: str, f: pb.TelemetryFrame) -> int:
+        async def broken(node: str, f: pb.TelemetryFrame, *_: object) -> int:
             raise error
 
         running.app.ingest.frame = broken  # type: ignore[method-assign,assignment]

@@ -18,12 +18,8 @@ from agent.sources.sim import FaultSpec
 from controller.config import LimitsConfig
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_changes, plan_frame, write_of
-from controller.fronts.planner import (
-    StreamPlanner,
-    frame_bytes,
-    planned_parts,
-    state_of,
-)
+from controller.frame_bytes import frame_bytes
+from controller.fronts.planner import StreamPlanner, planned_parts, state_of
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 from tests.controller.fronts.test_relay import OWN_CONNECTION, next_message

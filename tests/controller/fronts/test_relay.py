@@ -202,10 +202,10 @@ def test_a_controller_behind_its_agents_holds_a_bounded_backlog_and_loses_nothin
             ingest_frame = app.ingest.frame
             peak = [0]
 
-            async def stalled(node: str, f: pb.TelemetryFrame) -> int:
+            async def stalled(node: str, f: pb.TelemetryFrame, *rest: Any) -> int:
                 peak[0] = max(peak[0], front.queued)
                 await gate.wait()
-                return await ingest_frame(node, f)
+                return await ingest_frame(node, f, *rest)
 
             app.ingest.frame = stalled  # type: ignore[method-assign,assignment]
             settings = FrontSettings("127.0.0.1:0", server_options(app.config), None, high_water=4096)
