@@ -377,7 +377,10 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> 
         time.sleep(0.5)
     seconds = time.monotonic() - began
     after, generator = target.sample(controller), fleet.cpu_seconds() - generator
-    series = {key: [x for a in answers for x in a[key]] for key in ("reconnect", "first_ack", "since_storm")}
+    series = {
+        key: [x for a in answers for x in a[key]]
+        for key in ("reconnect", "answer", "first_ack", "since_storm")
+    }
     failed: collections.Counter[str] = collections.Counter()
     for answer in answers:
         failed.update(answer["failed"])

@@ -305,6 +305,9 @@ def text(document: dict[str, Any]) -> str:
             f"{_cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
             "before a node was back: "
             + (", ".join(f"{n} x {kind}" for kind, n in storm.get("failed_attempts", [])) or "none"),
+            # Beside reconnect (from the drop): the answer alone, without the backoff of failed tries.
+            f"  the attempt that got a node back waited p50/p99 {_cell(storm.get('answer_p50_s'), '{:.2f}')}/"
+            f"{_cell(storm.get('answer_p99_s'), '{:.2f}')} s for the controller to accept its Hello",
         ]
     lines += floor_lines(document.get("floor"), steps)
     lines += disk_writer.line(document.get("disk_writer"))

@@ -73,6 +73,7 @@ class Storm:
 
     began: float
     reconnect: list[float] = field(default_factory=list)  # storm start -> Hello accepted
+    answer: list[float] = field(default_factory=list)  # the accepted attempt: Hello sent -> accepted
     first_ack: list[float] = field(default_factory=list)  # the first frame's send -> its ack
     since_storm: list[float] = field(default_factory=list)  # storm start -> the first frame's ack
     failed: collections.Counter[str] = field(default_factory=collections.Counter)  # attempts, by error
@@ -188,6 +189,7 @@ class Worker:
             "nodes": len(self.nodes),
             "done": len(storm.since_storm),
             "reconnect": storm.reconnect,
+            "answer": storm.answer,
             "first_ack": storm.first_ack,
             "since_storm": storm.since_storm,
             "failed": dict(storm.failed),
@@ -261,6 +263,7 @@ class Worker:
             self.window.connects.append(accepted - began)
             if storm and self.storm is not None:
                 self.storm.reconnect.append(accepted - self.storm.began)
+                self.storm.answer.append(accepted - began)
             node.connected = True
             # Frames not acked when the last stream ended go again (the controller drops duplicates).
             node.sent.clear()

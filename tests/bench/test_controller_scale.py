@@ -72,6 +72,7 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     assert storm["nodes"] == storm["recovered"] == NODES
     assert _finite(storm["since_storm_p99_s"]) and _finite(storm["reconnect_p99_s"])
     assert storm["first_ack_p50_s"] <= storm["first_ack_p99_s"]
+    assert 0 <= storm["answer_p50_s"] <= storm["answer_p99_s"] <= storm["reconnect_p99_s"]
     # Which side limited it: the controller's CPU per node reconnected, and each side's cores.
     assert storm["controller_ms_per_node"] > 0 and storm["controller_cores"] > 0
     assert storm["generator_cores"] > 0
@@ -96,6 +97,7 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     text = report.text(document)
     assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
     assert "reconnect storm at 50 nodes" in text and "ms of CPU per node reconnected" in text
+    assert "for the controller to accept its Hello" in text
     assert "garbage collection" in text
     assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
     assert "another process wrote to the store's disk meanwhile" in text
