@@ -31,6 +31,11 @@ class GpuState:
         return 0.0 if since is None else max(0.0, self.time - since)
 
 
+def peak_ratio_of(result: pb.ProbeResult) -> float:
+    """The result's peak_ratio, 0.0 when unset (as ProbeRecord keeps it)."""
+    return result.peak_ratio if result.HasField("peak_ratio") else 0.0
+
+
 @dataclass(slots=True)
 class ProbeRecord:
     """One probe result. The result itself is kept serialized (`data`; `result` parses it again): a
@@ -60,7 +65,7 @@ class ProbeRecord:
             result.unit,
             time,
             result.SerializeToString(),
-            result.peak_ratio if result.HasField("peak_ratio") else 0.0,
+            peak_ratio_of(result),
         )
 
     @property

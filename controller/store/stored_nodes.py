@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord, peak_ratio_of
 from controller.store.sql import Conn, placeholders
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -56,8 +56,7 @@ class StoredNodes:
             if node in nodes:
                 nodes[node].bmc, nodes[node].bmc_time = bmc_pb2.BmcSample.FromString(sample), time
         for node, gpu, probe, variant, time, value, unit, result in self.probes:
-            parsed = pb.ProbeResult.FromString(result)
-            ratio = parsed.peak_ratio if parsed.HasField("peak_ratio") else 0.0
+            ratio = peak_ratio_of(pb.ProbeResult.FromString(result))
             record = ProbeRecord(
                 node, None if gpu < 0 else gpu, probe, variant, value, unit, time, result, ratio
             )

@@ -32,7 +32,9 @@ def hello(node: str = "n1", boot: str = "b1") -> pb.Hello:
 
 def write(seq: int, node: str = "n1", boot: str = "b1") -> FrameWrite:
     sample = pb.GpuSample(index=0, power_watts=500.0 + seq)
-    result = pb.ProbeResult(probe="gemm", variant="bf16", gpu=0, value=700.0 + seq, unit="TFLOP/s")
+    result = pb.ProbeResult(
+        probe="gemm", variant="bf16", gpu=0, value=700.0 + seq, unit="TFLOP/s", peak_ratio=0.7
+    )
     return FrameWrite(
         node,
         boot,
@@ -40,11 +42,7 @@ def write(seq: int, node: str = "n1", boot: str = "b1") -> FrameWrite:
         1000.0 + seq,
         gpus=[GpuState(0, sample, 1000.0 + seq, {"sw_power_cap": 1000.0})],
         host=pb.HostSample(load1=1.5),
-        probes=[
-            ProbeRecord(
-                node, 0, "gemm", "bf16", 700.0 + seq, "TFLOP/s", 1000.0 + seq, result.SerializeToString()
-            )
-        ],
+        probes=[ProbeRecord.of(node, 0, result, 1000.0 + seq)],
     )
 
 
@@ -91,6 +89,8 @@ def test_round_trip_and_reload(store_db: str) -> None:
         assert node.host is not None and node.host.load1 == 1.5
         assert fleet.acked[("n1", "b1")] == 2
         assert fleet.probes[("n1", 0, "gemm", "bf16")].value == 702.0
+        assert fleet.probes[("n1", 0, "gemm", "bf16")].peak_ratio == 0.7  # kept beside the bytes
+        assert fleet.probes[("n1", 0, "gemm", "bf16")].result == write(2).probes[0].result
         assert [a.finding for a in active] == [finding().finding]
 
     async def history() -> int:
