@@ -31,7 +31,7 @@ from controller.fleet.findings import FindingTracker, StoredFinding
 from controller.fleet.health import silent_for
 from controller.fleet.model import Fleet
 from controller.fleet.silencing import Silencing
-from controller.gc_policy import CollectorPolicy
+from controller.gc_policy import CollectorPolicy, collector_paused
 from controller.ingest import Ingest
 from controller.kube.actions import KubeActions
 from controller.kube.cluster import find_cluster
@@ -227,7 +227,8 @@ class ControllerApp:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         log.info("leading the store %s: term %d", description, epoch)
-        self.fleet, findings = await self.store.load()
+        with collector_paused():  # the store's thread builds the fleet meanwhile
+            self.fleet, findings = await self.store.load()
         self.ingest.fleet = self.fleet
         self.active = {f.finding.key: f for f in findings}
         self.silencing = await self.store.load_silencing(self.clock())

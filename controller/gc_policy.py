@@ -35,12 +35,30 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("gpufleet.controller.gc")
 
 FREEZE_SECONDS = 2.0
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No automatic collection inside, and what was made inside frozen after it, as CollectorPolicy
+    would within FREEZE_SECONDS (it is long-lived: the fleet a controller loads at its start). At
+    12,500 nodes with 64 probe rounds each, 15 full collections walked the growing fleet while it
+    loaded: 8 s of a 30 s load (bench/controller_startup.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()  # a splice of the generations' lists: no walk
+        if enabled:
+            gc.enable()
+
+
 FULL_SECONDS = 3600.0
 
 

@@ -6,9 +6,9 @@ operator API returns them unchanged.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
+from controller.fleet.series import Series
 from controller.fleet.trends import Trends
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -132,8 +132,8 @@ class Fleet:
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, boot) -> highest contiguous seq
     implausible: dict[str, int] = field(default_factory=dict)  # "Message.field" -> impossible readings
     # Each probe key's recent results, (time, value) oldest first, for own-history baselines: fed
-    # by apply_frame, loaded from the store's probe_history at start.
-    history: dict[ProbeKey, deque[tuple[float, float]]] = field(default_factory=dict)
+    # by apply_frame, loaded from the store's probe_series at start (fleet/series.py).
+    history: dict[ProbeKey, Series] = field(default_factory=dict)
     # Bumped whenever probe results, their history or the nodes' Hellos change (fleet/state.py,
     # fleet/expiry.py): what a detector derives from those alone is kept in `derived` and reused
     # while the version stands (probe_outlier's judgement of every result).
@@ -141,9 +141,6 @@ class Fleet:
     forgets: int = 0  # bumped by expiry.forget: keys went from probes, history and acked
     members: int = 0  # bumped whenever a node is added to or removed from `nodes` (fleet/node_order.py)
     derived: dict[str, tuple[object, ...]] = field(default_factory=dict)  # name -> (key..., value)
-
-
-HISTORY_POINTS = 64  # results kept per probe key in Fleet.history
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Collection
 from typing import NamedTuple
 
@@ -18,7 +18,6 @@ from controller.fleet import probe_groups, probe_index, probe_schedule
 from controller.fleet.conditions import update_held
 from controller.fleet.derived import probes_version
 from controller.fleet.model import (
-    HISTORY_POINTS,
     Fleet,
     FrameWrite,
     GpuState,
@@ -27,6 +26,7 @@ from controller.fleet.model import (
     ProbeRecord,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
+from controller.fleet.series import Series
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -166,13 +166,8 @@ def remember(fleet: Fleet, key: ProbeKey, time: float, value: float) -> None:
     """Add a result to its key's history (kept in time order, bounded to HISTORY_POINTS)."""
     series = fleet.history.get(key)
     if series is None:
-        series = fleet.history[key] = deque(maxlen=HISTORY_POINTS)
-    if series and series[-1][0] > time:  # an older result (a replayed spool): put it in its place
-        points = sorted([*series, (time, value)])
-        series.clear()
-        series.extend(points[-HISTORY_POINTS:])
-    elif not series or series[-1] != (time, value):
-        series.append((time, value))
+        series = fleet.history[key] = Series()
+    series.add(time, value)
 
 
 def _count_implausible(fleet: Fleet, node: NodeState, counts: dict[str, int]) -> None:

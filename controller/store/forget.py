@@ -16,6 +16,7 @@ NODE_TABLES = (
     ("bmc_state", "node"),
     ("probe_results", "node"),
     ("probe_history", "node"),
+    ("probe_series", "node"),
     ("findings", "node"),
     ("node_owners", "node"),
 )

@@ -161,3 +161,12 @@ CREATE TABLE IF NOT EXISTS node_owners (  -- added within version 1: the replica
     written     REAL NOT NULL           -- when it last wrote the node's rows (its clock)
 );
 CREATE INDEX IF NOT EXISTS node_owners_written ON node_owners (written)
+;
+CREATE TABLE IF NOT EXISTS probe_series ( -- added within version 1: each probe key's newest results, one row a key
+    node        TEXT NOT NULL,
+    gpu         INTEGER NOT NULL,       -- -1: node-level
+    probe       TEXT NOT NULL,
+    variant     TEXT NOT NULL,
+    points      BLOB NOT NULL,          -- (time, value) pairs oldest first, little-endian doubles (fleet/series.py)
+    PRIMARY KEY (node, gpu, probe, variant)
+)

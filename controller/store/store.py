@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,8 @@ from controller.store.recommendations import Recommendation
 from controller.store.stored_nodes import HeldProbeTime, StoredNodes, fetch_nodes
 from controller.store.writer import StoreThread
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+log = logging.getLogger("gpufleet.controller.store")
 
 T = TypeVar("T")
 # A claim waits this long for a node's row locked by another replica's batch, then its own batch
@@ -167,7 +170,16 @@ class Store:
 
     async def open(self) -> None:
         self._thread.start()
-        await self._call("init", self.backend.init)
+
+        def init(conn: Connection) -> int:
+            self.backend.init(conn)
+            return node_rows.fill_series(conn)  # in the schema's transaction: once, by one replica
+
+        filled = await self._call("init", init)
+        if filled:
+            log.info(
+                "store %s: probe_series built from probe_history for %d probe keys", self.description, filled
+            )
         self.backend.start()
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.gc_policy import CollectorPolicy
+from controller.gc_policy import CollectorPolicy, collector_paused
 from controller.store.sql import Conn
 from controller.store.sqlite import SqliteBackend
 from controller.store.writer import StoreThread
@@ -189,3 +189,23 @@ def test_runs_on_the_loop_and_unfreezes_when_stopped() -> None:
 
     asyncio.run(go())
     assert gc.get_freeze_count() == 0
+
+
+def test_nothing_is_collected_while_paused_and_what_was_made_is_frozen_after() -> None:
+    """collector_paused (around a controller's fleet load): no automatic collection inside, even
+    past the threshold; what was made inside is frozen out of them after; the collector's state as
+    it was."""
+    assert gc.isenabled()
+    before = gc.get_stats()[0]["collections"]
+    with collector_paused():
+        assert not gc.isenabled()
+        made = [Cycle() for _ in range(10 * gc.get_threshold()[0])]  # would start collections
+        assert gc.get_stats()[0]["collections"] == before
+    assert gc.isenabled() and gc.get_freeze_count() >= len(made)
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled(), "a collector off before must stay off"
+    finally:
+        gc.enable()

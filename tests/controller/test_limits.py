@@ -34,7 +34,16 @@ from tests.controller.harness import (
 
 StreamCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControllerMessage]
 DAY = 86400.0
-NODE_TABLES = ("nodes", "boots", "gpu_state", "host_state", "bmc_state", "probe_results", "probe_history")
+NODE_TABLES = (
+    "nodes",
+    "boots",
+    "gpu_state",
+    "host_state",
+    "bmc_state",
+    "probe_results",
+    "probe_history",
+    "probe_series",
+)
 
 
 async def say_hello(channel: grpc.aio.Channel, node: str, boot: str = "b1") -> tuple[StreamCall, Any]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 
 from controller.detect.own_history import earlier_values, own_baseline, recent_change
 from controller.fleet.model import Fleet, ProbeRecord
+from controller.fleet.series import Series
 
 
 def fleet_with(values: list[float], latest: float | None = None) -> tuple[Fleet, ProbeRecord]:
@@ -15,7 +14,7 @@ def fleet_with(values: list[float], latest: float | None = None) -> tuple[Fleet,
     after them, as a record whose value a test changed)."""
     fleet = Fleet()
     key = ("n1", 0, "membw", "d2d")
-    fleet.history[key] = deque((3600.0 * i, v) for i, v in enumerate(values))
+    fleet.history[key] = Series((3600.0 * i, v) for i, v in enumerate(values))
     time, value = fleet.history[key][-1]
     record = ProbeRecord("n1", 0, "membw", "d2d", value if latest is None else latest, "GB/s", time, b"")
     return fleet, record

@@ -11,6 +11,7 @@ from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
 from controller.detect.stats import baseline
 from controller.fleet.finding import Finding
+from controller.fleet.series import Series
 from tests.simfleet import SimFleet
 
 HOUR = 3600.0
@@ -100,10 +101,8 @@ def test_a_drop_that_leaves_a_gpu_above_its_peers_is_no_finding() -> None:
     rounds(sim, 8)
     values = {k: r.value for k, r in sim.fleet.probes.items() if k[2] == "membw"}
     key = max(values, key=lambda k: values[k])
-    history = sim.fleet.history[key]
-    *earlier, latest = list(history)
-    history.clear()
-    history.extend([(t, v * 1.08) for t, v in earlier] + [latest])  # it was 8% faster until now
+    *earlier, latest = list(sim.fleet.history[key])
+    sim.fleet.history[key] = Series([(t, v * 1.08) for t, v in earlier] + [latest])  # 8% faster until now
     assert membw(findings(sim)) == []  # a clear drop, but still above its peers' median
 
 

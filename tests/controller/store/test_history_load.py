@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.fleet.model import HISTORY_POINTS, Fleet, FrameWrite, ProbeRecord
+import pytest
+
+from controller.fleet.model import Fleet, FrameWrite, ProbeRecord
+from controller.fleet.series import HISTORY_POINTS
+from controller.store import nodes as node_rows
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.store.test_store import hello
@@ -37,6 +41,17 @@ def probe_write(seq: int) -> FrameWrite:
     return FrameWrite("n1", "b1", seq, time, probes=[gemm, nccl])
 
 
+async def reloaded(db: str) -> Fleet:
+    """The fleet a controller starting on `db` loads."""
+    store = Store(db)
+    await store.open()
+    try:
+        fleet, _ = await store.load()
+    finally:
+        store.close()
+    return fleet
+
+
 def test_load_brings_back_the_newest_results_of_each_key_oldest_first(store_db: str) -> None:
     async def body() -> Fleet:
         store = Store(store_db)
@@ -45,13 +60,7 @@ def test_load_brings_back_the_newest_results_of_each_key_oldest_first(store_db: 
         for seq in range(HISTORY_POINTS + 10, 0, -1):  # stored newest first: load orders them
             await store.save_frame(probe_write(seq))
         store.close()
-        store = Store(store_db)
-        await store.open()
-        try:
-            fleet, _ = await store.load()
-        finally:
-            store.close()
-        return fleet
+        return await reloaded(store_db)
 
     fleet = asyncio.run(body())
     assert set(fleet.history) == {("n1", 0, "gemm", "bf16"), ("n1", None, "nccl", "all_reduce")}
@@ -60,4 +69,78 @@ def test_load_brings_back_the_newest_results_of_each_key_oldest_first(store_db: 
     assert gemm[0] == (1011.0, 711.0) and gemm[-1] == (1000.0 + HISTORY_POINTS + 10, 710.0 + HISTORY_POINTS)
     assert [t for t, _ in gemm] == sorted(t for t, _ in gemm)
     nccl = fleet.history[("n1", None, "nccl", "all_reduce")]
-    assert nccl.maxlen == HISTORY_POINTS and nccl[-1][1] == 400.0 + HISTORY_POINTS + 10
+    assert len(nccl) == HISTORY_POINTS and nccl[-1][1] == 400.0 + HISTORY_POINTS + 10
+
+
+def node_write(node: str, seq: int) -> FrameWrite:
+    """Frame `seq` of `node`: one GPU gemm result."""
+    record = ProbeRecord.of(
+        node, 0, pb.ProbeResult(probe="gemm", variant="bf16", value=700.0 + seq), 1000.0 + seq
+    )
+    return FrameWrite(node, "b1", seq, 1000.0 + seq, probes=[record])
+
+
+def test_a_store_from_before_probe_series_gets_it_once_from_probe_history(
+    store_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written before probe_series: the first open fills it from probe_history (a few nodes
+    at a time), so the history survives the upgrade; later opens leave it alone."""
+    monkeypatch.setattr(node_rows, "FILL_NODES", 1)  # two nodes: two reads of probe_history
+
+    async def rows(store: Store) -> list[tuple[str, int]]:
+        return await store._call(
+            "test",
+            lambda c: [
+                (str(n), len(bytes(p)) // 16)
+                for n, p in c.execute("SELECT node, points FROM probe_series ORDER BY node").fetchall()
+            ],
+        )
+
+    async def body() -> tuple[Fleet, list[tuple[str, int]], list[tuple[str, int]]]:
+        store = Store(store_db)
+        await store.open()
+        for node in ("n1", "n2"):
+            await store.save_hello(hello(node), 1000.0)
+            for seq in range(1, HISTORY_POINTS + 4):
+                await store.save_frame(node_write(node, seq))
+        await store._call("test", lambda c: c.execute("DELETE FROM probe_series"))  # as before
+        store.close()
+        store = Store(store_db)
+        await store.open()
+        filled = await rows(store)
+        # Changed behind its back: a later open must not fill again (probe_series is not empty).
+        await store._call("test", lambda c: c.execute("DELETE FROM probe_series WHERE node = 'n2'"))
+        store.close()
+        store = Store(store_db)
+        await store.open()
+        try:
+            again = await rows(store)
+            fleet, _ = await store.load()
+        finally:
+            store.close()
+        return fleet, filled, again
+
+    fleet, filled, again = asyncio.run(body())
+    assert filled == [("n1", HISTORY_POINTS), ("n2", HISTORY_POINTS)]
+    assert again == [("n1", HISTORY_POINTS)]
+    gemm = list(fleet.history[("n1", 0, "gemm", "bf16")])
+    assert gemm[0] == (1004.0, 704.0) and gemm[-1] == (
+        1000.0 + HISTORY_POINTS + 3,
+        700.0 + HISTORY_POINTS + 3,
+    )
+    assert ("n2", 0, "gemm", "bf16") not in fleet.history
+
+
+def test_forgetting_a_node_drops_its_series(store_db: str) -> None:
+    async def body() -> Fleet:
+        store = Store(store_db)
+        await store.open()
+        for node in ("n1", "n2"):
+            await store.save_hello(hello(node), 1000.0)
+            await store.save_frame(node_write(node, 1))
+        await store.forget_nodes(["n1"])
+        store.close()
+        return await reloaded(store_db)
+
+    fleet = asyncio.run(body())
+    assert list(fleet.history) == [("n2", 0, "gemm", "bf16")]

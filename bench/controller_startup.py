@@ -1,0 +1,184 @@
+"""How long a controller takes to start on a store holding N nodes, each with R probe rounds of
+history, and what it then holds: the time a restarted controller, or a standby taking the lead,
+spends before it serves (issue 17: a second replica takes over within 30 s).
+
+The store is filled first (not timed): each node's Hello and first frames as the scale bench sends
+them (built_fleet.py), and before them R-1 older probe rounds (every probes.interval_seconds, the
+values a little apart) written through the store's own functions. Then a ControllerApp starts on
+it as `gpufleet controller` does (store opened, lead taken, fleet loaded, its detection process
+started and given the fleet), timed in those parts. Prints a table; asserts nothing
+(tests/bench/test_controller_startup.py runs a small step of it).
+
+    .venv/bin/python bench/controller_startup.py [--nodes 2000] [--rounds 64] [--db URL] [--json]
+
+R = 64 (fleet/series.py HISTORY_POINTS) is a fleet probed every half hour for 32 hours or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from controller_scale_load.built_fleet import ARCHETYPES, FRAMES
+from controller_scale_load.templates import build_archetype, frame_message, hello_message
+
+from controller.app import ControllerApp
+from controller.config import ControllerConfig
+from controller.fleet.model import Fleet
+from controller.fleet.state import apply_hello, plan_frame
+from controller.store import nodes as node_rows
+from controller.store.sql import Conn
+from controller.store.store import Store
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+ROUND_SECONDS = 1800.0  # probes.interval_seconds' default
+NODES_PER_CALL = 50  # nodes filled in one transaction
+
+
+def _fill_node(conn: Conn, archetype: Any, name: str, rounds: int, start: float) -> None:
+    """One node's rows: R-1 older probe rounds, then its Hello and first FRAMES frames."""
+    fleet = Fleet()
+    hello = pb.AgentMessage.FromString(hello_message(archetype, name, "boot", start)).hello
+    apply_hello(fleet, hello, 0, start)
+    writes = []
+    for seq in range(1, FRAMES + 1):
+        now = start + 10 * seq
+        frame = pb.AgentMessage.FromString(
+            frame_message(archetype, name, "boot", seq=seq, floor=0, now=now)
+        ).frame
+        writes.append(plan_frame(fleet.nodes[name], frame, now + 1)[0])
+    probes = [p for w in writes for p in w.probes]
+    older = [
+        (
+            p.node,
+            -1 if p.gpu is None else p.gpu,
+            p.probe,
+            p.variant,
+            p.time - r * ROUND_SECONDS,
+            p.value * (1 + 0.002 * (r % 5)),
+        )
+        for r in range(rounds - 1, 0, -1)
+        for p in probes
+    ]
+    conn.executemany(
+        "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", older
+    )
+    node_rows.save_series(conn, name, older)
+    node_rows.save_hello(conn, hello, start)
+    for write in writes:
+        node_rows.save_frame(conn, write)
+
+
+async def fill(db: str, nodes: int, rounds: int, start: float) -> float:
+    archetypes = [build_archetype(i, 1, start, 10.0) for i in range(ARCHETYPES)]
+    store = Store(db, synchronous="off")
+    await store.open()
+    began = time.perf_counter()
+    try:
+        for low in range(0, nodes, NODES_PER_CALL):
+            names = range(low, min(nodes, low + NODES_PER_CALL))
+
+            def job(conn: Conn, names: range = names) -> None:
+                for n in names:
+                    _fill_node(conn, archetypes[n % ARCHETYPES], f"node-{n:05d}", rounds, start)
+
+            await store._call("fill", job)
+            if low and low % (20 * NODES_PER_CALL) == 0:
+                print(f"[controller_startup] filled {low} of {nodes} nodes", file=sys.stderr, flush=True)
+    finally:
+        store.close()
+    return time.perf_counter() - began
+
+
+async def started(db: str, now: float) -> dict[str, Any]:
+    """A controller's start on the store, timed in parts, and what its processes then hold."""
+    gc.collect()
+    me = psutil.Process()
+    rss = me.memory_info().rss
+    config = ControllerConfig(listen="127.0.0.1:0", db=db)
+    app = ControllerApp(config, clock=lambda: now)
+    began = time.perf_counter()
+    try:
+        await app.start()
+        loaded = time.perf_counter()
+        await app.start_detection_process()
+        given = time.perf_counter()
+        gc.collect()
+        children = sum(c.memory_info().rss for c in me.children(recursive=True))
+        fleet = app.fleet
+        return {
+            "nodes": len(fleet.nodes),
+            "probe_keys": len(fleet.history),
+            "history_points": sum(len(s) for s in fleet.history.values()),
+            "start_s": loaded - began,
+            "detection_s": given - loaded,
+            "total_s": given - began,
+            "controller_kb_per_node": (me.memory_info().rss - rss) / 1024 / max(1, len(fleet.nodes)),
+            "detection_mb": children / 2**20,
+        }
+    finally:
+        if app.detection is not None:
+            await app.detection.stop()
+        app.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=64, help="probe rounds of history per node")
+    parser.add_argument("--db", help="a postgresql:// URL of a fresh database (default: an SQLite file)")
+    parser.add_argument(
+        "--dir",
+        help="keep the SQLite store here and start on it again next time (filled once for the same "
+        "--nodes and --rounds; default: a temporary directory)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the row as JSON")
+    args = parser.parse_args()
+    if args.nodes < 1 or args.rounds < 1:
+        parser.error("--nodes and --rounds must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-startup-") as tmp:
+        row = _run(args, Path(args.dir or tmp))
+    row.update(cores=os.cpu_count())
+    if args.json:
+        print(json.dumps(row))
+        return
+    cols = ("nodes", "rounds", "probe_keys", "history_points", "start_s", "detection_s", "total_s")
+    more = ("controller_kb_per_node", "detection_mb", "store_mb", "fill_s")
+    print("  ".join(f"{c:>15}" for c in cols + more))
+    print("  ".join(_cell(row.get(c)) for c in cols + more))
+
+
+def _run(args: argparse.Namespace, where: Path) -> dict[str, Any]:
+    """Fill the store (unless --dir holds one filled the same way) and start on it."""
+    marker, wanted = where / "filled.json", {"nodes": args.nodes, "rounds": args.rounds}
+    filled = json.loads(marker.read_text()) if not args.db and marker.exists() else None
+    if filled is not None and {k: filled.get(k) for k in wanted} != wanted:
+        raise SystemExit(f"controller_startup: {where} holds a store filled with {filled}, not {wanted}")
+    db = args.db or str(where / "fleet.db")
+    if filled is None:
+        start = time.time() - args.rounds * ROUND_SECONDS
+        where.mkdir(parents=True, exist_ok=True)
+        filled = {**wanted, "start": start, "fill_s": asyncio.run(fill(db, args.nodes, args.rounds, start))}
+        if not args.db:
+            marker.write_text(json.dumps(filled))
+    row = asyncio.run(started(db, filled["start"] + 10 * FRAMES + 1))
+    if not args.db:
+        row["store_mb"] = sum(p.stat().st_size for p in where.glob("fleet.db*")) / 2**20
+    return {**row, "rounds": args.rounds, "fill_s": filled["fill_s"]}
+
+
+def _cell(value: object) -> str:
+    return f"{value:>15.2f}" if isinstance(value, float) else f"{'-' if value is None else value:>15}"
+
+
+if __name__ == "__main__":
+    main()
