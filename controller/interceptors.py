@@ -19,6 +19,7 @@ from controller.errors import (
     SequenceGap,
     StoreUnavailable,
 )
+from controller.operator_text import check_operator_text
 from protos.refusal import REFUSED_FRAME, refused_frame_value
 
 log = logging.getLogger("gpufleet.controller.rpc")
@@ -87,6 +88,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # 
 
             async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 try:
+                    check_operator_text(request)  # every unary RPC is an operator's
                     return await inner_unary(request, context)
                 except grpc.aio.AbortError:
                     raise
