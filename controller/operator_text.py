@@ -1,7 +1,7 @@
 """Operators' free text on a request (an action's reason, an ack's or a silence's comment): at most
 MAX_OPERATOR_TEXT characters. It is stored and shown again and again: in the audit log, on every
-ListNodes page (a node's maintenance comment), on findings and silences, in the Kubernetes events
-of a drain. Unbounded, one pasted log of 4 MB (gRPC's message limit) went into each of those."""
+ListNodes page (a node's maintenance comment), on findings (an ack's), silences and drains' records.
+Unbounded, one pasted log of 4 MB (gRPC's message limit) went into each of those."""
 
 from __future__ import annotations
 

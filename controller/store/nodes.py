@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from sys import intern
 from typing import Any
 
 import msgspec
@@ -153,12 +154,12 @@ def list_findings(conn: Conn, node: str, include_resolved: bool, limit: int) -> 
 
 def load_history(conn: Conn, fleet: Fleet) -> None:
     """Each probe key's newest results (at most HISTORY_POINTS, oldest first) into fleet.history."""
+    names = {name: name for name in fleet.nodes}  # the keys' strings shared, not one copy a row
     for node, gpu, probe, variant, points in conn.execute(
         "SELECT node, gpu, probe, variant, points FROM probe_series"
     ).fetchall():
-        fleet.history[(str(node), None if gpu < 0 else int(gpu), str(probe), str(variant))] = (
-            Series.from_bytes(bytes(points))
-        )
+        key = (names.get(node, str(node)), None if gpu < 0 else int(gpu), intern(probe), intern(variant))
+        fleet.history[key] = Series.from_bytes(bytes(points))
 
 
 FILL_NODES = 200  # nodes whose history fill_series reads at a time: its memory stays bounded

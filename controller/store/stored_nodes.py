@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from sys import intern
 
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord, peak_ratio_of
 from controller.store.sql import Conn, placeholders
@@ -55,10 +56,19 @@ class StoredNodes:
         for node, time, sample in self.bmcs:
             if node in nodes:
                 nodes[node].bmc, nodes[node].bmc_time = bmc_pb2.BmcSample.FromString(sample), time
+        names = {name: name for name in nodes}  # each record's strings shared, not one copy a row
         for node, gpu, probe, variant, time, value, unit, result in self.probes:
             ratio = peak_ratio_of(pb.ProbeResult.FromString(result))
             record = ProbeRecord(
-                node, None if gpu < 0 else gpu, probe, variant, value, unit, time, result, ratio
+                names.get(node, node),
+                None if gpu < 0 else gpu,
+                intern(probe),
+                intern(variant),
+                value,
+                intern(unit),
+                time,
+                result,
+                ratio,
             )
             fleet.probes[record.key] = record
         return fleet

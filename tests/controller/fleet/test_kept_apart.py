@@ -7,6 +7,9 @@ serialized and the BMC sample as a copy; a change to the frame afterwards shows 
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import fields
+
 from controller.fleet.model import Fleet, ProbeRecord
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
 from protos.gpufleet.v1 import bmc_pb2
@@ -61,3 +64,11 @@ def test_a_record_of_a_result() -> None:
     copy = record.result
     copy.value = 1.0  # a parsed copy: the record is unchanged
     assert record.result.value == 3000.0
+
+
+def test_a_record_goes_to_the_detection_process_whole_as_its_fields() -> None:
+    record = ProbeRecord("n1", 3, "gemm", "bf16", 700.0, "TFLOP/s", 1000.0, b"\x08\x01", 0.7)
+    assert pickle.loads(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)) == record
+    # Its fields as a tuple, every one: no per-record dict of slots on the wire.
+    assert record.__reduce__() == (ProbeRecord, tuple(getattr(record, f.name) for f in fields(ProbeRecord)))
+    assert pickle.loads(pickle.dumps(ProbeRecord("n1", None, "nccl", "", 1.0, "GB/s", 2.0, b""))).gpu is None
