@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -69,10 +70,7 @@ def _fill_node(conn: Conn, archetype: Any, name: str, rounds: int, start: float)
         for r in range(rounds - 1, 0, -1)
         for p in probes
     ]
-    conn.executemany(
-        "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", older
-    )
-    node_rows.save_series(conn, name, older)
+    node_rows.save_series(conn, name, older)  # as save_frame keeps them, round by round
     node_rows.save_hello(conn, hello, start)
     for write in writes:
         node_rows.save_frame(conn, write)
@@ -138,8 +136,9 @@ def main() -> None:
     parser.add_argument("--db", help="a postgresql:// URL of a fresh database (default: an SQLite file)")
     parser.add_argument(
         "--dir",
-        help="keep the SQLite store here and start on it again next time (filled once for the same "
-        "--nodes and --rounds; default: a temporary directory)",
+        help="keep the SQLite store here (with --db: a note that the database is filled) and start "
+        "on it again next time (filled once for the same --nodes, --rounds and --db; default: a "
+        "temporary directory)",
     )
     parser.add_argument("--json", action="store_true", help="print the row as JSON")
     args = parser.parse_args()
@@ -159,17 +158,17 @@ def main() -> None:
 
 def _run(args: argparse.Namespace, where: Path) -> dict[str, Any]:
     """Fill the store (unless --dir holds one filled the same way) and start on it."""
-    marker, wanted = where / "filled.json", {"nodes": args.nodes, "rounds": args.rounds}
-    filled = json.loads(marker.read_text()) if not args.db and marker.exists() else None
-    if filled is not None and {k: filled.get(k) for k in wanted} != wanted:
-        raise SystemExit(f"controller_startup: {where} holds a store filled with {filled}, not {wanted}")
     db = args.db or str(where / "fleet.db")
+    marker = where / "filled.json"
+    wanted = {"nodes": args.nodes, "rounds": args.rounds, "db": hashlib.sha256(db.encode()).hexdigest()}
+    filled = json.loads(marker.read_text()) if marker.exists() else None
+    if filled is not None and {k: filled.get(k) for k in wanted} != wanted:
+        raise SystemExit(f"controller_startup: {where} says its store was filled otherwise: {filled}")
     if filled is None:
         start = time.time() - args.rounds * ROUND_SECONDS
         where.mkdir(parents=True, exist_ok=True)
         filled = {**wanted, "start": start, "fill_s": asyncio.run(fill(db, args.nodes, args.rounds, start))}
-        if not args.db:
-            marker.write_text(json.dumps(filled))
+        marker.write_text(json.dumps(filled))
     row = asyncio.run(started(db, filled["start"] + 10 * FRAMES + 1))
     if not args.db:
         row["store_mb"] = sum(p.stat().st_size for p in where.glob("fleet.db*")) / 2**20

@@ -1,6 +1,6 @@
-"""The node tables: Hellos, ack positions, the latest GPU/host/BMC readings, probe results and their
-history, findings; and loading them all into a Fleet at start. Portable SQL (controller/store/sql.py):
-the same statements run on SQLite and PostgreSQL."""
+"""The node tables: Hellos, ack positions, the latest GPU/host/BMC readings, probe results and each
+key's newest results (probe_series), findings; and loading them all into a Fleet at start. Portable
+SQL (controller/store/sql.py): the same statements run on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -34,7 +34,12 @@ def save_hello(conn: Conn, hello: pb.Hello, now: float) -> int:
 
 def save_frame(conn: Conn, w: FrameWrite) -> None:
     """The frame's ack position and probe results always; its latest readings when w.state says so
-    (Ingest writes a node's readings at most every db_state_seconds: the next frame replaces them)."""
+    (Ingest writes a node's readings at most every db_state_seconds: the next frame replaces them).
+    A probe result goes into probe_results (its key's newest) and probe_series (its key's newest
+    HISTORY_POINTS), not into probe_history: nothing read that log but a start, and probe_series
+    holds what a start reads. Kept 30 days (PROBE_HISTORY_DAYS), it grew by a row per result: about
+    34 million rows a day at 12,500 nodes probed every half hour, and the hourly prune scanned them
+    all in the store's one writing thread."""
     conn.execute(
         "INSERT INTO boots (node, boot_id, acked_seq, updated) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, updated = "
@@ -58,9 +63,6 @@ def save_frame(conn: Conn, w: FrameWrite) -> None:
             "node, gpu, probe, variant",
         ),
         [(*row, p.unit, p.data) for row, p in zip(rows, w.probes, strict=True)],
-    )
-    conn.executemany(
-        "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)", rows
     )
     save_series(conn, w.node, rows)
 
@@ -168,6 +170,8 @@ FILL_NODES = 200  # nodes whose history fill_series reads at a time: its memory 
 def fill_series(conn: Conn) -> int:
     """probe_series from probe_history, once, in a store written before probe_series was (it is
     empty while probe_history is not): the newest HISTORY_POINTS results of each key; how many keys.
+    probe_history is not written since; its rows age out through Store.prune_history (a controller
+    of before, rolled back to, still finds them).
     Before it, every start read each key's history from probe_history (at 2,000 nodes with 64 probe
     rounds, 7.3 million rows: a start took 59 s)."""
     if conn.execute("SELECT 1 FROM probe_series LIMIT 1").fetchone() is not None:

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS probe_results (
     result      BLOB NOT NULL,          -- gpufleet.v1.ProbeResult
     PRIMARY KEY (node, gpu, probe, variant)
 );
-CREATE TABLE IF NOT EXISTS probe_history (
+CREATE TABLE IF NOT EXISTS probe_history ( -- not written since probe_series: read once to fill it, then pruned
     node        TEXT NOT NULL,
     gpu         INTEGER NOT NULL,
     probe       TEXT NOT NULL,

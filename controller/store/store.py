@@ -316,7 +316,8 @@ class Store:
         )
 
     async def prune_history(self, before: float) -> int:
-        """Drop probe history, finished commands and finished recommendations older than `before`."""
+        """Drop finished commands and finished recommendations older than `before`, and probe_history's
+        rows (written by a controller from before probe_series: nodes.save_frame) as old."""
         return await self._call(
             "prune_history",
             lambda c: (

@@ -150,7 +150,9 @@ def test_duplicate_frame_is_acked_but_stored_once(tmp_path: Path) -> None:
         assert (counters.frames, counters.duplicates) == (3, 2)
 
         with sqlite3.connect(db) as conn:  # what is on disk, read beside the controller's connection
-            assert conn.execute("SELECT count(*) FROM probe_history").fetchone() == (3,)
+            (points,) = conn.execute("SELECT points FROM probe_series").fetchone()
+            assert len(points) == 3 * 16  # three results (time, value) as doubles: no duplicate's
+            assert conn.execute("SELECT count(*) FROM probe_history").fetchone() == (0,)  # not written
             assert conn.execute("SELECT acked_seq FROM boots").fetchall() == [(3,)]
 
         again = stub.Stream(None)  # a reconnect learns where it stands before sending anything

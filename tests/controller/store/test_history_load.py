@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from functools import partial
 
 import pytest
 
 from controller.fleet.model import Fleet, FrameWrite, ProbeRecord
 from controller.fleet.series import HISTORY_POINTS
 from controller.store import nodes as node_rows
+from controller.store.sql import Conn
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.store.test_store import hello
@@ -81,6 +83,14 @@ def node_write(node: str, seq: int) -> FrameWrite:
     return FrameWrite(node, "b1", seq, 1000.0 + seq, probes=[record])
 
 
+def logged_before(conn: Conn, node: str, seqs: range) -> None:
+    """probe_history's rows as a controller from before probe_series wrote them: node_write's results."""
+    conn.executemany(
+        "INSERT INTO probe_history (node, gpu, probe, variant, time, value) VALUES (?, ?, ?, ?, ?, ?)",
+        [(node, 0, "gemm", "bf16", 1000.0 + seq, 700.0 + seq) for seq in seqs],
+    )
+
+
 def test_a_store_from_before_probe_series_gets_it_once_from_probe_history(
     store_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,9 +112,7 @@ def test_a_store_from_before_probe_series_gets_it_once_from_probe_history(
         await store.open()
         for node in ("n1", "n2"):
             await store.save_hello(hello(node), 1000.0)
-            for seq in range(1, HISTORY_POINTS + 4):
-                await store.save_frame(node_write(node, seq))
-        await store._call("test", lambda c: c.execute("DELETE FROM probe_series"))  # as before
+            await store._call("test", partial(logged_before, node=node, seqs=range(1, HISTORY_POINTS + 4)))
         store.close()
         store = Store(store_db)
         await store.open()
@@ -168,3 +176,41 @@ def test_the_loaded_keys_share_their_strings(store_db: str) -> None:
         assert key[2] is sys.intern(key[2]) and key[3] is sys.intern(key[3])
     for record in fleet.probes.values():
         assert record.node is fleet.nodes[record.node].name and record.probe is sys.intern(record.probe)
+
+
+def test_probe_results_are_not_logged_and_rows_from_before_age_out(store_db: str) -> None:
+    """A result goes into its key's series, not probe_history (30 days of rows nobody read: 34
+    million a day at 12,500 nodes); rows a controller from before logged go at the hourly prune once
+    older than its cutoff, and the series stay."""
+
+    async def logged(store: Store) -> list[float]:
+        return await store._call(
+            "test",
+            lambda c: [
+                float(t) for (t,) in c.execute("SELECT time FROM probe_history ORDER BY time").fetchall()
+            ],
+        )
+
+    async def body() -> tuple[list[float], int, list[float], Fleet]:
+        store = Store(store_db)
+        await store.open()
+        try:
+            await store.save_hello(hello("n1"), 1000.0)
+            for seq in (1, 2, 3):
+                await store.save_frame(node_write("n1", seq))
+            written = await logged(store)
+            await store._call("test", partial(logged_before, node="n2", seqs=range(1, 5)))  # 1001 .. 1004
+            pruned = await store.prune_history(1003.0)
+            left = await logged(store)
+        finally:
+            store.close()
+        return written, pruned, left, await reloaded(store_db)
+
+    written, pruned, left, fleet = asyncio.run(body())
+    assert written == []
+    assert (pruned, left) == (2, [1003.0, 1004.0])
+    assert list(fleet.history[("n1", 0, "gemm", "bf16")]) == [
+        (1001.0, 701.0),
+        (1002.0, 702.0),
+        (1003.0, 703.0),
+    ]
