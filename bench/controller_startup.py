@@ -104,10 +104,12 @@ async def started(db: str, now: float) -> dict[str, Any]:
     rss = me.memory_info().rss
     config = ControllerConfig(listen="127.0.0.1:0", db=db)
     app = ControllerApp(config, clock=lambda: now)
+    peak_reset = _reset_peak_rss()
     began = time.perf_counter()
     try:
         await app.start()
         loaded = time.perf_counter()
+        peak = _peak_rss() if peak_reset else None
         await app.start_detection_process()
         given = time.perf_counter()
         gc.collect()
@@ -121,12 +123,31 @@ async def started(db: str, now: float) -> dict[str, Any]:
             "detection_s": given - loaded,
             "total_s": given - began,
             "controller_kb_per_node": (me.memory_info().rss - rss) / 1024 / max(1, len(fleet.nodes)),
+            # The load's high-water mark above what the process held before: rows fetched beside
+            # the fleet they become. None where the kernel cannot reset the mark (not Linux).
+            "load_peak_mb": None if peak is None else (peak - rss) / 2**20,
             "detection_mb": children / 2**20,
         }
     finally:
         if app.detection is not None:
             await app.detection.stop()
         app.close()
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its RSS now (Linux: /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def main() -> None:
@@ -151,7 +172,7 @@ def main() -> None:
         print(json.dumps(row))
         return
     cols = ("nodes", "rounds", "probe_keys", "history_points", "start_s", "detection_s", "total_s")
-    more = ("controller_kb_per_node", "detection_mb", "store_mb", "fill_s")
+    more = ("controller_kb_per_node", "load_peak_mb", "detection_mb", "store_mb", "fill_s")
     print("  ".join(f"{c:>15}" for c in cols + more))
     print("  ".join(_cell(row.get(c)) for c in cols + more))
 

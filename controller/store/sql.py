@@ -28,6 +28,16 @@ class Conn(Protocol):
     def executemany(self, sql: str, parameters: Any, /) -> Cursor: ...
 
 
+def stream(conn: Conn, sql: str, parameters: Any = ()) -> Iterator[Any]:
+    """The rows of a large SELECT as they are read, not all held at once beside what the caller
+    makes of them: SQLite's cursor reads them as asked for, a PostgreSQL connection fetches them in
+    chunks, BLOBs as bytes rather than hex (PgConnection.stream)."""
+    streaming = getattr(conn, "stream", None)
+    if streaming is not None:
+        return iter(streaming(sql, parameters))
+    return iter(conn.execute(sql, parameters))
+
+
 @lru_cache(maxsize=64)
 def upsert(table: str, columns: str, key: str) -> str:
     """INSERT of every column in `columns` (comma-separated) that replaces the row with the same `key`

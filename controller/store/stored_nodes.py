@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from sys import intern
 
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord, peak_ratio_of
-from controller.store.sql import Conn, placeholders
+from controller.store.sql import Conn, placeholders, stream
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -116,29 +116,27 @@ def _fetch_into(
     on_node = where.format("node")
     rows.nodes += [
         (str(n), bytes(h), float(f), float(s))
-        for n, h, f, s in conn.execute(
-            "SELECT name, hello, first_seen, last_seen FROM nodes" + where.format("name"), args
-        ).fetchall()
+        for n, h, f, s in stream(
+            conn, "SELECT name, hello, first_seen, last_seen FROM nodes" + where.format("name"), args
+        )
     ]
     rows.boots += [
         (str(n), str(b), int(a), float(u))
-        for n, b, a, u in conn.execute(
-            "SELECT node, boot_id, acked_seq, updated FROM boots" + on_node, args
-        ).fetchall()
+        for n, b, a, u in stream(conn, "SELECT node, boot_id, acked_seq, updated FROM boots" + on_node, args)
     ]
     rows.gpus += [
         (str(n), int(g), float(t), bytes(s), str(h))
-        for n, g, t, s, h in conn.execute(
-            "SELECT node, gpu, time, sample, held FROM gpu_state" + on_node, args
-        ).fetchall()
+        for n, g, t, s, h in stream(
+            conn, "SELECT node, gpu, time, sample, held FROM gpu_state" + on_node, args
+        )
     ]
     rows.hosts += [
         (str(n), float(t), bytes(s))
-        for n, t, s in conn.execute("SELECT node, time, sample FROM host_state" + on_node, args).fetchall()
+        for n, t, s in stream(conn, "SELECT node, time, sample FROM host_state" + on_node, args)
     ]
     rows.bmcs += [
         (str(n), float(t), bytes(s))
-        for n, t, s in conn.execute("SELECT node, time, sample FROM bmc_state" + on_node, args).fetchall()
+        for n, t, s in stream(conn, "SELECT node, time, sample FROM bmc_state" + on_node, args)
     ]
     probes_where, probes_args, wanted = on_node, args, None
     if held is not None:
@@ -149,9 +147,10 @@ def _fetch_into(
         probes_where, probes_args = f" WHERE node IN ({placeholders(nodes)})", nodes
     rows.probes += [
         (str(n), int(g), str(p), str(v), float(t), float(x), str(u), bytes(r))
-        for n, g, p, v, t, x, u, r in conn.execute(
+        for n, g, p, v, t, x, u, r in stream(
+            conn,
             "SELECT node, gpu, probe, variant, time, value, unit, result FROM probe_results" + probes_where,
             probes_args,
-        ).fetchall()
+        )
         if wanted is None or _probe_key(n, g, p, v) in wanted
     ]
