@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from sys import intern
 
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord, peak_ratio_of
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord
 from controller.store.sql import Conn, placeholders, stream
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -58,7 +58,6 @@ class StoredNodes:
                 nodes[node].bmc, nodes[node].bmc_time = bmc_pb2.BmcSample.FromString(sample), time
         names = {name: name for name in nodes}  # each record's strings shared, not one copy a row
         for node, gpu, probe, variant, time, value, unit, result in self.probes:
-            ratio = peak_ratio_of(pb.ProbeResult.FromString(result))
             record = ProbeRecord(
                 names.get(node, node),
                 None if gpu < 0 else gpu,
@@ -67,8 +66,7 @@ class StoredNodes:
                 value,
                 intern(unit),
                 time,
-                result,
-                ratio,
+                result,  # peak_ratio read when detection first asks (ProbeRecord.ratio)
             )
             fleet.probes[record.key] = record
         return fleet

@@ -72,3 +72,18 @@ def test_a_record_goes_to_the_detection_process_whole_as_its_fields() -> None:
     # Its fields as a tuple, every one: no per-record dict of slots on the wire.
     assert record.__reduce__() == (ProbeRecord, tuple(getattr(record, f.name) for f in fields(ProbeRecord)))
     assert pickle.loads(pickle.dumps(ProbeRecord("n1", None, "nccl", "", 1.0, "GB/s", 2.0, b""))).gpu is None
+    assert pickle.loads(pickle.dumps(record)).ratio == 0.7  # read already: not read again there
+
+
+def test_a_records_peak_ratio_is_read_from_its_result_once_when_not_known() -> None:
+    """A record loaded from the store comes without its peak_ratio: the first ask reads it from the
+    result's bytes, later asks (and a copy pickled after) keep it."""
+    data = pb.ProbeResult(probe="gemm", variant="bf16", value=700.0, peak_ratio=0.5).SerializeToString()
+    record = ProbeRecord("n1", 0, "gemm", "bf16", 700.0, "TFLOP/s", 1000.0, data)
+    unread = pickle.loads(pickle.dumps(record))
+    assert (record.ratio, unread.ratio) == (None, None)
+    assert (record.peak_ratio, record.ratio) == (0.5, 0.5)
+    assert pickle.loads(pickle.dumps(record)).ratio == 0.5
+    assert unread.peak_ratio == 0.5  # a copy sent unread reads it itself
+    record.data = b"garbage that is not read again"
+    assert record.peak_ratio == 0.5
