@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -25,3 +28,15 @@ def bench_script(name: str) -> Iterator[ModuleType]:
         yield module
     finally:
         del sys.modules[spec.name]
+
+
+def bench_json(name: str, *args: str, timeout: float = 120) -> Any:
+    """What `python bench/NAME.py ARGS --json` prints, parsed; it must exit 0 within `timeout`."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return json.loads(done.stdout)

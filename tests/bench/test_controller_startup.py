@@ -3,23 +3,13 @@ of history each; the controller it starts loads all of it (its times are figures
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "controller_startup.py"
+from tests.bench.scripts import bench_json
 
 
 def test_a_controller_start_on_a_filled_store_is_timed() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--nodes", "12", "--rounds", "5", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    row = json.loads(done.stdout)
+    row = bench_json("controller_startup", "--nodes", "12", "--rounds", "5")
     assert (row["nodes"], row["rounds"]) == (12, 5)
     # Every probe key of every node, each with its five rounds: the history came back from the store.
     assert row["probe_keys"] > 12 and row["history_points"] == 5 * row["probe_keys"]

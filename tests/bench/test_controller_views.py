@@ -3,23 +3,11 @@ quarter of them; the page and ListNodes cover the whole fleet (its times are fig
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "controller_views.py"
+from tests.bench.scripts import bench_json
 
 
 def test_the_views_of_a_built_fleet_are_timed() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--nodes", "40", "--repeat", "2", "--finding-share", "0.25", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    row = json.loads(done.stdout)
+    row = bench_json("controller_views", "--nodes", "40", "--repeat", "2", "--finding-share", "0.25")
     assert (row["nodes"], row["list_nodes_nodes"], row["list_nodes_pages"]) == (40, 40, 1)
     assert row["get_node_probes"] > 0  # the built nodes' results, found through the index
     assert row["findings"] == 20  # 10 nodes, a GPU finding and a node-level one each

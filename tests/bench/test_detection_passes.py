@@ -3,23 +3,11 @@ detection processes, the same findings from each (its times are figures, not ass
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "detection_passes.py"
+from tests.bench.scripts import bench_json
 
 
 def test_passes_are_timed_for_each_pool_size() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--nodes", "24", "--processes", "1,3", "--passes", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    document = json.loads(done.stdout)
+    document = bench_json("detection_passes", "--nodes", "24", "--processes", "1,3", "--passes", "1")
     one, three = document["rows"]
     assert (one["processes"], three["processes"], document["nodes"]) == (1, 3, 24)
     assert one["findings"] == three["findings"]

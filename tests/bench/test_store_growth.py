@@ -3,23 +3,14 @@ figures are not asserted, but the rounds it wrote are: the store holds each key'
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "store_growth.py"
+from tests.bench.scripts import BENCH, bench_json
 
 
 def test_the_store_growth_per_probe_round_is_measured() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--nodes", "3", "--rounds", "2,4", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    row = json.loads(done.stdout)
+    row = bench_json("store_growth", "--nodes", "3", "--rounds", "2,4")
     assert (row["nodes"], row["rounds"], row["store"]) == (3, "2-4", "sqlite")
     assert row["probe_keys"] == 3 * 57  # the scale bench's archetype: 8 GPUs' probes and the node's
     assert row["mb_at_high"] >= row["mb_at_low"] > 0
@@ -28,7 +19,7 @@ def test_the_store_growth_per_probe_round_is_measured() -> None:
 
 def test_bad_rounds_are_refused() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--rounds", "4,2"],
+        [sys.executable, str(BENCH / "store_growth.py"), "--rounds", "4,2"],
         check=False,
         capture_output=True,
         text=True,
