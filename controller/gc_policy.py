@@ -41,6 +41,7 @@ from typing import Any
 log = logging.getLogger("gpufleet.controller.gc")
 
 FREEZE_SECONDS = 2.0
+FULL_SECONDS = 3600.0
 
 
 @contextlib.contextmanager
@@ -57,9 +58,6 @@ def collector_paused() -> Iterator[None]:
         gc.freeze()  # a splice of the generations' lists: no walk
         if enabled:
             gc.enable()
-
-
-FULL_SECONDS = 3600.0
 
 
 class CollectorPolicy:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import groupby
+from operator import itemgetter
 from sys import intern
 from typing import Any
 
@@ -70,9 +72,10 @@ def save_frame(conn: Conn, w: FrameWrite) -> None:
 SeriesKey = tuple[int, str, str]  # gpu (-1: node-level), probe, variant: a probe_series row's, within a node
 
 
-def save_series(conn: Conn, node: str, rows: Sequence[tuple[str, int, str, str, float, float]]) -> None:
+def save_series(conn: Conn, node: str, rows: Sequence[tuple[str, int, str, str, float, float]]) -> int:
     """Add results (node, gpu, probe, variant, time, value) to their keys' rows in probe_series, as
-    Fleet.history adds them (fleet/state.py remember): what a start loads, one row a key."""
+    Fleet.history adds them (fleet/state.py remember): what a start loads, one row a key. How many
+    keys it wrote."""
     held: dict[SeriesKey, Series] = {
         (int(g), str(p), str(v)): Series.from_bytes(bytes(b))
         for g, p, v, b in conn.execute(
@@ -81,7 +84,7 @@ def save_series(conn: Conn, node: str, rows: Sequence[tuple[str, int, str, str, 
     }
     changed: dict[SeriesKey, Series] = {}
     for _, gpu, probe, variant, time, value in rows:
-        key = (gpu, probe, variant)
+        key = (int(gpu), str(probe), str(variant))
         series = held.get(key)
         if series is None:
             series = held[key] = Series()
@@ -91,6 +94,7 @@ def save_series(conn: Conn, node: str, rows: Sequence[tuple[str, int, str, str, 
         upsert("probe_series", "node, gpu, probe, variant, points", "node, gpu, probe, variant"),
         [(node, *key, series.to_bytes()) for key, series in changed.items()],
     )
+    return len(changed)
 
 
 def save_latest(
@@ -180,24 +184,15 @@ def fill_series(conn: Conn) -> int:
     filled = 0
     for start in range(0, len(names), FILL_NODES):
         chunk = tuple(names[start : start + FILL_NODES])
-        keys: dict[tuple[str, int, str, str], Series] = {}
-        for node, gpu, probe, variant, time, value in conn.execute(
+        rows = conn.execute(
             "SELECT node, gpu, probe, variant, time, value FROM ("
             " SELECT *, row_number() OVER (PARTITION BY node, gpu, probe, variant ORDER BY time DESC)"
             f" AS newest FROM probe_history WHERE node IN ({placeholders(chunk)})) AS h"
             " WHERE newest <= ? ORDER BY node, gpu, probe, variant, time",
             (*chunk, HISTORY_POINTS),
-        ).fetchall():
-            key = (str(node), int(gpu), str(probe), str(variant))
-            series = keys.get(key)
-            if series is None:
-                series = keys[key] = Series()
-            series.add(float(time), float(value))
-        conn.executemany(
-            upsert("probe_series", "node, gpu, probe, variant, points", "node, gpu, probe, variant"),
-            [(*key, series.to_bytes()) for key, series in keys.items()],
-        )
-        filled += len(keys)
+        ).fetchall()
+        for node, results in groupby(rows, key=itemgetter(0)):
+            filled += save_series(conn, str(node), list(results))
     return filled
 
 
