@@ -9,7 +9,15 @@ it as `gpufleet controller` does (store opened, lead taken, fleet loaded, its de
 started and given the fleet), timed in those parts. Prints a table; asserts nothing
 (tests/bench/test_controller_startup.py runs a small step of it).
 
-    .venv/bin/python bench/controller_startup.py [--nodes 2000] [--rounds 64] [--db URL] [--json]
+With --warm the controller is a warm standby (replica_ingest, controller/warm_standby.py): another
+holder leads the store while it loads (warm_load_s); then every node is written again, as every
+replica_sync_seconds, and the leader lets go of the lead (as the server does 15 s into a hung
+leader's silence). start_s is then the takeover: from the lead let go to serving, its wait for the
+lead (lead_wait_s, up to the lease's 2 s poll) included; first_take_in_s the new leader's first
+take-in of the nodes written since the standby's last look (all of them here), which brings its
+fleet up to the store's (timed after start_s, not part of it: the leader serves meanwhile).
+
+    .venv/bin/python bench/controller_startup.py [--nodes 2000] [--rounds 64] [--db URL] [--warm] [--json]
 
 R = 64 (fleet/series.py HISTORY_POINTS) is a fleet probed every half hour for 32 hours or more.
 """
@@ -37,6 +45,7 @@ from controller.config import ControllerConfig
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_hello, plan_frame
 from controller.store import nodes as node_rows
+from controller.store.lease import POLL_SECONDS
 from controller.store.sql import Conn
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -97,18 +106,23 @@ async def fill(db: str, nodes: int, rounds: int, start: float) -> float:
     return time.perf_counter() - began
 
 
-async def started(db: str, now: float) -> dict[str, Any]:
+async def started(db: str, now: float, *, warm: bool = False) -> dict[str, Any]:
     """A controller's start on the store, timed in parts, and what its processes then hold."""
     gc.collect()
     me = psutil.Process()
     rss = me.memory_info().rss
-    config = ControllerConfig(listen="127.0.0.1:0", db=db)
+    config = ControllerConfig(listen="127.0.0.1:0", db=db, replica_ingest=warm)
     app = ControllerApp(config, clock=lambda: now)
-    peak_reset = _reset_peak_rss()
-    began = time.perf_counter()
+    more: dict[str, Any] = {}
     try:
-        await app.start()
-        loaded = time.perf_counter()
+        if warm:
+            began, loaded, more = await _warm_standby(app, db, now)
+            peak_reset = False
+        else:
+            peak_reset = _reset_peak_rss()
+            began = time.perf_counter()
+            await app.start()
+            loaded = time.perf_counter()
         peak = _peak_rss() if peak_reset else None
         await app.start_detection_process()
         given = time.perf_counter()
@@ -127,11 +141,75 @@ async def started(db: str, now: float) -> dict[str, Any]:
             # the fleet they become. None where the kernel cannot reset the mark (not Linux).
             "load_peak_mb": None if peak is None else (peak - rss) / 2**20,
             "detection_mb": children / 2**20,
+            **more,
         }
     finally:
         if app.detection is not None:
             await app.detection.stop()
         app.close()
+
+
+async def _warm_standby(app: ControllerApp, db: str, now: float) -> tuple[float, float, dict[str, Any]]:
+    """app started as a standby while another holder leads; its load timed; every node then
+    written again by that holder, which lets go of the lead; when it did, when app served, and the
+    warm load's and first take-in's figures."""
+    leader = Store(db)
+    await leader.open()
+    await leader.lead("bench-leader", now, lambda: None)
+
+    async def keep_leading() -> None:  # its lease pinged, as a leader's is (a silent one is let go)
+        while await leader.still_leading():
+            await asyncio.sleep(POLL_SECONDS)
+        raise RuntimeError("the bench's leader lost its lease")
+
+    keeping = asyncio.create_task(keep_leading())
+
+    def owned(conn: Conn) -> None:
+        conn.execute(
+            "INSERT INTO node_owners (node, holder, since, written)"
+            " SELECT name, ?, ?, ? FROM nodes WHERE true ON CONFLICT (node)"
+            " DO UPDATE SET holder = excluded.holder, written = excluded.written",
+            ("bench-leader", now, now),
+        )
+
+    await leader._call("owners", owned)
+    begun = time.perf_counter()
+
+    async def ingesting() -> None:  # (no agents here)
+        await asyncio.Event().wait()
+
+    starting = asyncio.create_task(app.start(standby_work=ingesting))
+    while app.warm is None or app.warm.fleet is None:
+        for task in (starting, keeping):
+            if task.done():
+                task.result()
+                raise RuntimeError("the controller led before its warm load")
+        await asyncio.sleep(0.05)
+    warm_load_s = time.perf_counter() - begun
+    await leader._call("owners", lambda c: c.execute("UPDATE node_owners SET written = ?", (now + 1,)))
+    keeping.cancel()
+    if app.store.epoch is not None:
+        raise RuntimeError("the controller led before the bench's leader let go")
+    leader.close()  # the lease let go
+    let_go = time.perf_counter()
+    while app.store.epoch is None and not starting.done():  # waiting for the lead: the lease's poll
+        await asyncio.sleep(0.01)
+    led = time.perf_counter()
+    await starting
+    started_at = time.perf_counter()
+    assert app.replicas is not None
+    taken = await app.replicas.take_in()  # the leader's first, at once: the others' nodes since
+    return (
+        let_go,
+        started_at,
+        {
+            "warm_load_s": warm_load_s,
+            "lead_wait_s": led - let_go,
+            "led_to_serving_s": started_at - led,
+            "first_take_in_s": time.perf_counter() - started_at,
+            "taken_in_nodes": len(taken),
+        },
+    )
 
 
 def _reset_peak_rss() -> bool:
@@ -161,6 +239,9 @@ def main() -> None:
         "on it again next time (filled once for the same --nodes, --rounds and --db; default: a "
         "temporary directory)",
     )
+    parser.add_argument(
+        "--warm", action="store_true", help="time a warm standby's takeover (replica_ingest), not a start"
+    )
     parser.add_argument("--json", action="store_true", help="print the row as JSON")
     args = parser.parse_args()
     if args.nodes < 1 or args.rounds < 1:
@@ -172,7 +253,9 @@ def main() -> None:
         print(json.dumps(row))
         return
     cols = ("nodes", "rounds", "probe_keys", "history_points", "start_s", "detection_s", "total_s")
-    more = ("controller_kb_per_node", "load_peak_mb", "detection_mb", "store_mb", "fill_s")
+    more: tuple[str, ...] = ("controller_kb_per_node", "load_peak_mb", "detection_mb", "store_mb", "fill_s")
+    if args.warm:
+        more += ("warm_load_s", "lead_wait_s", "led_to_serving_s", "first_take_in_s", "taken_in_nodes")
     print("  ".join(f"{c:>15}" for c in cols + more))
     print("  ".join(_cell(row.get(c)) for c in cols + more))
 
@@ -190,7 +273,7 @@ def _run(args: argparse.Namespace, where: Path) -> dict[str, Any]:
         where.mkdir(parents=True, exist_ok=True)
         filled = {**wanted, "start": start, "fill_s": asyncio.run(fill(db, args.nodes, args.rounds, start))}
         marker.write_text(json.dumps(filled))
-    row = asyncio.run(started(db, filled["start"] + 10 * FRAMES + 1))
+    row = asyncio.run(started(db, filled["start"] + 10 * FRAMES + 1, warm=args.warm))
     if not args.db:
         row["store_mb"] = sum(p.stat().st_size for p in where.glob("fleet.db*")) / 2**20
     return {**row, "rounds": args.rounds, "fill_s": filled["fill_s"]}

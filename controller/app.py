@@ -50,6 +50,7 @@ from controller.remediate.retune import Tuner
 from controller.replicas import ReplicaFeed
 from controller.security.identity import NodeIdentities
 from controller.store.store import Store
+from controller.warm_standby import WarmStandby
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller")
@@ -114,6 +115,7 @@ class ControllerApp:
         # replica_ingest (controller/replicas.py): this replica owns the nodes streaming to it, and
         # as the leader it takes in what the other replicas store.
         self.replicas: ReplicaFeed | None = None
+        self.warm: WarmStandby | None = None  # a standby's fleet held while it waits (start())
         if config.replica_ingest:
             self.store.owner, self.store.owner_clock = self.holder, clock
             self.replicas = ReplicaFeed(
@@ -211,16 +213,27 @@ class ControllerApp:
         description = self.store.description
         work: list[asyncio.Task[None]] = []
 
+        # A standby with replica_ingest keeps the fleet while it waits (controller/warm_standby.py).
+        warm = self.warm = None
+        if self.replicas is not None and self.config.warm_standby:
+            warm = self.warm = WarmStandby(self.store, self.clock)
+
         def standby() -> None:
             log.info("standby: another controller leads the store %s; waiting to take over", description)
             if on_standby is not None:
                 on_standby()
             if standby_work is not None:
                 work.append(asyncio.create_task(self._standby(standby_work)))
+            if warm is not None:
+                warm.start()
 
         holder = self.holder
         try:
             epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
+        except BaseException:
+            if warm is not None:
+                await warm.stop()
+            raise
         finally:
             for task in work:  # its agents reconnect: to this replica again once it listens as leader
                 task.cancel()
@@ -228,9 +241,8 @@ class ControllerApp:
                     await task
         log.info("leading the store %s: term %d", description, epoch)
         with collector_paused():  # the store's thread builds the fleet meanwhile
-            self.fleet, findings = await self.store.load()
+            await self._load_fleet(warm)
         self.ingest.fleet = self.fleet
-        self.active = {f.finding.key: f for f in findings}
         self.silencing = await self.store.load_silencing(self.clock())
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         await self.breaker.load()  # its window and tripped state survive a restart
@@ -241,13 +253,28 @@ class ControllerApp:
             if newest > 0:
                 self.ingest.last_frame[node.name] = newest
         if self.replicas is not None:  # what the other replicas store from now is taken in
-            self.replicas.begin()
+            if warm is not None and warm.fleet is self.fleet:  # from the warm standby's last look
+                self.replicas.begin(warm.since, {n: s for n, s in warm.seen.items() if s[0] != holder})
+            else:
+                self.replicas.begin()
         log.info(
             "store %s: %d nodes, %d active findings",
             self.store.description,
             len(self.fleet.nodes),
             len(self.active),
         )
+
+    async def _load_fleet(self, warm: WarmStandby | None) -> None:
+        """The fleet and the active findings from the store: a warm standby's fleet (its own nodes
+        caught up; the others' by ReplicaFeed.catch_up, before detection starts), or the whole store
+        loaded."""
+        fleet = None if warm is None else await warm.take_over()
+        if warm is None or fleet is None:
+            self.fleet, findings = await self.store.load()
+        else:
+            self.fleet, findings = fleet, await self.store.active_findings()
+            log.info("warm standby: leading with the fleet held (%d looks at the store)", warm.looks)
+        self.active = {f.finding.key: f for f in findings}
 
     async def _standby(self, work: Callable[[], Awaitable[None]]) -> None:
         """A standby's ingest: its nodes' readings stored every replica_sync_seconds at least, for the

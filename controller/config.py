@@ -350,6 +350,10 @@ class ControllerConfig(_Config):
     # their nodes' latest readings at least that often. Needs a store the replicas share.
     replica_ingest: bool = False
     replica_sync_seconds: float = 10.0
+    # With replica_ingest, a standby loads the store while it waits and keeps up with it, so that
+    # taking the lead costs one look rather than a whole load (controller/warm_standby.py); it then
+    # holds the fleet in memory as the leader does. false: it loads the store on taking the lead.
+    warm_standby: bool = True
     # Plaintext gRPC on a non-loopback address, explicitly chosen (--insecure, or `tls: off`).
     # Plaintext on a loopback address is allowed without it, with a warning.
     insecure: bool = False

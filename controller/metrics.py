@@ -75,6 +75,7 @@ class ControllerCollector(Collector):
         yield from self._identity()
         yield from self._fronts()
         yield from self._replicas()
+        yield from self._warm_standby()
 
     def _standby(self) -> Iterator[Metric]:
         yield from self._fleet()
@@ -85,6 +86,28 @@ class ControllerCollector(Collector):
         yield from self._identity()
         yield from self._ownership()
         yield from self._fronts()
+        yield from self._warm_standby()
+
+    def _warm_standby(self) -> Iterator[Metric]:
+        warm = self.app.warm
+        fleet = None if warm is None else warm.fleet
+        held = 0 if fleet is None or fleet is self.app.fleet else len(fleet.nodes)  # (leading with it)
+        yield GaugeMetricFamily(
+            PREFIX + "standby_fleet_nodes",
+            "Nodes a warm standby holds while it waits for the lead (controller/warm_standby.py); 0 on "
+            "the leader, and before the standby's load.",
+            value=held,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "standby_fleet_looks",
+            "Looks a warm standby took at what the replicas stored since its load (every 60 s).",
+            value=0 if warm is None else warm.looks,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "standby_fleet_failures",
+            "A warm standby's loads and looks that failed (the store unavailable): tried again.",
+            value=0 if warm is None else warm.failures,
+        )
 
     def _store_latency(self) -> Metric:
         return _histogram(

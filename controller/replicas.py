@@ -71,11 +71,31 @@ class ReplicaFeed:
         self.since: float | None = None  # this replica's clock at its last look
         self.elsewhere: dict[str, tuple[str, float]] = {}  # node -> (replica, when it last wrote it)
         self.taken = 0  # node loads taken in, for /metrics
+        self.due = False  # the first look at once, not after replica_sync_seconds (begin)
         self.failures = 0
 
-    def begin(self) -> None:
-        """From now (the leader loaded the store as it was): look for what changes after."""
-        self.since = self.clock()
+    def begin(self, since: float | None = None, seen: Mapping[str, tuple[str, float]] | None = None) -> None:
+        """From now (the leader loaded the store as it was): look for what changes after. A warm
+        standby's fleet (controller/warm_standby.py) is as the store was at `since`, with the nodes
+        it took in at the times `seen`: the first look is then at once, from there."""
+        self.since = self.clock() if since is None else since
+        self.elsewhere.update(seen or {})
+        self.due = since is not None
+
+    async def catch_up(self) -> None:
+        """After a warm standby's lead (begin with `since`): its first look, at once, so that its
+        fleet is the store's before its detectors and actions start (the agents and operators are
+        served meanwhile). A look that fails is taken again by run_forever, at once."""
+        if not self.due:
+            return
+        try:
+            names = await self.take_in()
+        except StoreUnavailable as exc:
+            self.failures += 1
+            log.warning("could not take in the other replicas' nodes after taking the lead: %s", exc)
+            return
+        self.due = False
+        log.info("caught up: took in %d nodes written since the standby's last look", len(names))
 
     async def take_in(self) -> list[str]:
         """Take in the nodes other replicas wrote since the last look (allowing for skew between
@@ -188,12 +208,14 @@ class ReplicaFeed:
     async def run_forever(self, stop: asyncio.Event) -> None:
         """The leader's side: take_in every sync_seconds, settle_commands every COMMAND_POLL_SECONDS."""
         loop = asyncio.get_running_loop()
-        next_take = loop.time() + self.sync_seconds
+        next_take = loop.time() + (0 if self.due else self.sync_seconds)
         tick = min(COMMAND_POLL_SECONDS, self.sync_seconds)
+        wait = 0.0 if self.due else tick
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=tick)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
                 return
+            wait = tick
             try:
                 await self.settle_commands()
             except StoreUnavailable as exc:

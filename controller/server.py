@@ -273,8 +273,7 @@ async def _lead(
                 await fronts.stop()
             app.close()
             raise
-    if config.detect.process:
-        await app.start_detection_process()
+    await _before_judging(config, app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -322,6 +321,16 @@ async def _lead(
     await _close(app)
     if lost:
         raise NotLeader(lost[0])
+
+
+async def _before_judging(config: ControllerConfig, app: ControllerApp) -> None:
+    """Before any detector or action judges the fleet (agents and operators are served meanwhile):
+    a warm standby's fleet caught up with the store (controller/warm_standby.py), then the detection
+    process given it."""
+    if app.replicas is not None:
+        await app.replicas.catch_up()
+    if config.detect.process:
+        await app.start_detection_process()
 
 
 async def _close(app: ControllerApp) -> None:

@@ -16,6 +16,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,7 @@ from tests.test_controller_crash_e2e import (
     wait_for,
     write_configs,
 )
+from tests.test_controller_failover_e2e import TAKEOVER_SECONDS
 
 pytestmark = pytest.mark.slow
 P = "gpufleet_controller_"
@@ -84,6 +86,38 @@ def _controller(
     return cfg, listen
 
 
+def _two_replicas(
+    directory: Path, db: str, *, standby_fronts: int = 0
+) -> tuple[Path, Path, str, int, Path, str, int]:
+    """The agent's config; the leader's config, agents' address and metrics port; the standby's."""
+    _, agent_cfg, leader_port = write_configs(directory, db)
+    leader_cfg, leader_address = _controller(directory, "leader", db, leader_port)
+    standby_port = free_port()
+    standby_cfg, standby_address = _controller(directory, "standby", db, standby_port, fronts=standby_fronts)
+    return agent_cfg, leader_cfg, leader_address, leader_port, standby_cfg, standby_address, standby_port
+
+
+def _logs(directory: Path) -> list[Path]:
+    return [directory / "leader.log", directory / "standby.log", directory / "agent.log"]
+
+
+def _dial(agent_cfg: Path, service: ServiceProxy) -> None:
+    """The agent's config dials the Service's stand-in."""
+    agent_yaml = yaml.safe_load(agent_cfg.read_text())
+    agent_yaml["stream"]["controller"] = service.address
+    agent_cfg.write_text(yaml.safe_dump(agent_yaml))
+
+
+def _first_leader(
+    cfg: Path, ready: Path, logs: list[Path], processes: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    """The first controller (in `processes`, to be stopped), once it leads."""
+    leader = spawn(["controller", "controller", "--config", str(cfg), "--ready-file", str(ready)], logs[0])
+    processes.append(leader)
+    wait_for("the leader did not start", ready.exists, logs)
+    return leader
+
+
 def _assert_the_standby_says_what_it_ingests(port: int, fronts: int, log: Path) -> None:
     """Each replica's own /metrics: the standby counts what it ingests, and says it is one."""
     assert metric(port, P + "leading") == 0
@@ -98,25 +132,17 @@ def _assert_the_standby_says_what_it_ingests(port: int, fronts: int, log: Path) 
 def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
     tmp_path: Path, store_db: str
 ) -> None:
-    _, agent_cfg, leader_metrics = write_configs(tmp_path, store_db)
-    leader_cfg, leader_address = _controller(tmp_path, "leader", store_db, leader_metrics)
-    standby_metrics = free_port()
     # On PostgreSQL the standby serves its agents through an ingest front, as the leader would.
     fronts = 1 if store_db.startswith("postgresql://") else 0
-    standby_cfg, standby_address = _controller(tmp_path, "standby", store_db, standby_metrics, fronts=fronts)
-    logs = [tmp_path / "leader.log", tmp_path / "standby.log", tmp_path / "agent.log"]
-    ready = tmp_path / "leader.ready"
+    agent_cfg, leader_cfg, leader_address, leader_metrics, standby_cfg, standby_address, standby_metrics = (
+        _two_replicas(tmp_path, store_db, standby_fronts=fronts)
+    )
+    logs, ready = _logs(tmp_path), tmp_path / "leader.ready"
     processes: list[subprocess.Popen[bytes]] = []
     with ServiceProxy([standby_address, leader_address]) as service:
-        agent_yaml = yaml.safe_load(agent_cfg.read_text())
-        agent_yaml["stream"]["controller"] = service.address
-        agent_cfg.write_text(yaml.safe_dump(agent_yaml))
+        _dial(agent_cfg, service)
         try:
-            leader = spawn(
-                ["controller", "controller", "--config", str(leader_cfg), "--ready-file", str(ready)], logs[0]
-            )
-            processes.append(leader)
-            wait_for("the leader did not start", ready.exists, logs)
+            leader = _first_leader(leader_cfg, ready, logs, processes)
             standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
             processes.append(standby)
             wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
@@ -164,6 +190,67 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
             text = logs[0].read_text()
             assert f"node {NODE}: taken over from replica" in text, text[-3000:]
             assert "OUT_OF_RANGE" not in text and "expected frame" not in text, text[-3000:]
+        finally:
+            for process in reversed(processes):
+                stop(process)
+
+
+def test_a_warm_standby_takes_over_from_a_killed_leader_with_the_fleet_it_holds(
+    tmp_path: Path, store_db: str
+) -> None:
+    """The standby loads the store while it waits (controller/warm_standby.py); kill -9 the leader
+    mid-stream: the standby leads with that fleet, caught up, without loading the store again, and
+    the agent's stream goes on with it from the stored position."""
+    agent_cfg, leader_cfg, leader_address, _, standby_cfg, standby_address, standby_metrics = _two_replicas(
+        tmp_path, store_db
+    )
+    logs, ready = _logs(tmp_path), tmp_path / "leader.ready"
+    processes: list[subprocess.Popen[bytes]] = []
+    with ServiceProxy([leader_address, standby_address]) as service:
+        _dial(agent_cfg, service)
+        try:
+            leader = _first_leader(leader_cfg, ready, logs, processes)
+            processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
+            agent = processes[-1]
+            wait_for("the leader stored no frames", lambda: _position_or_zero(store_db) >= 20, logs)
+            standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
+            processes.append(standby)
+            wait_for(
+                "the standby did not load the store while waiting",
+                lambda: "warm standby: 1 nodes loaded from the store" in logs[1].read_text(),
+                logs,
+            )
+            loaded_at = stored_position(store_db)
+            wait_for("no frames after the load", lambda: _position_or_zero(store_db) >= loaded_at + 20, logs)
+
+            leader.kill()  # mid-stream: frames in flight, acks unsent
+            killed = time.monotonic()
+            leader.wait(timeout=10)
+            at_kill = stored_position(store_db)
+            wait_for(
+                "the standby did not lead with the fleet it held",
+                lambda: "warm standby: leading with the fleet held" in logs[1].read_text(),
+                logs,
+            )
+            assert time.monotonic() - killed < TAKEOVER_SECONDS
+
+            def listed_from_there() -> bool:
+                try:
+                    node = _listed(standby_address)
+                except grpc.RpcError:  # not listening as the leader yet
+                    return False
+                return node is not None and node.acked_seq >= at_kill
+
+            wait_for("the new leader does not list the node where it was", listed_from_there, logs)
+            assert "caught up: took in" in logs[1].read_text()  # before its detection process started
+            wait_for(
+                "the agent's stream did not go on with the new leader",
+                lambda: _position_or_zero(store_db) >= at_kill + 30,
+                logs,
+            )
+            assert_each_seq_once(store_db, standby_metrics, at_kill, agent)
+            text = logs[1].read_text()
+            assert "loading the store" not in text and "OUT_OF_RANGE" not in text, text[-3000:]
         finally:
             for process in reversed(processes):
                 stop(process)

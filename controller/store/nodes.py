@@ -158,14 +158,18 @@ def list_findings(conn: Conn, node: str, include_resolved: bool, limit: int) -> 
     return [stored(r) for r in conn.execute(sql, args)]
 
 
-def load_history(conn: Conn, fleet: Fleet) -> None:
-    """Each probe key's newest results (at most HISTORY_POINTS, oldest first) into fleet.history."""
+def load_history(conn: Conn, fleet: Fleet, nodes: Sequence[str] | None = None) -> None:
+    """Each probe key's newest results (at most HISTORY_POINTS, oldest first) into fleet.history:
+    every key's, or (`nodes`) those of these nodes, replacing what it held for them."""
     names = {name: name for name in fleet.nodes}  # the keys' strings shared, not one copy a row
-    for node, gpu, probe, variant, points in stream(
-        conn, "SELECT node, gpu, probe, variant, points FROM probe_series"
-    ):  # 730 MB of points at 12,500 nodes: each row made a Series as read, not all fetched first
-        key = (names.get(node, str(node)), None if gpu < 0 else int(gpu), intern(probe), intern(variant))
-        fleet.history[key] = Series.from_bytes(bytes(points))
+    sql = "SELECT node, gpu, probe, variant, points FROM probe_series"
+    chunks = [()] if nodes is None else [nodes[i : i + FILL_NODES] for i in range(0, len(nodes), FILL_NODES)]
+    for chunk in chunks:
+        where = f" WHERE node IN ({placeholders(chunk)})" if nodes is not None else ""
+        # 730 MB of points at 12,500 nodes: each row made a Series as read, not all fetched first
+        for node, gpu, probe, variant, points in stream(conn, sql + where, tuple(chunk)):
+            key = (names.get(node, str(node)), None if gpu < 0 else int(gpu), intern(probe), intern(variant))
+            fleet.history[key] = Series.from_bytes(bytes(points))
 
 
 FILL_NODES = 200  # nodes whose history fill_series reads at a time: its memory stays bounded
@@ -200,8 +204,15 @@ def load(conn: Conn) -> tuple[Fleet, list[StoredFinding]]:
     """Every node as stored, with its probe history; the active findings."""
     fleet = load_nodes(conn, None)
     load_history(conn, fleet)
-    active = list_findings(conn, "", False, 1_000_000)
-    return fleet, active
+    return fleet, active_findings(conn)
+
+
+def active_findings(conn: Conn) -> list[StoredFinding]:
+    return list_findings(conn, "", False, 1_000_000)
+
+
+def node_names(conn: Conn) -> set[str]:
+    return {str(name) for (name,) in stream(conn, "SELECT name FROM nodes")}
 
 
 def load_nodes(conn: Conn, names: Sequence[str] | None) -> Fleet:

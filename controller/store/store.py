@@ -14,6 +14,7 @@ import copy
 import logging
 import random
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from time import perf_counter
 from typing import TypeVar
@@ -190,6 +191,45 @@ class Store:
     async def load(self) -> tuple[Fleet, list[StoredFinding]]:
         return await self._call("load", node_rows.load)
 
+    async def load_apart(self) -> tuple[Fleet, list[StoredFinding]]:
+        """load(), on a connection of its own in a thread of its own: the store thread goes on with
+        this replica's writes meanwhile (a standby's load while it waits, controller/warm_standby.py).
+        StoreUnavailable when the store cannot be read."""
+        start = perf_counter()
+        try:
+            return await asyncio.to_thread(self._read_apart, node_rows.load)
+        finally:
+            self.latency.observe("load", perf_counter() - start)
+
+    def _read_apart(self, fn: Callable[[Connection], T]) -> T:
+        """fn(a new connection) in one read transaction, rolled back; the connection closed (in
+        this thread, with every cursor fn made: controller/gc_policy.py says why)."""
+        failures: tuple[type[BaseException], ...] = (*self.backend.errors, OSError)
+        try:
+            conn = self.backend.connect()
+            try:
+                conn.execute("BEGIN")
+                return fn(conn)
+            finally:
+                conn.close()  # (its open read transaction ends with it)
+        except failures as exc:
+            traceback.clear_frames(exc.__traceback__)
+            raise StoreUnavailable(f"store unavailable: {exc}") from None
+
+    async def active_findings(self) -> list[StoredFinding]:
+        """Every active finding, as load() reads them."""
+        return await self._call("load", node_rows.active_findings)
+
+    async def load_history(self, fleet: Fleet, nodes: Sequence[str]) -> None:
+        """These nodes' probe history as stored, into fleet.history (in the store's thread: the
+        caller's loop waits)."""
+        names = list(nodes)
+        await self._call("load", lambda c: node_rows.load_history(c, fleet, names))
+
+    async def node_names(self) -> set[str]:
+        """The names of the nodes the store holds."""
+        return await self._call("load", node_rows.node_names)
+
     async def save_hello(self, hello: pb.Hello, now: float) -> int:
         """Record the node's Hello; return the acked seq of its boot (0 if new)."""
         return await self._call("save_hello", lambda c: node_rows.save_hello(c, hello, now))
@@ -240,9 +280,9 @@ class Store:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, CLAIM_MAX_RETRY_SECONDS)
 
-    async def changed_nodes(self, since: float) -> dict[str, tuple[str, float]]:
-        """The nodes other replicas wrote after `since`: node -> (replica, when)."""
-        owner = self.owner or ""
+    async def changed_nodes(self, since: float, *, mine: bool = False) -> dict[str, tuple[str, float]]:
+        """The nodes other replicas (`mine`: this one too) wrote after `since`: node -> (replica, when)."""
+        owner = "" if mine else self.owner or ""
         return await self._call("owners", lambda c: owner_rows.changed(c, owner, since))
 
     async def load_nodes(self, names: Sequence[str], held: HeldProbeTime | None = None) -> StoredNodes:

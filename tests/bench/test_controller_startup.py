@@ -17,3 +17,14 @@ def test_a_controller_start_on_a_filled_store_is_timed() -> None:
         assert row[key] > 0, key
     if sys.platform == "linux":  # the load's high-water mark, read after resetting it
         assert row["load_peak_mb"] >= 0
+
+
+def test_a_warm_standbys_takeover_is_timed() -> None:
+    """--warm: the controller loads while another holder leads, then leads with that fleet; its
+    first take-in reads every node again (all were written anew before the lead was let go)."""
+    row = bench_json("controller_startup", "--nodes", "12", "--rounds", "5", "--warm")
+    assert (row["nodes"], row["taken_in_nodes"]) == (12, 12)
+    assert row["probe_keys"] > 12 and row["history_points"] == 5 * row["probe_keys"]
+    for key in ("warm_load_s", "lead_wait_s", "led_to_serving_s", "first_take_in_s", "start_s"):
+        assert row[key] > 0, key
+    assert row["start_s"] >= row["lead_wait_s"] + row["led_to_serving_s"] - 0.01

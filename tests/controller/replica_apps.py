@@ -34,9 +34,11 @@ class Replicas:
 
 
 @contextlib.asynccontextmanager
-async def leader_and_standby(db: str, clock: Clock, *, detection: bool = False) -> AsyncIterator[Replicas]:
+async def leader_and_standby(
+    db: str, clock: Clock, *, detection: bool = False, warm_standby: bool = True
+) -> AsyncIterator[Replicas]:
     """With `detection`, the leader's detectors run in their process (start_detection_process)."""
-    cfg = config(db=db, replica_ingest=True, replica_sync_seconds=SYNC_SECONDS)
+    cfg = config(db=db, replica_ingest=True, replica_sync_seconds=SYNC_SECONDS, warm_standby=warm_standby)
     leader, standby = ControllerApp(cfg, clock=clock), ControllerApp(cfg, clock=clock)
     standby.holder = standby.store.owner = "standby:2"  # one process: give them two names
     await leader.start()

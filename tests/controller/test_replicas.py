@@ -69,6 +69,8 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             leader.close()  # the standby leads now, with the store as the leader left it
             await asyncio.wait_for(replicas.waiting, 20)
             assert standby.ingest.state_every_seconds == standby.config.db_state_seconds
+            assert standby.replicas is not None
+            await standby.replicas.catch_up()  # (a warm standby's: the leader's node since its last look)
             assert standby.fleet.acked[("n1", "b1")] == 4
 
     run(go())
