@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controller_scale_load.report import print_row
 from controller_scale_load.templates import build_archetype, frame_message, hello_message
 
 from controller.fleet.model import Fleet, FrameWrite, ProbeRecord
@@ -110,11 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpufleet-growth-") as tmp:
         row = asyncio.run(measure(args.db or str(Path(tmp) / "fleet.db"), args.nodes, (low, high)))
     row.update(cores=os.cpu_count(), store="postgresql" if args.db else "sqlite")
-    if args.json:
-        print(json.dumps(row))
-        return
-    print("  ".join(f"{c:>23}" for c in row))
-    print("  ".join(f"{v:>23.2f}" if isinstance(v, float) else f"{v:>23}" for v in row.values()))
+    print_row(row, as_json=args.json, width=23, digits=2)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from controller.connection_log import ConnectionLog
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.pool import DetectionPool
+from controller.errors import StoreUnavailable
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
@@ -417,15 +418,31 @@ class ControllerApp:
 
     async def detect_forever(self, stop: asyncio.Event) -> None:
         last_prune = 0.0
-        while not stop.is_set():
-            try:
-                await self.detection_pass()
-                await self.forget_gone()
-                if self.clock() - last_prune > 3600:
+        pruning: asyncio.Task[None] | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    await self.detection_pass()
+                    await self.forget_gone()
+                except Exception:  # a failed pass (store down) is logged and retried next interval
+                    self.failed_passes += 1
+                    log.exception("detection pass failed")
+                # Hourly, beside the passes: an old store's prune is many jobs (logged_history.py).
+                if self.clock() - last_prune > 3600 and (pruning is None or pruning.done()):
                     last_prune = self.clock()
-                    await self.store.prune_history(last_prune - PROBE_HISTORY_DAYS * 86400)
-            except Exception:  # a failed pass (store down) is logged and retried next interval
-                self.failed_passes += 1
-                log.exception("detection pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.config.detect.interval_seconds)
+                    pruning = asyncio.create_task(self._prune(last_prune - PROBE_HISTORY_DAYS * 86400))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.config.detect.interval_seconds)
+        finally:
+            if pruning is not None:
+                pruning.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pruning
+
+    async def _prune(self, before: float) -> None:
+        try:
+            await self.store.prune_history(before)
+        except StoreUnavailable as exc:
+            log.warning("pruning the store's old rows failed (again in an hour): %s", exc)
+        except Exception:  # (a task's error is not seen otherwise)
+            log.exception("pruning the store's old rows failed (again in an hour)")

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller_scale_load import disk_writer
@@ -320,3 +321,13 @@ def text(document: dict[str, Any]) -> str:
         note = f" ({v['note']})" if v["note"] else ""
         lines.append(f"  {v['verdict']:>12}: {v['target']}: {value}{at}, limit {v['limit']:g}{note}")
     return "\n".join(lines)
+
+
+def print_row(row: Mapping[str, Any], *, as_json: bool, width: int, digits: int) -> None:
+    """A bench's one row: as JSON, or its names over its values in columns `width` wide."""
+    if as_json:
+        print(json.dumps(row))
+        return
+    print("  ".join(f"{name:>{width}}" for name in row))
+    cells = (f"{v:>{width}.{digits}f}" if isinstance(v, float) else f"{v:>{width}}" for v in row.values())
+    print("  ".join(cells))

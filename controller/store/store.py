@@ -16,6 +16,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from time import perf_counter
 from typing import TypeVar
 
@@ -28,7 +29,7 @@ from controller.paging import FindingKey
 from controller.store import audit as audit_rows
 from controller.store import commands as command_rows
 from controller.store import drains as drain_rows
-from controller.store import finding_pages
+from controller.store import finding_pages, logged_history
 from controller.store import forget as forget_rows
 from controller.store import leader as leader_rows
 from controller.store import nodes as node_rows
@@ -357,15 +358,20 @@ class Store:
 
     async def prune_history(self, before: float) -> int:
         """Drop finished commands and finished recommendations older than `before`, and probe_history's
-        rows (written by a controller from before probe_series: nodes.save_frame) as old."""
-        return await self._call(
+        rows (written by a controller from before probe_series) as old, a few nodes a job
+        (controller/store/logged_history.py); how many rows went."""
+        removed, nodes = await self._call(
             "prune_history",
             lambda c: (
-                c.execute("DELETE FROM probe_history WHERE time < ?", (before,)).rowcount
-                + command_rows.prune_commands(c, before)
-                + recommendation_rows.prune(c, before)
+                command_rows.prune_commands(c, before) + recommendation_rows.prune(c, before),
+                logged_history.nodes_logged(c),
             ),
         )
+        for start in range(0, len(nodes), logged_history.PRUNE_NODES):
+            chunk = nodes[start : start + logged_history.PRUNE_NODES]
+            job = partial(logged_history.prune, nodes=chunk, before=before)
+            removed += await self._call("prune_history", job)
+        return removed
 
     async def forget_nodes(self, names: list[str]) -> int:
         """Delete every row about these nodes but the audit log's (controller/store/forget.py)."""

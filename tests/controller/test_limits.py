@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from controller.app import ControllerApp
-from controller.config import LimitsConfig
+from controller.config import DetectConfig, LimitsConfig
 from controller.errors import ResourceExhausted
 from controller.remediate.audit import Auditor
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -201,6 +201,46 @@ def test_forget_after_zero_never_forgets_and_the_detection_loop_forgets(tmp_path
             finally:
                 stop.set()
                 await loop
+        finally:
+            app.close()
+
+    asyncio.run(go())
+
+
+def test_the_hourly_prune_runs_beside_the_detection_passes_not_between_them() -> None:
+    """An old store's prune is many jobs (controller/store/logged_history.py): the passes go on
+    meanwhile, and a controller that stops cancels it."""
+
+    async def go() -> None:
+        app = ControllerApp(config(detect=DetectConfig(interval_seconds=0.01)), clock=Clock())
+        await app.start()
+        pruning, passes = asyncio.Event(), 0
+        pass_once = app.detection_pass
+
+        async def slow_prune(before: float) -> int:
+            pruning.set()
+            await asyncio.Event().wait()  # until cancelled
+            return 0
+
+        async def counted() -> object:
+            nonlocal passes
+            passes += 1
+            return await pass_once()
+
+        app.store.prune_history = slow_prune  # type: ignore[method-assign]
+        app.detection_pass = counted  # type: ignore[method-assign,assignment]
+        try:
+            stop = asyncio.Event()
+            loop = asyncio.create_task(app.detect_forever(stop))
+            await asyncio.wait_for(pruning.wait(), 5)
+            at_prune = passes
+            for _ in range(500):
+                if passes >= at_prune + 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert passes >= at_prune + 3
+            stop.set()
+            await asyncio.wait_for(loop, 5)  # the prune cancelled, not waited for
         finally:
             app.close()
 

@@ -11,6 +11,7 @@ import pytest
 
 from controller.fleet.model import Fleet, FrameWrite, ProbeRecord
 from controller.fleet.series import HISTORY_POINTS
+from controller.store import logged_history
 from controller.store import nodes as node_rows
 from controller.store.sql import Conn
 from controller.store.store import Store
@@ -199,6 +200,7 @@ def test_probe_results_are_not_logged_and_rows_from_before_age_out(store_db: str
             for seq in (1, 2, 3):
                 await store.save_frame(node_write("n1", seq))
             written = await logged(store)
+            await store.save_hello(hello("n2"), 1000.0)
             await store._call("test", partial(logged_before, node="n2", seqs=range(1, 5)))  # 1001 .. 1004
             pruned = await store.prune_history(1003.0)
             left = await logged(store)
@@ -214,3 +216,46 @@ def test_probe_results_are_not_logged_and_rows_from_before_age_out(store_db: str
         (1002.0, 702.0),
         (1003.0, 703.0),
     ]
+
+
+def test_an_old_stores_logged_rows_are_pruned_a_few_nodes_a_job(
+    store_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe_history has no index on time: one DELETE read the whole table in the store's thread.
+    The prune goes PRUNE_NODES nodes a job (the index by node); an empty table costs no more jobs."""
+    monkeypatch.setattr(logged_history, "PRUNE_NODES", 2)
+
+    async def jobs(store: Store) -> int:
+        return int(store.latency.by_label["prune_history"].count)
+
+    async def body() -> tuple[int, list[int], list[tuple[str, float]], int, int]:
+        store = Store(store_db)
+        await store.open()
+        try:
+            for node in ("n1", "n2", "n3", "n4", "n5"):
+                await store.save_hello(hello(node), 1000.0)
+                await store._call("test", partial(logged_before, node=node, seqs=range(1, 4)))  # 1001 .. 1003
+            pruned = [await store.prune_history(1002.5)]
+            first = await jobs(store)
+            left = await store._call(
+                "test",
+                lambda c: [
+                    (str(n), float(t))
+                    for n, t in c.execute(
+                        "SELECT node, time FROM probe_history ORDER BY node, time"
+                    ).fetchall()
+                ],
+            )
+            pruned.append(await store.prune_history(2000.0))  # every row
+            second = await jobs(store) - first
+            pruned.append(await store.prune_history(3000.0))
+            empty = await jobs(store) - first - second
+        finally:
+            store.close()
+        return first, pruned, left, second, empty
+
+    first, pruned, left, second, empty = asyncio.run(body())
+    assert pruned == [10, 5, 0]
+    assert left == [(f"n{i}", 1003.0) for i in range(1, 6)]
+    assert first == second == 1 + 3  # the look (and the commands' prune), then 5 nodes 2 at a time
+    assert empty == 1  # an empty table: the look alone
