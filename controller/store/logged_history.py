@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controller.store.nodes import node_names
 from controller.store.sql import Conn, placeholders
 
 PRUNE_NODES = 4  # nodes whose logged rows one job reads: about 330,000 at 30 days of half-hourly probes
@@ -23,7 +24,7 @@ def nodes_logged(conn: Conn) -> list[str]:
     forgotten node's rows went with it: forget.py)."""
     if conn.execute("SELECT 1 FROM probe_history LIMIT 1").fetchone() is None:
         return []
-    return sorted(str(name) for (name,) in conn.execute("SELECT name FROM nodes"))
+    return sorted(node_names(conn))
 
 
 def prune(conn: Conn, nodes: Sequence[str], before: float) -> int:
