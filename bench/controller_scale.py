@@ -53,7 +53,7 @@ from controller_scale_load.fleet import Fleet
 from controller_scale_load.templates import build_archetype, frame_message
 from controller_scale_load.worker import WorkerSpec
 
-from controller.config import check_db
+from controller.config import ControllerConfig, check_db
 from controller.db_url import is_postgres_url, redact_url
 
 DEFAULT_STEPS = "1000,2000,4000,8000,12500"
@@ -101,6 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--detect-in-loop",
         action="store_true",
         help="the detectors on the controller's event loop (detect.process: false), not in their process",
+    )
+    parser.add_argument(
+        "--listeners",
+        type=int,
+        default=ControllerConfig().listeners,
+        metavar="N",
+        help="the controller's listeners: N gRPC servers share the agents' port (the floor gets as many)",
     )
     parser.add_argument(
         "--ingest-fronts",
@@ -408,7 +415,7 @@ def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> di
     """The same load of `nodes` against floor.py (a server that only acks), held --hold seconds: its
     CPU per frame is what gRPC's asyncio server spends receiving a frame and sending its ack."""
     progress(f"transport floor: {nodes} nodes against a bare gRPC server that only acks")
-    floor = target.start_floor(directory)
+    floor = target.start_floor(directory, args.listeners)
     fleet: Fleet | None = None
     try:
         fleet = Fleet([_spec(i, args, floor.address) for i in range(args.workers)])
@@ -422,11 +429,15 @@ def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> di
         time.sleep(args.hold)
         after, generator = target.sample(floor), fleet.cpu_seconds() - generator
         windows = fleet.ask("window")
+        # The same storm against it: how long the transport and the generator alone take to bring the
+        # fleet back on this machine, below any Hello the controller handles.
+        storm = reconnect_storm(fleet, nodes, floor) if args.reconnect_storm else None
     finally:
         if fleet is not None:
             fleet.stop()
         target.stop(floor.process)
     figures = step_figures(nodes, args, before=before, after=after, windows=windows, generator_cpu=generator)
+    figures["storm"] = storm
     progress(f"transport floor: {_summary(figures)}")
     return figures
 
@@ -449,6 +460,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "disable_detector",
                 "detect_in_loop",
                 "ingest_fronts",
+                "listeners",
                 "detect_processes",
                 "replicas",
                 "replica_sync",
@@ -476,6 +488,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         detect_processes=args.detect_processes,
         replicas=args.replicas,
         replica_sync_seconds=args.replica_sync,
+        listeners=args.listeners,
     )
     fleet: Fleet | None = None
     neighbour: DiskWriter | None = None

@@ -331,6 +331,7 @@ class LimitsConfig(_Config):
 
 
 MAX_FRONTS = 64
+MAX_LISTENERS = 64
 
 
 class ControllerConfig(_Config):
@@ -339,6 +340,10 @@ class ControllerConfig(_Config):
     # None: operators use `listen` (with a client certificate when TLS is on).
     operator_listen: str | None = None
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    # gRPC servers sharing `listen` (SO_REUSEPORT), each taking new streams on its own: gRPC's
+    # asyncio server takes one new stream per turn of the event loop, so a fleet reconnecting at
+    # once waited on that (controller/listeners.py). 1: one server.
+    listeners: int = 8
     # Processes that serve the agents' gRPC streams on `listen` (sharing the port, SO_REUSEPORT)
     # and relay them to this controller, which then does no gRPC work for agents on its own core
     # (controller/fronts/). 0: the controller serves `listen` itself. Needs operator_listen: the
@@ -410,6 +415,8 @@ class ControllerConfig(_Config):
             raise ValueError("replica_sync_seconds must be between 1 and 300")
         if self.replica_ingest and self.db == ":memory:":
             raise ValueError("replica_ingest needs a store the replicas share: a file or a postgresql:// URL")
+        if not 1 <= self.listeners <= MAX_LISTENERS:
+            raise ValueError(f"listeners must be between 1 and {MAX_LISTENERS}")
         if not 0 <= self.ingest_fronts <= MAX_FRONTS:
             raise ValueError(f"ingest_fronts must be between 0 and {MAX_FRONTS}")
         if self.ingest_fronts and self.operator_listen is None:

@@ -21,6 +21,7 @@ from controller.errors import NotLeader, StoreUnavailable
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
 from controller.interceptors import ErrorInterceptor
+from controller.listeners import REUSEPORT, Listeners, listen_on
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
@@ -63,10 +64,10 @@ async def build_server(
     operator: bool = False,
     auth: OperatorAuth | None = None,
     operators_api: bool = True,
-) -> tuple[grpc.aio.Server, str]:
-    """A started server bound to app.config.listen (agents and operators), or with operator=True to
-    app.config.operator_listen (operators only: Telemetry refuses streams there); returns it and the
-    address actually bound.
+) -> tuple[Listeners, str]:
+    """Started servers bound to app.config.listen (agents and operators; `listeners` of them,
+    controller/listeners.py), or with operator=True one to app.config.operator_listen (operators
+    only: Telemetry refuses streams there); returns them and the address actually bound.
 
     With tls.cert in the config the port speaks TLS from `tls` (made from the config when not given:
     TransportError when a file is unusable): `listen` requires client certificates signed by
@@ -74,26 +75,28 @@ async def build_server(
     # auth: one per controller (both ports share it); made here when not given (TokenFileError when
     # the tokens file is unusable)
     interceptors = [ErrorInterceptor(), auth if auth is not None else operator_auth(app.config)]
-    server = grpc.aio.server(interceptors=interceptors, options=server_options(app.config))
-    add_telemetry(TelemetryServicer(app, agents=not operator), server)
-    if operators_api:  # (a standby's agents' port serves no operators: replica_ingest)
-        operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
     address = app.config.operator_listen if operator else app.config.listen
     assert address is not None, "operator=True needs operator_listen"
+    # The agents' port: several servers take new streams in parallel (controller/listeners.py).
+    count = 1 if operator else app.config.listeners
+    options = server_options(app.config) + ([REUSEPORT] if count > 1 else [])
     if tls is None and app.config.tls.enabled:
         tls = ServerTls(app.config.tls)
-    host = address.rpartition(":")[0]
-    try:
+
+    def build() -> grpc.aio.Server:
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        add_telemetry(TelemetryServicer(app, agents=not operator), server)
+        if operators_api:  # (a standby's agents' port serves no operators: replica_ingest)
+            operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
+        return server
+
+    def bind(server: grpc.aio.Server, where: str) -> int:
         if tls is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, tls.credentials(client_certificates=not operator))
-    except RuntimeError as exc:
-        raise OSError(f"cannot listen on {address}: {exc}") from exc
-    if port == 0:
-        raise OSError(f"cannot listen on {address}")
-    await server.start()
-    return server, f"{host}:{port}"
+            return server.add_insecure_port(where)
+        # Credentials of its own: each server's TLS context takes a rotation on its own.
+        return server.add_secure_port(where, tls.credentials(client_certificates=not operator))
+
+    return await listen_on(address, count, build, bind)
 
 
 def write_ready_file(path: str, address: str, operator_address: str | None = None) -> None:
@@ -107,7 +110,7 @@ def write_ready_file(path: str, address: str, operator_address: str | None = Non
     tmp.replace(path)
 
 
-async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[grpc.aio.Server, str]]:
+async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[Listeners, str]]:
     """The agents' port, then the operators' when configured: (server, bound address) each. With
     ingest fronts, the operators' port alone: the fronts serve the agents' (_start_fronts)."""
     auth = operator_auth(app.config)
@@ -123,13 +126,13 @@ async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[g
     return started
 
 
-async def _stop_grpc(servers: list[tuple[grpc.aio.Server, str]], grace: float | None) -> None:
+async def _stop_grpc(servers: list[tuple[Listeners, str]], grace: float | None) -> None:
     await asyncio.gather(*(server.stop(grace) for server, _ in servers))
 
 
 async def _listen(
     app: ControllerApp, tls: ServerTls | None
-) -> tuple[list[tuple[grpc.aio.Server, str]], Fronts | None]:
+) -> tuple[list[tuple[Listeners, str]], Fronts | None]:
     """The gRPC servers (_start_grpc) and the ingest fronts when configured; on OSError nothing is
     left listening and the app is closed."""
     try:
@@ -198,7 +201,7 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
     """replica_ingest: serve agents on `listen` while waiting for the lead (until cancelled), through
     the ingest fronts when configured, as the leader does; no operators here (controller/replicas.py).
     A port that cannot be bound leaves this standby idle."""
-    server: grpc.aio.Server | None = None
+    server: Listeners | None = None
     fronts: Fronts | None = None
     try:
         if app.config.ingest_fronts:

@@ -4,7 +4,7 @@ as the controller runs it. Under the same load, its CPU per frame is what receiv
 sending its ack costs in this process model before the controller does any work: the part of the
 controller's CPU per frame that no change to ingest can remove.
 
-    python bench/controller_scale_load/floor.py --ready-file PATH
+    python bench/controller_scale_load/floor.py --ready-file PATH [--listeners N]
 
 It listens on a free loopback port and writes {"address": "127.0.0.1:PORT"} to PATH once serving;
 SIGTERM stops it.
@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from controller.listeners import REUSEPORT, listen_on
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
@@ -47,24 +48,33 @@ class FloorServicer(telemetry_pb2_grpc.TelemetryServicer):
                 yield pb.ControllerMessage(ack=pb.Ack(boot_id=msg.frame.boot_id, seq=msg.frame.seq))
 
 
-async def serve(ready: Path) -> None:
-    server = grpc.aio.server(options=OPTIONS)
-    telemetry_pb2_grpc.add_TelemetryServicer_to_server(FloorServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+async def serve(ready: Path, listeners: int) -> None:
+    options = OPTIONS + ([REUSEPORT] if listeners > 1 else [])
+
+    def build() -> grpc.aio.Server:
+        server = grpc.aio.server(options=options)
+        telemetry_pb2_grpc.add_TelemetryServicer_to_server(FloorServicer(), server)
+        return server
+
+    def bind(server: grpc.aio.Server, where: str) -> int:
+        return server.add_insecure_port(where)
+
+    servers, address = await listen_on("127.0.0.1:0", listeners, build, bind)
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     part = ready.with_suffix(".part")
-    part.write_text(json.dumps({"address": f"127.0.0.1:{port}"}))
+    part.write_text(json.dumps({"address": address}))
     part.replace(ready)  # whole, or not there
     await stopping.wait()
-    await server.stop(grace=1.0)
+    await servers.stop(grace=1.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ready-file", required=True, type=Path)
-    asyncio.run(serve(parser.parse_args().ready_file))
+    parser.add_argument("--listeners", type=int, default=1, help="servers on the port, as the controller's")
+    args = parser.parse_args()
+    asyncio.run(serve(args.ready_file, args.listeners))
 
 
 if __name__ == "__main__":

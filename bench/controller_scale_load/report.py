@@ -229,6 +229,32 @@ def store_line(store: dict[str, Any] | None) -> str:
     )
 
 
+def storm_lines(storm: dict[str, Any] | None, server: str = "the controller") -> list[str]:
+    """A reconnect storm's report (`server`: who the fleet reconnected to)."""
+    if storm is None:
+        return []
+    against = "" if server == "the controller" else f" against {server}"
+    return [
+        "",
+        f"reconnect storm at {storm['nodes']} nodes{against}: {storm['recovered']} recovered in "
+        f"{storm['seconds']:.1f} s; reconnect p50/p99 {_cell(storm['reconnect_p50_s'], '{:.2f}')}/"
+        f"{_cell(storm['reconnect_p99_s'], '{:.2f}')} s; first frame ack p50/p99 "
+        f"{_cell(storm['first_ack_p50_s'], '{:.2f}')}/{_cell(storm['first_ack_p99_s'], '{:.2f}')} s "
+        f"(from the drop: {_cell(storm['since_storm_p50_s'], '{:.2f}')}/"
+        f"{_cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
+        f"  during it {server} used {_cell(storm.get('controller_cores'), '{:.2f}')} cores "
+        f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
+        f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
+        f"  the generator's processes had cancelled every old stream "
+        f"{_cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
+        "before a node was back: "
+        + (", ".join(f"{n} x {kind}" for kind, n in storm.get("failed_attempts", [])) or "none"),
+        # Beside reconnect (from the drop): the answer alone, without the backoff of failed tries.
+        f"  the attempt that got a node back waited p50/p99 {_cell(storm.get('answer_p50_s'), '{:.2f}')}/"
+        f"{_cell(storm.get('answer_p99_s'), '{:.2f}')} s for {server} to accept its Hello",
+    ]
+
+
 def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -> list[str]:
     """The transport's floor beside the controller's last step at the same load."""
     if floor is None:
@@ -244,6 +270,7 @@ def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -
         f"{floor['frames_per_second']:.1f} frames/s, ack p99 {_cell(floor['ack_p99_s'], '{:.3f}')} s, "
         f"stream errors {floor['errors']}); the controller's own work above it: "
         f"{_cell(own, '{:.2f}')} ms per frame",
+        *storm_lines(floor.get("storm"), "the bare server"),
     ]
 
 
@@ -289,27 +316,7 @@ def text(document: dict[str, Any]) -> str:
             f"  projected at {FULL_FLEET} nodes: {projected['cpu_cores']:.2f} cores, "
             f"{projected['rss_mb']:.0f} MB"
         )
-    storm = document["storm"]
-    if storm is not None:
-        lines += [
-            "",
-            f"reconnect storm at {storm['nodes']} nodes: {storm['recovered']} recovered in "
-            f"{storm['seconds']:.1f} s; reconnect p50/p99 {_cell(storm['reconnect_p50_s'], '{:.2f}')}/"
-            f"{_cell(storm['reconnect_p99_s'], '{:.2f}')} s; first frame ack p50/p99 "
-            f"{_cell(storm['first_ack_p50_s'], '{:.2f}')}/{_cell(storm['first_ack_p99_s'], '{:.2f}')} s "
-            f"(from the drop: {_cell(storm['since_storm_p50_s'], '{:.2f}')}/"
-            f"{_cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
-            f"  during it the controller used {_cell(storm.get('controller_cores'), '{:.2f}')} cores "
-            f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
-            f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
-            f"  the generator's processes had cancelled every old stream "
-            f"{_cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
-            "before a node was back: "
-            + (", ".join(f"{n} x {kind}" for kind, n in storm.get("failed_attempts", [])) or "none"),
-            # Beside reconnect (from the drop): the answer alone, without the backoff of failed tries.
-            f"  the attempt that got a node back waited p50/p99 {_cell(storm.get('answer_p50_s'), '{:.2f}')}/"
-            f"{_cell(storm.get('answer_p99_s'), '{:.2f}')} s for the controller to accept its Hello",
-        ]
+    lines += storm_lines(document["storm"])
     lines += floor_lines(document.get("floor"), steps)
     lines += disk_writer.line(document.get("disk_writer"))
     if document["stopped_early"]:

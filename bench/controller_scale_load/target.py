@@ -108,13 +108,15 @@ def config(
     detect_processes: int = 1,
     replica_ingest: bool = False,
     replica_sync_seconds: float = 10.0,
+    listeners: int | None = None,
 ) -> dict[str, object]:
     """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
     postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
     detectors turned off where given; the detectors on the event loop with detect_in_loop (the
     controller's detect.process: false), else in their process; with `fronts`, that many ingest
     fronts serve the agents' port and operators get a port of their own; detect_processes share out
-    the detectors (detect.processes)."""
+    the detectors (detect.processes); `listeners` servers on the agents' port (None: the
+    controller's default)."""
     document: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "metrics_address": f"127.0.0.1:{free_port()}",
@@ -131,6 +133,8 @@ def config(
         detect["process"] = False
     if detect_processes > 1:
         detect["processes"] = detect_processes
+    if listeners is not None:
+        document["listeners"] = listeners
     if fronts:
         document["ingest_fronts"] = fronts
         document["operator_listen"] = "127.0.0.1:0"
@@ -154,6 +158,7 @@ def start(
     detect_processes: int = 1,
     replicas: int = 1,
     replica_sync_seconds: float = 10.0,
+    listeners: int | None = None,
 ) -> Controller:
     """`python -m controller controller` with its config, log and ready file in `directory`; its
     store an SQLite file there, or the postgresql:// URL `db`. With `replicas`, that many
@@ -169,6 +174,7 @@ def start(
         detect_processes=detect_processes,
         replica_ingest=replicas > 1,
         replica_sync_seconds=replica_sync_seconds,
+        listeners=listeners,
     )
     path, ready, log = (
         directory / "controller.yaml",
@@ -238,11 +244,13 @@ def stop_all(controller: Controller) -> None:
     stop(controller.process)
 
 
-def start_floor(directory: Path) -> Controller:
-    """The transport's floor (floor.py): a bare Telemetry server under the same load. It has no
-    /metrics and no store (its db names no file: 0 bytes)."""
+def start_floor(directory: Path, listeners: int = 1) -> Controller:
+    """The transport's floor (floor.py): a bare Telemetry server under the same load, `listeners`
+    of them on its port as the controller has. It has no /metrics and no store (its db names no
+    file: 0 bytes)."""
     ready, log = directory / "floor.ready", directory / "floor.log"
-    command = [sys.executable, str(Path(__file__).with_name("floor.py")), "--ready-file", str(ready)]
+    floor = str(Path(__file__).with_name("floor.py"))
+    command = [sys.executable, floor, "--ready-file", str(ready), "--listeners", str(listeners)]
     process, address, _ = _launch(command, ready, log, "the floor server")
     return Controller(process, address, "", directory, directory / "floor-has-no-store")
 

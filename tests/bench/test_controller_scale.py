@@ -16,6 +16,7 @@ import psutil
 import pytest
 import yaml
 
+from controller.config import ControllerConfig
 from tests.postgres_server import PostgresServer
 
 # bench/ is a folder of scripts; the bench and its helper package are imported from there (and the
@@ -86,6 +87,10 @@ def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, A
     assert _finite(floor["ack_p99_s"]) and floor["cpu_cores"] > 0
     # It only acks: less CPU per frame than the controller, which stores, checks and detects too.
     assert 0 < floor["cpu_ms_per_frame"] < step["cpu_ms_per_frame"]
+    # The same storm against it (with the controller's listeners): every node back.
+    storm = floor["storm"]
+    assert storm["nodes"] == storm["recovered"] == NODES and _finite(storm["since_storm_p99_s"])
+    assert document["settings"]["listeners"] == ControllerConfig().listeners
 
 
 def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
@@ -100,6 +105,8 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     assert "for the controller to accept its Hello" in text
     assert "garbage collection" in text
     assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
+    assert "reconnect storm at 50 nodes against the bare server" in text
+    assert "for the bare server to accept its Hello" in text
     assert "another process wrote to the store's disk meanwhile" in text
     json.dumps(document, allow_nan=False)
 

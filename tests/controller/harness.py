@@ -21,6 +21,7 @@ from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding, finding_id
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
+from controller.listeners import Listeners
 from controller.server import build_server, server_options
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import bmc_pb2
@@ -54,7 +55,7 @@ def config(**overrides: Any) -> ControllerConfig:
 @dataclass(slots=True)
 class Running:
     app: ControllerApp
-    server: grpc.aio.Server
+    server: Listeners
     address: str  # agents (and operators, without fronts)
     operators: str = ""  # with fronts: the server's own port
     fronts: Fronts | None = None

@@ -84,6 +84,8 @@ probes:
         ("db_synchronous: off\n", "db_synchronous"),
         ("db_commit_interval_seconds: 2\n", "db_commit_interval_seconds must be between 0 and 1"),
         ("db_commit_interval_seconds: -0.1\n", "db_commit_interval_seconds must be between 0 and 1"),
+        ("listeners: 0\n", "listeners must be between 1 and 64"),
+        ("listeners: 65\n", "listeners must be between 1 and 64"),
         ("log_level: loud\n", "log_level"),
         ("stale_after_seconds: soon\n", "stale_after_seconds"),
         ("detect: {margin: 5}\n", "detect.margin must be within 0..1"),

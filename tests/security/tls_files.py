@@ -16,6 +16,7 @@ import trustme
 
 from controller.app import ControllerApp
 from controller.config import ControllerConfig, TlsConfig
+from controller.listeners import Listeners
 from controller.server import build_server
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
@@ -94,7 +95,7 @@ async def tls_controller(
     (clock: the harness's, at T0, unless given)."""
     app = ControllerApp(config, clock=clock or Clock())
     await app.start()
-    servers: list[grpc.aio.Server] = []
+    servers: list[Listeners] = []
     try:
         server, address = await build_server(app)
         servers.append(server)
