@@ -342,7 +342,8 @@ class ControllerConfig(_Config):
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     # gRPC servers sharing `listen` (SO_REUSEPORT), each taking new streams on its own: gRPC's
     # asyncio server takes one new stream per turn of the event loop, so a fleet reconnecting at
-    # once waited on that (controller/listeners.py). 1: one server.
+    # once waited on that (controller/listeners.py). 1: one server. With ingest_fronts the fronts
+    # serve `listen` instead, one server each.
     listeners: int = 8
     # Processes that serve the agents' gRPC streams on `listen` (sharing the port, SO_REUSEPORT)
     # and relay them to this controller, which then does no gRPC work for agents on its own core
