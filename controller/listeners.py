@@ -28,7 +28,7 @@ REUSEPORT = ("grpc.so_reuseport", 1)
 
 
 class Listeners:
-    """The servers bound to one address; started, stopped and waited on together."""
+    """The servers bound to one address, stopped together."""
 
     def __init__(self, servers: list[grpc.aio.Server]) -> None:
         self.servers = servers
