@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from controller.commands.kinds import KINDS, CommandKind, kind_of
+from controller.commands.open_commands import OpenCommands
 from controller.errors import FailedPrecondition, InvalidMessage
 from controller.store.commands import CommandRecord
 from controller.store.store import Store
@@ -78,7 +79,7 @@ class CommandChannel:
         self.clock = clock
         self.kinds = dict(KINDS if kinds is None else kinds)
         self.streams: dict[str, NodeStream] = {}
-        self.open: dict[str, CommandRecord] = {}  # id -> unfinished command, oldest first
+        self.open = OpenCommands()  # id -> unfinished command, oldest first; by node too
         self.held: dict[str, CommandRecord] = {}  # node -> its timed-out mutating command, unanswered
         self._issuing: dict[str, CommandRecord] = {}  # id -> command whose row is being written
         self._finished: OrderedDict[str, CommandRecord] = OrderedDict()
@@ -393,11 +394,11 @@ class CommandChannel:
         return kind is None or kind.mutating  # a kind this controller does not know: assume it mutates
 
     def in_flight(self, node: str) -> list[CommandRecord]:
-        return [r for r in self.open.values() if r.node == node]
+        return self.open.of_node(node)
 
     def mutating_holder(self, node: str) -> CommandRecord | None:
         """The mutating command holding the node: being stored, in flight, or timed out unanswered."""
-        for record in (*self._issuing.values(), *self.open.values()):
+        for record in (*self._issuing.values(), *self.open.of_node(node)):
             if record.node == node and self._mutating(record):
                 return record
         return self.held.get(node)
