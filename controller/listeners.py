@@ -25,6 +25,12 @@ from collections.abc import Callable
 import grpc
 
 REUSEPORT = ("grpc.so_reuseport", 1)
+# gRPC core answers data it receives with a bandwidth-delay probe (a PING, and its answer read back)
+# to size the flow-control window. An agent's stream carries one ~15 KB frame every 10 s, so nearly
+# every frame drew its own probe: a fifth of the transport's CPU per frame (bench/controller_scale.py
+# --transport-floor: 1.04 -> 0.81 ms). Without it each stream's window stays at HTTP/2's 64 KB, which
+# also bounds what a server buffers per stream (12,500 streams: 800 MB at most).
+NO_BDP_PROBE = ("grpc.http2.bdp_probe", 0)
 
 
 class Listeners:

@@ -46,6 +46,9 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.ping_timeout_ms", 10_000),  # gRPC core waits this (default 60 s) for a ping's answer
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    # No bandwidth-delay probe (a PING) per ack received: the controller answers each one, and the
+    # acks and commands are small (controller/listeners.py NO_BDP_PROBE).
+    ("grpc.http2.bdp_probe", 0),
 ]
 
 

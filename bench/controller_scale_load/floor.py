@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from controller.listeners import REUSEPORT, listen_on
+from controller.listeners import NO_BDP_PROBE, REUSEPORT, listen_on
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
@@ -32,6 +32,7 @@ OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 0),
+    NO_BDP_PROBE,
 ]
 
 
