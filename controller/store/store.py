@@ -42,6 +42,7 @@ from controller.store.checkpoint import Checkpointer
 from controller.store.commands import CommandRecord
 from controller.store.drains import DrainRecord
 from controller.store.lease import POLL_SECONDS, BothLeases, Lease
+from controller.store.lease_keeper import LeaseKeeper
 from controller.store.recommendations import Recommendation
 from controller.store.stored_nodes import HeldProbeTime, StoredNodes, fetch_nodes
 from controller.store.writer import StoreThread
@@ -91,7 +92,7 @@ class Store:
         # Seconds from a call to its commit (queueing and group commit included), per operation.
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
         self.epoch: int | None = None  # this controller's term as leader, once lead() returned
-        self._lease: Lease | None = None
+        self._lease: LeaseKeeper | None = None  # checked from the moment it is won
         # replica_ingest (controller/replicas.py): this replica's name. Every write of a node's rows
         # then checks that it still owns the node (controller/store/owners.py); None: no check.
         self.owner: str | None = None
@@ -139,7 +140,8 @@ class Store:
         except BaseException:  # cancelled while waiting (a standby stopped): what it opened, closed
             lease.release()
             raise
-        self._lease = lease
+        self._lease = LeaseKeeper(lease, poll)
+        self._lease.start()
         try:
             self.epoch = await self._call("leader", lambda c: leader_rows.begin_term(c, holder, now))
         except BaseException:
@@ -149,7 +151,7 @@ class Store:
 
     async def still_leading(self) -> bool:
         """Whether the lease is still held and the store still names this term."""
-        if self._lease is None or self.epoch is None or not await asyncio.to_thread(self._lease.alive):
+        if self._lease is None or self.epoch is None or not await self._lease.alive():
             return False
         term = await self._call("leader", leader_rows.current_term)
         return term is not None and term[0] == self.epoch
@@ -168,7 +170,7 @@ class Store:
     def _release(self) -> None:
         lease, self._lease = self._lease, None
         if lease is not None:
-            lease.release()
+            lease.stop()
 
     async def open(self) -> None:
         self._thread.start()
