@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller_scale_load import report, target
+from controller_scale_load import report, storms, target
 from controller_scale_load.disk_writer import DiskWriter
 from controller_scale_load.fleet import Fleet
 from controller_scale_load.templates import build_archetype, frame_message
@@ -57,7 +57,6 @@ from controller.config import ControllerConfig, check_db
 from controller.db_url import is_postgres_url, redact_url
 
 DEFAULT_STEPS = "1000,2000,4000,8000,12500"
-STORM_TIMEOUT_S = 120.0
 
 
 def progress(message: str) -> None:
@@ -146,6 +145,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="at the last step, drop every stream and reconnect all at once",
     )
     parser.add_argument(
+        "--failover",
+        action="store_true",
+        help=(
+            "with --replicas 2, at the last step (after any storm): kill the leader; its agents go to "
+            "the standby, which takes the lead (every node comes back to it)"
+        ),
+    )
+    parser.add_argument(
         "--transport-floor",
         action="store_true",
         help=(
@@ -178,6 +185,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dir", help="keep the controller's database, config and log here (default: a temporary one)"
     )
     args = parser.parse_args(argv)
+    _check(parser, args)
+    return args
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse settings that cannot run (parser.error: exits); fill in the defaults that follow others."""
     try:
         args.step_sizes = [int(s) for s in args.steps.split(",") if s.strip()]
     except ValueError:
@@ -192,6 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
     if not 1 <= args.replicas <= 8 or args.workers < args.replicas:
         parser.error("--replicas must be 1..8, with at least as many --workers")
+    if args.failover and (args.replicas != 2 or args.shared_connection):
+        parser.error("--failover needs --replicas 2 (and each node's own connection: no --shared-connection)")
     if args.disk_writer is not None and args.disk_writer < 0:
         parser.error("--disk-writer must be >= 0 MB/s (0: as fast as the disk takes)")
     if args.ramp is None:
@@ -207,7 +222,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             check_db(args.db)
         except ValueError as error:
             parser.error(f"--{error}")
-    return args
 
 
 def store(args: argparse.Namespace) -> dict[str, Any]:
@@ -369,48 +383,6 @@ def _overall_pass(scrape: target.Scrape) -> float | None:
     return scrape.pass_sum / scrape.pass_count if scrape.pass_count else None
 
 
-def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller) -> dict[str, Any]:
-    """Drop every stream and reconnect all at once; how long until each node's first frame is acked,
-    and the CPU the controller and the load generator spent on it (which of them limited it)."""
-    progress(f"reconnect storm: dropping {nodes} streams")
-    before, generator = target.sample(controller), fleet.cpu_seconds()
-    began = time.monotonic()
-    fleet.ask("storm")
-    while True:
-        answers = fleet.ask("storm_status")
-        done = sum(a["done"] for a in answers)
-        if done >= nodes or time.monotonic() - began > STORM_TIMEOUT_S:
-            break
-        time.sleep(0.5)
-    seconds = time.monotonic() - began
-    after, generator = target.sample(controller), fleet.cpu_seconds() - generator
-    series = {
-        key: [x for a in answers for x in a[key]]
-        for key in ("reconnect", "answer", "first_ack", "since_storm")
-    }
-    failed: collections.Counter[str] = collections.Counter()
-    for answer in answers:
-        failed.update(answer["failed"])
-    storm: dict[str, Any] = {
-        "nodes": nodes,
-        "recovered": done,
-        "seconds": seconds,
-        "controller_cores": (after.cpu_seconds - before.cpu_seconds) / seconds,
-        "generator_cores": generator / seconds,
-        "controller_ms_per_node": 1e3 * (after.cpu_seconds - before.cpu_seconds) / max(done, 1),
-        "failed_attempts": failed.most_common(),  # tries that ended in an error before a node was back
-        # how long the generator took to cancel every old stream (its own cost, not the controller's)
-        "dropped_s": max((a["dropped"] for a in answers if a["dropped"] is not None), default=None),
-    }
-    for key, values in series.items():
-        storm[f"{key}_p50_s"] = report.percentile(values, 50)
-        storm[f"{key}_p99_s"] = report.percentile(values, 99) if done >= nodes else None
-    if done < nodes:  # some nodes never recovered: their p99 is at least the time waited
-        storm["since_storm_p99_s"] = seconds
-    progress(f"reconnect storm: {done} of {nodes} recovered in {seconds:.1f} s")
-    return storm
-
-
 def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     """The same load of `nodes` against floor.py (a server that only acks), held --hold seconds: its
     CPU per frame is what gRPC's asyncio server spends receiving a frame and sending its ack."""
@@ -431,7 +403,7 @@ def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> di
         windows = fleet.ask("window")
         # The same storm against it: how long the transport and the generator alone take to bring the
         # fleet back on this machine, below any Hello the controller handles.
-        storm = reconnect_storm(fleet, nodes, floor) if args.reconnect_storm else None
+        storm = storms.reconnect_storm(fleet, nodes, floor, progress) if args.reconnect_storm else None
     finally:
         if fleet is not None:
             fleet.stop()
@@ -470,6 +442,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         "store": store(args),
         "steps": [],
         "storm": None,
+        "failover": None,
         "floor": None,
         "disk_writer": None,
         "stopped_early": None,
@@ -507,7 +480,12 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 document["stopped_early"] = f"the controller saturated at {nodes} nodes: {step['saturated']}"
                 break
         if args.reconnect_storm and document["steps"]:
-            document["storm"] = reconnect_storm(fleet, document["steps"][-1]["nodes"], controller)
+            nodes = document["steps"][-1]["nodes"]
+            document["storm"] = storms.reconnect_storm(fleet, nodes, controller, progress)
+        if args.failover and document["steps"]:
+            targets = [spec.target for spec in specs]
+            nodes = document["steps"][-1]["nodes"]
+            document["failover"] = storms.failover(fleet, nodes, controller, targets, progress)
     finally:
         if neighbour is not None:
             document["disk_writer"] = neighbour.stop()
@@ -522,6 +500,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         document["storm"],
         document["store"]["backend"],
         disk_writer=args.disk_writer is not None,
+        failover=document["failover"],
     )
     return document
 

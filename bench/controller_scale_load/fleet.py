@@ -47,7 +47,11 @@ class Fleet:
 
     def ask(self, *request: object) -> list[dict[str, Any]]:
         """Send `request` to every worker; their answers, in worker order."""
-        for pipe in self.pipes:
+        return self.ask_each([request] * len(self.pipes))
+
+    def ask_each(self, requests: list[tuple[object, ...]]) -> list[dict[str, Any]]:
+        """Send requests[i] to worker i (every one sent before any answer is read); their answers."""
+        for pipe, request in zip(self.pipes, requests, strict=True):
             pipe.send(request)
         return [
             _receive(pipe, p, ANSWER_TIMEOUT_S) for pipe, p in zip(self.pipes, self.processes, strict=True)

@@ -19,6 +19,7 @@ PASS_AT_12500_S = 5.0
 SCRAPE_AT_12500_S = 1.0
 LIST_AT_12500_S = 1.0
 STORM_P99_S = 5.0
+FAILOVER_S = 30.0  # "a second replica takes over within 30 s"
 FULL_FLEET = 12_500
 # With PostgreSQL the store's writes are the server's, not the controller process's.
 POSTGRES_STORAGE_NOTE = (
@@ -124,6 +125,7 @@ def verdicts(
     backend: str = "sqlite",
     *,
     disk_writer: bool = False,
+    failover: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Each target's verdict. The storage target is judged on the controller's own writes with
     SQLite (the store is in its process), and on the server's WAL with PostgreSQL (`backend`).
@@ -171,7 +173,24 @@ def verdicts(
                 storm["nodes"],
             )
         )
+    if failover is not None:
+        out.append(
+            _verdict(
+                "failover: the standby leads, listens and has the fleet's first frames acked (s, p99, "
+                "from the leader's kill)",
+                takeover_seconds(failover),
+                FAILOVER_S,
+                failover["nodes"],
+            )
+        )
     return out
+
+
+def takeover_seconds(failover: dict[str, Any]) -> float | None:
+    """A failover's whole takeover: the later of the heir listening as leader and the p99 of the
+    fleet's first frames acked (None: it never listened)."""
+    listening, back = failover["listening_s"], failover["since_storm_p99_s"]
+    return None if listening is None or back is None else max(listening, back)
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -198,13 +217,13 @@ COLUMNS = (
 )
 
 
-def _cell(value: Any, form: str) -> str:
+def cell(value: Any, form: str) -> str:
     return "n/a" if value is None else form.format(value)
 
 
 def table(steps: Sequence[dict[str, Any]]) -> list[str]:
     rows = [[title for title, _, _ in COLUMNS]]
-    rows += [[_cell(s[key], form) for _, key, form in COLUMNS] for s in steps]
+    rows += [[cell(s[key], form) for _, key, form in COLUMNS] for s in steps]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     return ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
 
@@ -229,6 +248,26 @@ def store_line(store: dict[str, Any] | None) -> str:
     )
 
 
+def failover_lines(failover: dict[str, Any] | None) -> list[str]:
+    if failover is None:
+        return []
+    f = failover
+    return [
+        "",
+        f"failover at {f['nodes']} nodes (the leader killed, its agents sent to the standby): "
+        f"{f['recovered']} back in {f['seconds']:.1f} s; first frame acked from the kill p50/p99 "
+        f"{cell(f['since_storm_p50_s'], '{:.2f}')}/{cell(f['since_storm_p99_s'], '{:.2f}')} s",
+        f"  the standby, from the kill: leading {cell(f['lead_s'], '{:.2f}')} s, caught up "
+        f"{cell(f['caught_up_s'], '{:.2f}')} s, listening as leader {cell(f['listening_s'], '{:.2f}')} s",
+        f"  reconnect p50/p99 {cell(f['reconnect_p50_s'], '{:.2f}')}/"
+        f"{cell(f['reconnect_p99_s'], '{:.2f}')} s; "
+        f"the standby used {cell(f['heir_cores'], '{:.2f}')} cores "
+        f"({cell(f['heir_ms_per_node'], '{:.1f}')} ms of CPU per node back), the load generator "
+        f"{cell(f['generator_cores'], '{:.2f}')} cores; attempts that failed before a node was back: "
+        + (", ".join(f"{n} x {kind}" for kind, n in f["failed_attempts"]) or "none"),
+    ]
+
+
 def storm_lines(storm: dict[str, Any] | None, server: str = "the controller") -> list[str]:
     """A reconnect storm's report (`server`: who the fleet reconnected to)."""
     if storm is None:
@@ -237,21 +276,21 @@ def storm_lines(storm: dict[str, Any] | None, server: str = "the controller") ->
     return [
         "",
         f"reconnect storm at {storm['nodes']} nodes{against}: {storm['recovered']} recovered in "
-        f"{storm['seconds']:.1f} s; reconnect p50/p99 {_cell(storm['reconnect_p50_s'], '{:.2f}')}/"
-        f"{_cell(storm['reconnect_p99_s'], '{:.2f}')} s; first frame ack p50/p99 "
-        f"{_cell(storm['first_ack_p50_s'], '{:.2f}')}/{_cell(storm['first_ack_p99_s'], '{:.2f}')} s "
-        f"(from the drop: {_cell(storm['since_storm_p50_s'], '{:.2f}')}/"
-        f"{_cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
-        f"  during it {server} used {_cell(storm.get('controller_cores'), '{:.2f}')} cores "
-        f"({_cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
-        f"the load generator {_cell(storm.get('generator_cores'), '{:.2f}')} cores",
+        f"{storm['seconds']:.1f} s; reconnect p50/p99 {cell(storm['reconnect_p50_s'], '{:.2f}')}/"
+        f"{cell(storm['reconnect_p99_s'], '{:.2f}')} s; first frame ack p50/p99 "
+        f"{cell(storm['first_ack_p50_s'], '{:.2f}')}/{cell(storm['first_ack_p99_s'], '{:.2f}')} s "
+        f"(from the drop: {cell(storm['since_storm_p50_s'], '{:.2f}')}/"
+        f"{cell(storm['since_storm_p99_s'], '{:.2f}')} s)",
+        f"  during it {server} used {cell(storm.get('controller_cores'), '{:.2f}')} cores "
+        f"({cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
+        f"the load generator {cell(storm.get('generator_cores'), '{:.2f}')} cores",
         f"  the generator's processes had cancelled every old stream "
-        f"{_cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
+        f"{cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
         "before a node was back: "
         + (", ".join(f"{n} x {kind}" for kind, n in storm.get("failed_attempts", [])) or "none"),
         # Beside reconnect (from the drop): the answer alone, without the backoff of failed tries.
-        f"  the attempt that got a node back waited p50/p99 {_cell(storm.get('answer_p50_s'), '{:.2f}')}/"
-        f"{_cell(storm.get('answer_p99_s'), '{:.2f}')} s for {server} to accept its Hello",
+        f"  the attempt that got a node back waited p50/p99 {cell(storm.get('answer_p50_s'), '{:.2f}')}/"
+        f"{cell(storm.get('answer_p99_s'), '{:.2f}')} s for {server} to accept its Hello",
     ]
 
 
@@ -266,10 +305,10 @@ def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -
     return [
         "",
         f"transport floor at {floor['nodes']} nodes (the same load against a bare gRPC server that only "
-        f"acks): {_cell(mine, '{:.2f}')} ms of CPU per frame ({floor['cpu_cores']:.3f} cores, "
-        f"{floor['frames_per_second']:.1f} frames/s, ack p99 {_cell(floor['ack_p99_s'], '{:.3f}')} s, "
+        f"acks): {cell(mine, '{:.2f}')} ms of CPU per frame ({floor['cpu_cores']:.3f} cores, "
+        f"{floor['frames_per_second']:.1f} frames/s, ack p99 {cell(floor['ack_p99_s'], '{:.3f}')} s, "
         f"stream errors {floor['errors']}); the controller's own work above it: "
-        f"{_cell(own, '{:.2f}')} ms per frame",
+        f"{cell(own, '{:.2f}')} ms per frame",
         *storm_lines(floor.get("storm"), "the bare server"),
     ]
 
@@ -292,13 +331,13 @@ def text(document: dict[str, Any]) -> str:
         extra = (
             f"  {s['nodes']} nodes: {s['frames_acked']} frames acked of {s['frames_due']:.0f} due, "
             f"controller counted {s['controller_frames_per_second']:.1f}/s, send lag p99 "
-            f"{_cell(s['send_lag_p99_s'], '{:.3f}')} s, max ack {_cell(s['ack_max_s'], '{:.3f}')} s, "
-            f"{s['detection_passes']} passes (slowest <= {_cell(s['pass_max_bound_s'], '{:g}')} s), "
+            f"{cell(s['send_lag_p99_s'], '{:.3f}')} s, max ack {cell(s['ack_max_s'], '{:.3f}')} s, "
+            f"{s['detection_passes']} passes (slowest <= {cell(s['pass_max_bound_s'], '{:g}')} s), "
             f"ListNodes {s['list_nodes_count']} nodes in {s['list_nodes_pages']} pages, scrape "
             f"{s['scrape_bytes'] / 1e6:.1f} MB / {s['scrape_series']} series, {s['findings']:.0f} findings, "
             f"stream errors {s['errors']}, garbage collection "
-            f"{_cell(s.get('gc_cores'), '{:.3f}')} cores (longest pause since start "
-            f"{_cell(s.get('gc_longest_pause_s'), '{:.3f}')} s)"
+            f"{cell(s.get('gc_cores'), '{:.3f}')} cores (longest pause since start "
+            f"{cell(s.get('gc_longest_pause_s'), '{:.3f}')} s)"
         )
         lines.append(extra)
         if s["saturated"]:
@@ -317,13 +356,14 @@ def text(document: dict[str, Any]) -> str:
             f"{projected['rss_mb']:.0f} MB"
         )
     lines += storm_lines(document["storm"])
+    lines += failover_lines(document.get("failover"))
     lines += floor_lines(document.get("floor"), steps)
     lines += disk_writer.line(document.get("disk_writer"))
     if document["stopped_early"]:
         lines += ["", f"stopped early: {document['stopped_early']}"]
     lines += ["", "verdicts:"]
     for v in document["verdicts"]:
-        value = _cell(v["value"], "{:.3f}")
+        value = cell(v["value"], "{:.3f}")
         at = f" at {v['at_nodes']} nodes" if v["at_nodes"] else ""
         note = f" ({v['note']})" if v["note"] else ""
         lines.append(f"  {v['verdict']:>12}: {v['target']}: {value}{at}, limit {v['limit']:g}{note}")

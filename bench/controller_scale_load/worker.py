@@ -10,7 +10,9 @@ The parent steers the worker through a multiprocessing pipe; each request gets o
 ("grow", n) starts the worker's share of nodes 0..n-1 (connecting over `ramp_seconds`); ("status",)
 counts them; ("window",) hands over the measurements since the previous ("window",) and starts
 afresh; ("storm",) drops every stream and reconnects all nodes at once, each sending a frame at
-once; ("storm_status",) reports how far that got; ("stop",) ends the worker.
+once; ("failover", target) counts each node's next stream as a storm's (its streams end as the
+controller they reach dies or lets them go: a failover), reconnecting to `target` from then on when
+one is given; ("storm_status",) reports how far either got; ("stop",) ends the worker.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class Window:
 
 @dataclass
 class Storm:
-    """Every stream dropped at `began` and reopened at once."""
+    """Every stream dropped at `began` and reopened at once; or, for a failover, ended by the
+    controllers from `began` on and reopened as the agent does (its backoff)."""
 
     began: float
     reconnect: list[float] = field(default_factory=list)  # storm start -> Hello accepted
@@ -95,6 +98,7 @@ class Node:
     task: asyncio.Task[None] | None = None
     storm_seq: int = 0  # in a storm: the seq of the first frame after reconnecting (0: none pending)
     storm_sent: float = 0.0
+    failing_over: bool = False  # a failover began: the node's next stream counts as a storm's
 
 
 class Worker:
@@ -109,6 +113,7 @@ class Worker:
         self.storm: Storm | None = None
         self.epoch = time.time()  # the schedule's origin: node slots are epoch + phase + k * interval
         self.channel: grpc.aio.Channel | None = None
+        self.target = spec.target  # where nodes connect; a failover may move it
         self.stopped = asyncio.Event()
         self.errors_total = 0
         self.last_error = ""
@@ -152,6 +157,9 @@ class Worker:
             self.storm = Storm(time.perf_counter())
             asyncio.get_running_loop().create_task(self._storm())
             self.conn.send({"storm": True})
+        elif op == "failover":
+            self._failover(request[1])
+            self.conn.send({"failover": True})
         elif op == "storm_status":
             self.conn.send(self._storm_status())
         elif op == "stop":
@@ -227,6 +235,15 @@ class Worker:
         for node in self.nodes:
             node.task = asyncio.get_running_loop().create_task(self._run_node(node, 0.0, storm=True))
 
+    def _failover(self, target: str | None) -> None:
+        """From now, each node's next accepted stream is a storm's reconnection (to `target` if given)."""
+        if target is not None and self.channel is not None:
+            raise ValueError("a failover moves each node's own channel: not with a shared channel")
+        self.storm = Storm(time.perf_counter())
+        self.target = target or self.target
+        for node in self.nodes:
+            node.failing_over = True
+
     async def _run_node(self, node: Node, delay: float, *, storm: bool) -> None:
         """The node's sessions, one after another; between them the agent's own backoff (0.5 s
         doubling to 30 s, jittered, from the first again once a session was accepted): a fixed
@@ -234,14 +251,15 @@ class Worker:
         await asyncio.sleep(delay)
         attempt = 0
         while not self.stopped.is_set():
+            counted = storm or node.failing_over
             try:
-                await self._session(node, storm)
+                await self._session(node, counted)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as exc:
                 self.window.errors += 1
                 self.errors_total += 1
                 self.last_error = f"{node.name}: {_describe(exc)}"
                 self.error_kinds[_kind(exc)] += 1
-                if storm and self.storm is not None:
+                if counted and self.storm is not None:
                     self.storm.failed[_kind(exc)] += 1
             finally:
                 if node.connected:  # the controller had accepted it
@@ -252,7 +270,7 @@ class Worker:
 
     async def _session(self, node: Node, storm: bool) -> None:
         """One stream: Hello, wait for the controller's answer, then frames and acks until it ends."""
-        channel = self.channel or grpc.aio.insecure_channel(self.spec.target, options=NODE_CHANNEL_OPTIONS)
+        channel = self.channel or grpc.aio.insecure_channel(self.target, options=NODE_CHANNEL_OPTIONS)
         try:
             stream = channel.stream_stream(METHOD, _as_is, pb.ControllerMessage.FromString)
             call = stream()  # type: ignore[call-arg] # aio: no iterator, call.write
@@ -264,7 +282,7 @@ class Worker:
             if storm and self.storm is not None:
                 self.storm.reconnect.append(accepted - self.storm.began)
                 self.storm.answer.append(accepted - began)
-            node.connected = True
+            node.connected, node.failing_over = True, False
             # Frames not acked when the last stream ended go again (the controller drops duplicates).
             node.sent.clear()
             node.seq = node.acked

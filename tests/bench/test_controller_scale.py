@@ -9,6 +9,7 @@ import json
 import math
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tests.postgres_server import PostgresServer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import controller_scale
-from controller_scale_load import disk_writer, report
+from controller_scale_load import disk_writer, report, storms
 from controller_scale_load.disk_writer import DiskWriter
 
 NODES = 50
@@ -198,9 +199,11 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
     """Two replicas (replica_ingest) on a PostgreSQL store, one worker's streams to each: the
-    standby's CPU is counted on its own, and the leader lists the whole fleet."""
+    standby's CPU is counted on its own, and the leader lists the whole fleet. Then the failover:
+    the leader killed, every node comes back to the standby, which leads."""
     url = postgres_server.new_database()
-    args = controller_scale.parse_args([*STEP, "--workers", "2", "--replicas", "2", "--db", url])
+    replicas = ["--workers", "2", "--replicas", "2", "--failover"]
+    args = controller_scale.parse_args([*STEP, *replicas, "--db", url])
     document = controller_scale.run(args, tmp_path)
     [step] = document["steps"]
     assert step["connected"] == NODES and step["frames_acked"] > 0.5 * step["frames_due"], step
@@ -210,6 +213,17 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     assert 0 < step["controller_frames_per_second"] < 0.8 * step["frames_per_second"], step
     assert "standby: ingesting" in (tmp_path / "standby1.log").read_text()
     assert document["settings"]["replicas"] == 2
+    failover = document["failover"]
+    # Every node opened a stream after the kill and had a frame acked on it: the killed leader's on
+    # the standby, and the standby's own again once it led.
+    assert failover["nodes"] == failover["recovered"] == NODES, failover
+    assert 0 <= failover["lead_s"] <= failover["listening_s"] <= failover["since_storm_p99_s"], failover
+    assert _finite(failover["caught_up_s"]) and _finite(failover["reconnect_p99_s"])
+    assert failover["heir_cores"] > 0 and failover["generator_cores"] > 0
+    [verdict] = [v for v in document["verdicts"] if v["target"].startswith("failover:")]
+    assert verdict["value"] == failover["since_storm_p99_s"] and verdict["verdict"] == "within"
+    text = report.text(document)
+    assert "failover at 50 nodes (the leader killed" in text and "listening as leader" in text
     left = [p for p in psutil.Process().children(recursive=True) if "controller" in " ".join(p.cmdline())]
     assert left == []  # the standby stopped too
 
@@ -217,3 +231,33 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
 def test_replicas_need_as_many_workers() -> None:
     with pytest.raises(SystemExit):
         controller_scale.parse_args(["--replicas", "3", "--workers", "2"])
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["--failover"],
+        ["--failover", "--replicas", "3", "--workers", "3"],
+        ["--failover", "--replicas", "2", "--workers", "2", "--shared-connection"],
+    ],
+)
+def test_a_failover_needs_two_replicas_on_connections_of_their_own(settings: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        controller_scale.parse_args(settings)
+    assert controller_scale.parse_args(["--failover", "--replicas", "2", "--workers", "2"]).failover
+
+
+def test_the_takeover_is_timed_from_the_heirs_log_lines_after_the_kill(tmp_path: Path) -> None:
+    log = tmp_path / "standby1.log"
+    log.write_text(
+        "2026-11-30 07:00:00,000 INFO gpufleet.controller: leading the store x: term 1\n"  # before
+        "2026-11-30 07:00:10,250 INFO gpufleet.controller: leading the store x: term 2\n"
+        "Traceback (most recent call last):\n"
+        "2026-11-30 07:00:11,500 INFO gpufleet.controller.replicas: caught up: took in 3 nodes\n"
+        "2026-11-30 07:00:12,000 INFO gpufleet.controller: controller listening on 127.0.0.1:1\n"
+        "2026-11-30 07:00:13,000 INFO gpufleet.controller: controller listening on 127.0.0.1:2\n"
+    )
+    killed = datetime(2026, 11, 30, 7, 0, 10).timestamp()
+    times = storms.takeover_times(log, killed)
+    assert times == pytest.approx({"lead_s": 0.25, "caught_up_s": 1.5, "listening_s": 2.0})
+    assert storms.takeover_times(log, killed + 60) == dict.fromkeys(times)
