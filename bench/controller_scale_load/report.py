@@ -257,6 +257,11 @@ def failover_lines(failover: dict[str, Any] | None) -> list[str]:
         f"failover at {f['nodes']} nodes (the leader killed, its agents sent to the standby): "
         f"{f['recovered']} back in {f['seconds']:.1f} s; first frame acked from the kill p50/p99 "
         f"{cell(f['since_storm_p50_s'], '{:.2f}')}/{cell(f['since_storm_p99_s'], '{:.2f}')} s",
+        "  back: "
+        + ", ".join(
+            f"{w['back']} of {w['nodes']} ({'the leader' if w['leader'] else 'the standby'}'s worker)"
+            for w in f.get("by_worker", [])
+        ),
         f"  the standby, from the kill: leading {cell(f['lead_s'], '{:.2f}')} s, caught up "
         f"{cell(f['caught_up_s'], '{:.2f}')} s, listening as leader {cell(f['listening_s'], '{:.2f}')} s",
         f"  reconnect p50/p99 {cell(f['reconnect_p50_s'], '{:.2f}')}/"

@@ -71,6 +71,11 @@ def failover(
     tree = _tree(heir.pid) or tree  # its detection process, started as it took the lead
     spent, generator = _cpu(tree) - spent, fleet.cpu_seconds() - generator
     figures = _figures(answers, nodes, done, seconds)
+    # Back per worker, and whether it had been the leader's: the two halves of the fleet apart.
+    figures["by_worker"] = [
+        {"leader": t == controller.address, "nodes": a["nodes"], "back": a["done"]}
+        for t, a in zip(targets, answers, strict=True)
+    ]
     figures.update(takeover_times(controller.directory / "standby1.log", killed))
     figures["heir_cores"] = spent / seconds
     figures["heir_ms_per_node"] = 1e3 * spent / max(done, 1)

@@ -98,7 +98,9 @@ class Node:
     task: asyncio.Task[None] | None = None
     storm_seq: int = 0  # in a storm: the seq of the first frame after reconnecting (0: none pending)
     storm_sent: float = 0.0
-    failing_over: bool = False  # a failover began: the node's next stream counts as a storm's
+    # A failover began and no frame of the node was acked since: its streams count as a storm's (the
+    # standby it reached may accept it and then let it go as it takes the lead, before the ack).
+    failing_over: bool = False
 
 
 class Worker:
@@ -282,7 +284,7 @@ class Worker:
             if storm and self.storm is not None:
                 self.storm.reconnect.append(accepted - self.storm.began)
                 self.storm.answer.append(accepted - began)
-            node.connected, node.failing_over = True, False
+            node.connected = True
             # Frames not acked when the last stream ended go again (the controller drops duplicates).
             node.sent.clear()
             node.seq = node.acked
@@ -350,6 +352,7 @@ class Worker:
             self.storm.first_ack.append(now - node.storm_sent)
             self.storm.since_storm.append(now - self.storm.began)
             node.storm_seq = 0
+            node.failing_over = False  # back: a stream ended before its first ack came counts again
 
 
 def _as_is(message: bytes) -> bytes:

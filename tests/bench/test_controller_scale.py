@@ -217,6 +217,7 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     # Every node opened a stream after the kill and had a frame acked on it: the killed leader's on
     # the standby, and the standby's own again once it led.
     assert failover["nodes"] == failover["recovered"] == NODES, failover
+    assert sorted((w["leader"], w["back"]) for w in failover["by_worker"]) == [(False, 25), (True, 25)]
     assert 0 <= failover["lead_s"] <= failover["listening_s"] <= failover["since_storm_p99_s"], failover
     assert _finite(failover["caught_up_s"]) and _finite(failover["reconnect_p99_s"])
     assert failover["heir_cores"] > 0 and failover["generator_cores"] > 0

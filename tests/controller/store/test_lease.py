@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from controller.errors import NotLeader
+from controller.store import postgres_lease
 from controller.store.audit import AuditEntry
 from controller.store.commands import CommandRecord
-from controller.store import postgres_lease
 from controller.store.leader import begin_term
 from controller.store.lease_keeper import LeaseKeeper
 from controller.store.store import Store
