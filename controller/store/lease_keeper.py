@@ -14,7 +14,6 @@ still stops checking and loses the lease, as it should.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -27,7 +26,6 @@ class LeaseKeeper:
     def __init__(self, lease: Lease, poll: float) -> None:
         self.lease = lease
         self.poll = poll
-        self.checks = 0
         self._last = time.monotonic()  # won just now: as good as a check
         self._held = True
         self._stopped = False
@@ -56,12 +54,13 @@ class LeaseKeeper:
 
     def _check(self) -> bool:
         with self._mutex:
-            self.checks += 1
             return self.lease.alive()
 
     async def _run(self) -> None:
         while self._held:
             await asyncio.sleep(max(0.0, self._last + self.poll - time.monotonic()))
             if time.monotonic() - self._last >= self.poll:  # not checked meanwhile (still_leading)
-                with contextlib.suppress(RuntimeError):  # the loop's executor shut down: stopping
+                try:
                     await self.alive()
+                except RuntimeError:  # the loop's executor shut down: the controller is stopping
+                    return
