@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence, Sized
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller.commands.channel import CommandChannel
@@ -26,6 +27,7 @@ from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.pool import DetectionPool
 from controller.errors import StoreUnavailable
+from controller.fleet.adopt import carry
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
@@ -55,6 +57,20 @@ from controller.warm_standby import WarmStandby
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller")
+
+
+@dataclass(slots=True)
+class Takeover:
+    """A standby's passage to the lead (ControllerApp.start)."""
+
+    won: bool = False  # the store's lead won
+    # Set by the server when the standby's agents' port serves on as the leader's: its agents'
+    # streams stay open through the lead (controller/server.py; ControllerApp._carry_streams).
+    streams_kept: bool = False
+    unflushed: set[str] = field(default_factory=set)  # its nodes' readings not stored as it ended
+
+
+CARRY_HISTORY_READS = 3  # rounds of reading carried nodes' probe history before the fleet moves
 PROBE_HISTORY_DAYS = 30
 
 
@@ -117,6 +133,7 @@ class ControllerApp:
         # as the leader it takes in what the other replicas store.
         self.replicas: ReplicaFeed | None = None
         self.warm: WarmStandby | None = None  # a standby's fleet held while it waits (start())
+        self.takeover = Takeover()
         if config.replica_ingest:
             self.store.owner, self.store.owner_clock = self.holder, clock
             self.replicas = ReplicaFeed(
@@ -231,19 +248,21 @@ class ControllerApp:
         holder = self.holder
         try:
             epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
+            won = self.clock()
+            self.takeover.won = True  # (before the standby's work ends: its port may serve on)
+            log.info("leading the store %s: term %d", description, epoch)
         except BaseException:
             if warm is not None:
                 await warm.stop()
             raise
         finally:
-            for task in work:  # its agents reconnect: to this replica again once it listens as leader
+            # A standby's agents' port stops (they reconnect: to this replica again once it listens
+            # as the leader) or serves on as the leader's (streams_kept: controller/server.py).
+            for task in work:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        log.info("leading the store %s: term %d", description, epoch)
-        with collector_paused():  # the store's thread builds the fleet meanwhile
-            await self._load_fleet(warm)
-        self.ingest.fleet = self.fleet
+        await self._load_fleet(warm, won)
         self.silencing = await self.store.load_silencing(self.clock())
         self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
         await self.breaker.load()  # its window and tripped state survive a restart
@@ -265,17 +284,70 @@ class ControllerApp:
             len(self.active),
         )
 
-    async def _load_fleet(self, warm: WarmStandby | None) -> None:
+    async def _load_fleet(self, warm: WarmStandby | None, won: float) -> None:
         """The fleet and the active findings from the store: a warm standby's fleet (its own nodes
         caught up; the others' by ReplicaFeed.catch_up, before detection starts), or the whole store
-        loaded."""
-        fleet = None if warm is None else await warm.take_over()
+        loaded; ingest moved to it. The nodes whose agents stream on (takeover.streams_kept) are not
+        read again from the store but carried over from its ingest's fleet, which is newer
+        (_carry_streams)."""
+        standby_fleet, skipped = self.fleet, set(self.takeover.unflushed)
+
+        def streams_on(name: str) -> bool:
+            on = self.takeover.streams_kept and self.connections.get(name, 0) > 0
+            if on:
+                skipped.add(name)
+            return on
+
+        with collector_paused():  # the store's thread builds the fleet meanwhile
+            await self._read_fleet(warm, streams_on)
+        if self.takeover.streams_kept:
+            await self._carry_streams(standby_fleet, skipped, won)
+        self.ingest.fleet = self.fleet
+
+    async def _read_fleet(self, warm: WarmStandby | None, skip: Callable[[str], bool]) -> None:
+        fleet = None if warm is None else await warm.take_over(skip)
         if warm is None or fleet is None:
             self.fleet, findings = await self.store.load()
         else:
             self.fleet, findings = fleet, await self.store.active_findings()
             log.info("warm standby: leading with the fleet held (%d looks at the store)", warm.looks)
         self.active = {f.finding.key: f for f in findings}
+
+    def _streaming(self) -> set[str]:
+        return {n for n, count in self.connections.items() if count > 0}
+
+    async def _carry_streams(self, standby: Fleet, skipped: set[str], won: float) -> None:
+        """The nodes this replica's agents stream on with through the lead, and those it heard from
+        since the lead was won, did not store as a standby or skipped reading from the store: from
+        its ingest's fleet (newer than the store: as a standby it writes their readings only every
+        replica_sync_seconds) into the one it leads with,
+        in the same turn of the loop as ingest moves to it (controller/fleet/adopt.py carry). Their
+        stored probe history is read first where the fleet's may be behind (newer results here)."""
+        fleet = self.fleet
+        read: set[str] = set()
+        for _ in range(CARRY_HISTORY_READS):  # agents keep connecting meanwhile
+            due = self._to_carry(standby, skipped, won) - read
+            if not due:
+                break
+            read |= due
+            behind = sorted(
+                {
+                    r.node
+                    for key, r in standby.probes.items()
+                    if r.node in due and (key not in fleet.probes or fleet.probes[key].time < r.time)
+                }
+            )
+            if behind:
+                await self.store.load_history(fleet, behind)
+        carried = carry(fleet, standby, self._to_carry(standby, skipped, won))
+        for name in carried:
+            fleet.nodes[name].connected = self.connections.get(name, 0) > 0
+        if carried:
+            log.info("%d agents stream on through the lead: their nodes carried from memory", len(carried))
+
+    def _to_carry(self, standby: Fleet, skipped: set[str], won: float) -> set[str]:
+        heard = {n for n, node in standby.nodes.items() if node.last_heard >= won}
+        return self._streaming() | skipped | heard
 
     async def _standby(self, work: Callable[[], Awaitable[None]]) -> None:
         """A standby's ingest: its nodes' readings stored every replica_sync_seconds at least, for the
@@ -285,8 +357,10 @@ class ControllerApp:
             await work()
         finally:
             self.ingest.state_every_seconds = self.config.db_state_seconds
+            # Not those whose agents stream on (streams_kept): their nodes are carried from memory.
+            unflushed = self.takeover.unflushed = self._streaming() if self.takeover.streams_kept else set()
             try:
-                await self.ingest.flush_state()
+                await self.ingest.flush_state(skip=unflushed)
             except Exception:  # a store error: the readings come again with the agents' next frames
                 log.exception("storing a standby's latest readings failed")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -180,9 +180,10 @@ class Ingest:
         self.unsaved.discard(node)
         self.unsaved_xids.pop(node, None)
 
-    async def flush_state(self) -> int:
-        """Write every node's latest readings the store does not hold yet (at shutdown); return how many."""
-        names = sorted(self.unsaved)
+    async def flush_state(self, skip: Collection[str] = ()) -> int:
+        """Write every node's latest readings the store does not hold yet (at shutdown), but those in
+        `skip`; return how many."""
+        names = sorted(self.unsaved.difference(skip))
         if names:
             await self.save_state(names, self.clock())
         return len(names)

@@ -9,10 +9,12 @@ others, which take their nodes over from the store: ack positions included, so n
 twice or lost.
 
 A standby ingests (checks, stores, acks) and probes its agents on connect; it runs no detection,
-breaker, tuning or drain, and serves no operators. The leader does all fleet-wide work: every
-replica_sync_seconds it takes in (controller/fleet/adopt.py) the nodes that the others wrote since
-its last look, so its detectors, operators' lists and /metrics see the whole fleet; a node another
-replica wrote lately is connected in the leader's fleet.
+breaker, tuning or drain, and serves no operators (controller/standby_gate.py). When it takes the
+lead its agents' streams stay open (without ingest fronts): its port serves on as the leader's and
+their nodes are carried over from its memory (ControllerApp._carry_streams). The leader does all
+fleet-wide work: every replica_sync_seconds it takes in (controller/fleet/adopt.py) the nodes that
+the others wrote since its last look, so its detectors, operators' lists and /metrics see the whole
+fleet; a node another replica wrote lately is connected in the leader's fleet.
 
 Commands go through the store both ways. The leader issues a command for a node that streams to
 another replica as for its own (its row stored first); that replica finds it among its nodes'

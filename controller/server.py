@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -28,6 +29,7 @@ from controller.operator_api import OperatorServicer
 from controller.security.auth import OperatorAuth, operator_auth
 from controller.security.tls import ServerTls
 from controller.servicer import TelemetryServicer, add_telemetry
+from controller.standby_gate import StandbyGate
 from controller.standing import Standing
 from controller.store.lease import POLL_SECONDS
 from protos.gpufleet.v1 import operator_pb2_grpc
@@ -35,6 +37,7 @@ from protos.gpufleet.v1 import operator_pb2_grpc
 log = logging.getLogger("gpufleet.controller")
 SERVER_KEEPALIVE_MS = 30_000  # as the agent's own (agent/stream/client.py CHANNEL_OPTIONS)
 SERVER_KEEPALIVE_TIMEOUT_MS = 10_000
+STANDBY_REFUSAL = "this controller is a standby (replica_ingest): operators are served by the leader"
 
 
 def server_options(config: ControllerConfig) -> list[tuple[str, int]]:
@@ -64,7 +67,7 @@ async def build_server(
     *,
     operator: bool = False,
     auth: OperatorAuth | None = None,
-    operators_api: bool = True,
+    gate: StandbyGate | None = None,
 ) -> tuple[Listeners, str]:
     """Started servers bound to app.config.listen (agents and operators; `listeners` of them,
     controller/listeners.py), or with operator=True one to app.config.operator_listen (operators
@@ -75,7 +78,10 @@ async def build_server(
     tls.client_ca, the operator port none. Without, plaintext (the config allowed it)."""
     # auth: one per controller (both ports share it); made here when not given (TokenFileError when
     # the tokens file is unusable)
+    # gate: a standby's (controller/standby_gate.py), whose port serves operators once it leads
     interceptors = [ErrorInterceptor(), auth if auth is not None else operator_auth(app.config)]
+    if gate is not None:
+        interceptors.append(gate)
     address = app.config.operator_listen if operator else app.config.listen
     assert address is not None, "operator=True needs operator_listen"
     # The agents' port: several servers take new streams in parallel (controller/listeners.py).
@@ -87,8 +93,7 @@ async def build_server(
     def build() -> grpc.aio.Server:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         add_telemetry(TelemetryServicer(app, agents=not operator), server)
-        if operators_api:  # (a standby's agents' port serves no operators: replica_ingest)
-            operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
+        operator_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(app), server)
         return server
 
     def bind(server: grpc.aio.Server, where: str) -> int:
@@ -111,13 +116,34 @@ def write_ready_file(path: str, address: str, operator_address: str | None = Non
     tmp.replace(path)
 
 
-async def _start_grpc(app: ControllerApp, tls: ServerTls | None) -> list[tuple[Listeners, str]]:
-    """The agents' port, then the operators' when configured: (server, bound address) each. With
-    ingest fronts, the operators' port alone: the fronts serve the agents' (_start_fronts)."""
-    auth = operator_auth(app.config)
+@dataclass
+class Handover:
+    """A standby's agents' port, kept serving when it takes the lead (replica_ingest without ingest
+    fronts): its agents' streams stay open, and its operator service opens (StandbyGate)."""
+
+    gate: StandbyGate = field(default_factory=lambda: StandbyGate(STANDBY_REFUSAL))
+    auth: OperatorAuth | None = None
+    kept: tuple[Listeners, str] | None = None
+
+    async def release(self) -> None:
+        """Stop a kept port that no leader will serve on (the start failed after the lead)."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            await kept[0].stop(None)
+
+
+async def _start_grpc(
+    app: ControllerApp, tls: ServerTls | None, handover: Handover
+) -> list[tuple[Listeners, str]]:
+    """The agents' port (a standby's, kept: handover), then the operators' when configured: (server,
+    bound address) each. With ingest fronts, the operators' port alone: the fronts serve the agents'
+    (_start_fronts)."""
+    auth = handover.auth or operator_auth(app.config)
     if app.config.ingest_fronts:
         return [await build_server(app, tls, operator=True, auth=auth)]
-    started = [await build_server(app, tls, auth=auth)]
+    kept, handover.kept = handover.kept, None
+    started = [kept if kept is not None else await build_server(app, tls, auth=auth)]
+    handover.gate.open()
     if app.config.operator_listen is not None:
         try:
             started.append(await build_server(app, tls, operator=True, auth=auth))
@@ -132,12 +158,12 @@ async def _stop_grpc(servers: list[tuple[Listeners, str]], grace: float | None) 
 
 
 async def _listen(
-    app: ControllerApp, tls: ServerTls | None
+    app: ControllerApp, tls: ServerTls | None, handover: Handover
 ) -> tuple[list[tuple[Listeners, str]], Fronts | None]:
     """The gRPC servers (_start_grpc) and the ingest fronts when configured; on OSError nothing is
     left listening and the app is closed."""
     try:
-        servers = await _start_grpc(app, tls)
+        servers = await _start_grpc(app, tls, handover)
     except OSError:
         app.close()
         raise
@@ -189,19 +215,25 @@ async def serve(
     tls = ServerTls(config.tls) if config.tls.enabled else None
     app = ControllerApp(config)
     standing = Standing(app.cluster, os.environ)  # /readyz and the pod's role label, from now on
+    handover = Handover()
     try:
         await standing.begin(config.health_listen)
-        standby_work = (lambda: _standby_ingest(app, tls)) if config.replica_ingest else None
-        await app.start(on_standby=standing.standby, standby_work=standby_work)
-        await _lead(config, app, tls, standing, on_ready)
+        standby_work = (lambda: _standby_ingest(app, tls, handover)) if config.replica_ingest else None
+        try:
+            await app.start(on_standby=standing.standby, standby_work=standby_work)
+        except BaseException:
+            await handover.release()
+            raise
+        await _lead(config, app, tls, standing, on_ready, handover=handover)
     finally:
         await standing.end()
 
 
-async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
+async def _standby_ingest(app: ControllerApp, tls: ServerTls | None, handover: Handover) -> None:
     """replica_ingest: serve agents on `listen` while waiting for the lead (until cancelled), through
-    the ingest fronts when configured, as the leader does; no operators here (controller/replicas.py).
-    A port that cannot be bound leaves this standby idle."""
+    the ingest fronts when configured, as the leader does; operators are refused here until it
+    leads (controller/replicas.py). Without fronts the port is kept when the lead is won (handover):
+    its agents' streams stay open. A port that cannot be bound leaves this standby idle."""
     server: Listeners | None = None
     fronts: Fronts | None = None
     try:
@@ -209,7 +241,8 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
             fronts = await _start_fronts(app, tls, operators="on the leader: this replica is a standby")
             address, how = fronts.address, f"; {app.config.ingest_fronts} ingest fronts"
         else:
-            server, address = await build_server(app, tls, operators_api=False)
+            handover.auth = handover.auth or operator_auth(app.config)
+            server, address = await build_server(app, tls, auth=handover.auth, gate=handover.gate)
             how = ""
     except OSError as exc:
         app.fronts = None
@@ -234,7 +267,9 @@ async def _standby_ingest(app: ControllerApp, tls: ServerTls | None) -> None:
         if fronts is not None:
             await fronts.stop()  # their agents reconnect, to whichever replica their Service picks
             app.fronts = None
-        if server is not None:
+        if server is not None and app.takeover.won:  # its agents stream on to the leader
+            handover.kept, app.takeover.streams_kept = (server, address), True
+        elif server is not None:
             await server.stop(2.0)
 
 
@@ -260,10 +295,12 @@ async def _lead(
     tls: ServerTls | None,
     standing: Standing,
     on_ready: Callable[[str, str | None], None] | None,
+    *,
+    handover: Handover,
 ) -> None:
     """Serve as the leader until SIGINT/SIGTERM or the lead is lost."""
     metrics: MetricsServer | None = None
-    servers, fronts = await _listen(app, tls)
+    servers, fronts = await _listen(app, tls, handover)
     address = fronts.address if fronts is not None else servers[0][1]
     operator_address = servers[-1][1] if len(servers) > 1 or fronts is not None else None
     if config.metrics_address is not None:

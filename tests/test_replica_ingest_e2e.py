@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -63,6 +64,22 @@ def _listed(address: str) -> operator_pb2.NodeSummary | None:
     with grpc.insecure_channel(address) as channel:
         nodes = operator_pb2_grpc.OperatorStub(channel).ListNodes(operator_pb2.ListNodesRequest(), timeout=5)
     return next((n for n in nodes.nodes if n.name == NODE), None)
+
+
+def _probed(address: str, log: Path) -> Any:
+    """An operator's probe of the node (gemm) through the controller at `address`, answered ok: the
+    answer as `probe-node -o json` prints it (`log`: the replica's, shown when it fails)."""
+    probed = subprocess.run(
+        [*PROBE_NODE, "--controller", address, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert probed.returncode == 0, probed.stderr + log.read_text()[-3000:]
+    answer = json.loads(probed.stdout)
+    assert (answer["done"], answer["ok"]) == (True, True), answer
+    return answer
 
 
 def _controller(
@@ -160,16 +177,7 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
 
             wait_for("the leader does not list the standby's node", leader_sees_it_streaming, logs)
             # An operator's probe, through the leader: the standby sends it on the node's stream.
-            probed = subprocess.run(
-                [*PROBE_NODE, "--controller", leader_address, "-o", "json"],
-                capture_output=True,
-                text=True,
-                timeout=90,
-                check=False,
-            )
-            assert probed.returncode == 0, probed.stderr + logs[1].read_text()[-3000:]
-            answer = json.loads(probed.stdout)
-            assert (answer["done"], answer["ok"]) == (True, True), answer
+            answer = _probed(leader_address, logs[1])
             assert {(r["probe"], r["gpu"]) for r in answer["results"]} == {("gemm", 0), ("gemm", 1)}
             assert f"command {answer['command_id']} (run_probes" in logs[1].read_text()  # sent from there
 
@@ -256,6 +264,65 @@ def test_a_warm_standby_takes_over_from_a_killed_leader_with_the_fleet_it_holds(
             assert_each_seq_once(store_db, standby_metrics, at_kill, agent)
             text = logs[1].read_text()
             assert "loading the store" not in text and "OUT_OF_RANGE" not in text, text[-3000:]
+        finally:
+            for process in reversed(processes):
+                stop(process)
+
+
+def test_a_standby_that_takes_the_lead_keeps_its_agents_streams(tmp_path: Path, store_db: str) -> None:
+    """The agent streams to the standby, whose agents' port refuses operators (UNAVAILABLE, naming
+    the leader's role). kill -9 the leader: the standby leads on the same port without ending the
+    agent's stream (one connection in all), carries its node from memory, serves operators there,
+    and an operator's probe through it runs on that stream; no acked frame lost, none stored twice."""
+    agent_cfg, leader_cfg, _, _, standby_cfg, standby_address, standby_metrics = _two_replicas(
+        tmp_path, store_db
+    )
+    logs, ready = _logs(tmp_path), tmp_path / "leader.ready"
+    processes: list[subprocess.Popen[bytes]] = []
+    with ServiceProxy([standby_address]) as service:
+        _dial(agent_cfg, service)
+        try:
+            leader = _first_leader(leader_cfg, ready, logs, processes)
+            standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
+            processes.append(standby)
+            wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
+            processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
+            agent = processes[-1]
+            wait_for("the standby stored no frames", lambda: _position_or_zero(store_db) >= 20, logs)
+            assert _owner(store_db).endswith(f":{standby.pid}")
+            with pytest.raises(grpc.RpcError) as refused:
+                _listed(standby_address)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "is a standby" in str(refused.value.details())
+
+            leader.kill()  # mid-stream
+            leader.wait(timeout=10)
+            at_kill = stored_position(store_db)
+            wait_for(
+                "the standby did not carry its streaming node into the lead",
+                lambda: "1 agents stream on through the lead" in logs[1].read_text(),
+                logs,
+            )
+
+            def listed_streaming() -> bool:
+                try:
+                    node = _listed(standby_address)
+                except grpc.RpcError:  # its operators not served yet
+                    return False
+                return node is not None and node.connected and node.acked_seq >= at_kill
+
+            wait_for("the new leader does not list its node streaming", listed_streaming, logs)
+            answer = _probed(standby_address, logs[1])
+            assert f"command {answer['command_id']} (run_probes" in logs[1].read_text()  # on the kept stream
+            wait_for(
+                "the agent's stream did not go on with the new leader",
+                lambda: _position_or_zero(store_db) >= at_kill + 30,
+                logs,
+            )
+            text = logs[1].read_text()  # (before the agent stops)
+            assert text.count(f"agent connected: node {NODE} ") == 1, text[-3000:]  # never reconnected
+            assert "disconnected" not in text and "OUT_OF_RANGE" not in text, text[-3000:]
+            assert_each_seq_once(store_db, standby_metrics, 0, agent)  # all by it, before the lead and after
         finally:
             for process in reversed(processes):
                 stop(process)

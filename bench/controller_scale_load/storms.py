@@ -68,18 +68,23 @@ def failover(
     controller.process.kill()
     controller.process.wait()
     answers, done, seconds = _await_fleet(fleet, nodes)
+    # Its agents may be back before it listens as the leader (their streams kept through the lead).
+    heir_log = controller.directory / "standby1.log"
+    while takeover_times(heir_log, killed)["listening_s"] is None and time.time() - killed < STORM_TIMEOUT_S:
+        time.sleep(0.5)
     tree = _tree(heir.pid) or tree  # its detection process, started as it took the lead
     spent, generator = _cpu(tree) - spent, fleet.cpu_seconds() - generator
+    elapsed = time.time() - killed
     figures = _figures(answers, nodes, done, seconds)
     # Back per worker, and whether it had been the leader's: the two halves of the fleet apart.
     figures["by_worker"] = [
         {"leader": t == controller.address, "nodes": a["nodes"], "back": a["done"]}
         for t, a in zip(targets, answers, strict=True)
     ]
-    figures.update(takeover_times(controller.directory / "standby1.log", killed))
-    figures["heir_cores"] = spent / seconds
+    figures.update(takeover_times(heir_log, killed))
+    figures["heir_cores"] = spent / elapsed
     figures["heir_ms_per_node"] = 1e3 * spent / max(done, 1)
-    figures["generator_cores"] = generator / seconds
+    figures["generator_cores"] = generator / elapsed
     back = figures["since_storm_p99_s"]
     say(
         f"failover: {done} of {nodes} back in {seconds:.1f} s (p99 {report.cell(back, '{:.1f}')} s); "

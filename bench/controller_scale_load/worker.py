@@ -12,7 +12,8 @@ counts them; ("window",) hands over the measurements since the previous ("window
 afresh; ("storm",) drops every stream and reconnects all nodes at once, each sending a frame at
 once; ("failover", target) counts each node's next stream as a storm's (its streams end as the
 controller they reach dies or lets them go: a failover), reconnecting to `target` from then on when
-one is given; ("storm_status",) reports how far either got; ("stop",) ends the worker.
+one is given, and a stream that stays open (its replica leads on it) by its next frame acked;
+("storm_status",) reports how far either got; ("stop",) ends the worker.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class Node:
     task: asyncio.Task[None] | None = None
     storm_seq: int = 0  # in a storm: the seq of the first frame after reconnecting (0: none pending)
     storm_sent: float = 0.0
+    back: bool = False  # counted back since the last storm or failover (once each)
     # A failover began and no frame of the node was acked since: its streams count as a storm's (the
     # standby it reached may accept it and then let it go as it takes the lead, before the ack).
     failing_over: bool = False
@@ -235,6 +237,7 @@ class Worker:
         if self.storm is not None:
             self.storm.dropped = time.perf_counter() - self.storm.began
         for node in self.nodes:
+            node.back = False
             node.task = asyncio.get_running_loop().create_task(self._run_node(node, 0.0, storm=True))
 
     def _failover(self, target: str | None) -> None:
@@ -244,7 +247,7 @@ class Worker:
         self.storm = Storm(time.perf_counter())
         self.target = target or self.target
         for node in self.nodes:
-            node.failing_over = True
+            node.failing_over, node.back = True, False
 
     async def _run_node(self, node: Node, delay: float, *, storm: bool) -> None:
         """The node's sessions, one after another; between them the agent's own backoff (0.5 s
@@ -328,6 +331,8 @@ class Worker:
         now = time.time()
         message = frame_message(node.archetype, node.name, node.boot, seq=seq, floor=node.acked + 1, now=now)
         node.sent.append((seq, time.perf_counter()))
+        if node.failing_over and not node.storm_seq:  # a stream kept through a failover: back once acked
+            node.storm_seq, node.storm_sent = seq, node.sent[-1][1]
         self.window.sent += 1
         self.window.lags.append(lag)
         await call.write(message)
@@ -348,7 +353,8 @@ class Worker:
             _, sent = node.sent.popleft()
             self.window.latencies.append(now - sent)
             self.window.acked += 1
-        if node.storm_seq and seq >= node.storm_seq and self.storm is not None:
+        if node.storm_seq and seq >= node.storm_seq and self.storm is not None and not node.back:
+            node.back = True
             self.storm.first_ack.append(now - node.storm_sent)
             self.storm.since_storm.append(now - self.storm.began)
             node.storm_seq = 0

@@ -67,6 +67,7 @@ class NodeStream:
     boot_id: str
     peer: str
     outbox: Outbox
+    remembers: bool = False  # the agent keeps command ids and results across its restarts
     replaced: asyncio.Event = field(default_factory=asyncio.Event)
     replaced_by: str = ""  # the status details the replaced stream is closed with
 
@@ -95,14 +96,22 @@ class CommandChannel:
 
     async def load(self) -> list[CommandRecord]:
         """Take up the commands a previous controller left unfinished: sent on the node's next
-        stream. Mutating commands that timed out unanswered hold their nodes again."""
+        stream, or at once on one open here already (a standby that leads keeps its agents' streams:
+        what it took up there stays as it is, now its own to finish). Mutating commands that timed
+        out unanswered hold their nodes again."""
         reloaded, unanswered = await self.store.load_commands()
-        for record in reloaded:
+        new = [record for record in reloaded if record.id not in self.open]
+        for record in new:
             self.open[record.id] = record
+        self.taken_up.clear()
         for record in unanswered:
             if self._mutating(record) and record.sent is not None:
                 self.held[record.node] = record  # the newest per node (oldest first)
                 self._finished[record.id] = record  # its late answer is recorded against it
+        for node in sorted({r.node for r in new} | set(self.held)):
+            stream = self.streams.get(node)
+            if stream is not None:
+                self._deliver(stream, [r for r in new if r.node == node])
         if reloaded:
             log.info("%d unfinished commands reloaded from the store", len(reloaded))
         return reloaded
@@ -111,30 +120,34 @@ class CommandChannel:
 
     def open_stream(self, hello: pb.Hello, outbox: Outbox, peer: str) -> NodeStream:
         """The node's newest stream: replaces an older one, and gets the node's unfinished commands."""
-        stream = NodeStream(hello.node, hello.boot_id, peer, outbox)
+        stream = NodeStream(hello.node, hello.boot_id, peer, outbox, MEMORY_CAPABILITY in hello.capabilities)
         old = self.streams.get(hello.node)
         if old is not None:
             old.replaced_by = f"replaced by a newer stream for node {hello.node} from {peer}"
             old.replaced.set()
             log.warning("node %s: stream from %s replaced by a newer one from %s", hello.node, old.peer, peer)
         self.streams[hello.node] = stream
-        remembers = MEMORY_CAPABILITY in hello.capabilities
+        self._deliver(stream, self.in_flight(hello.node))
+        return stream
+
+    def _deliver(self, stream: NodeStream, records: list[CommandRecord]) -> None:
+        """`records` (the node's unfinished commands) sent on its stream, or finished when they no
+        longer can be; its timed-out mutating command sent again, to learn how it ended."""
         now = self.clock()
-        for record in self.in_flight(hello.node):
+        for record in records:
             if now >= record.deadline:
                 self._time_out(record)
-            elif record.state != "pending" and record.boot_id != hello.boot_id and not remembers:
+            elif record.state != "pending" and record.boot_id != stream.boot_id and not stream.remembers:
                 self._finish(record, "failed", error=RESTARTED, failure="restarted")
             else:
                 self._send(record, stream, again=record.state != "pending")
-        held = self.held.get(hello.node)
+        held = self.held.get(stream.node)
         if held is not None:
-            if held.boot_id != hello.boot_id:  # the agent that may have been applying it is gone
-                del self.held[hello.node]
-                log.info("node %s: new boot, timed-out command %s no longer holds it", hello.node, held.id)
-            if held.boot_id == hello.boot_id or remembers:
+            if held.boot_id != stream.boot_id:  # the agent that may have been applying it is gone
+                del self.held[stream.node]
+                log.info("node %s: new boot, timed-out command %s no longer holds it", stream.node, held.id)
+            if held.boot_id == stream.boot_id or stream.remembers:
                 self._send(held, stream, again=True)  # to learn how it ended (a late answer)
-        return stream
 
     def close_stream(self, stream: NodeStream) -> None:
         if self.streams.get(stream.node) is stream:  # a newer stream of the same node stays

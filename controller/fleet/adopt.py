@@ -11,7 +11,7 @@ here (a held condition the owner computed is).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from controller.fleet.model import Fleet, NodeState
 from controller.fleet.state import remember
@@ -64,3 +64,36 @@ def adopt(fleet: Fleet, stored: Fleet, heard: Mapping[str, float], *, counters: 
         if boot[0] in fleet.nodes:
             fleet.acked[boot] = max(fleet.acked.get(boot, 0), acked)
     return names
+
+
+def carry(fleet: Fleet, source: Fleet, names: Iterable[str]) -> list[str]:
+    """Nodes of `source`, the fleet a replica's own ingest kept as a standby while their agents
+    streamed to it, put in `fleet`, the one it leads with (their streams stay open): each NodeState as
+    it is (its memory is the newest: readings, counter trends, XIDs), the newer probe results and ack
+    positions merged, and each key's results newer than `fleet`'s history holds added to it. The
+    names carried (those `source` holds), sorted."""
+    carried = sorted(n for n in set(names) if n in source.nodes)
+    if not carried:
+        return carried
+    for name in carried:
+        fleet.nodes[name] = source.nodes[name]
+    fleet.members += 1  # (node_order: its objects changed, some may be new)
+    fleet.probe_version += 1  # their Hellos may be newer than the store's
+    kept = set(carried)
+    for key, record in source.probes.items():
+        if record.node not in kept:
+            continue
+        current = fleet.probes.get(key)
+        if current is None or current.time < record.time:
+            fleet.probes[key] = record
+        held = fleet.history.get(key)
+        newest = held[-1][0] if held else float("-inf")
+        points = [(t, v) for t, v in source.history.get(key, ()) if t > newest]  # the results since
+        if not points and record.time > newest:
+            points = [(record.time, record.value)]
+        for time, value in points:
+            remember(fleet, key, time, value)
+    for boot, acked in source.acked.items():
+        if boot[0] in kept:
+            fleet.acked[boot] = max(fleet.acked.get(boot, 0), acked)
+    return carried

@@ -28,6 +28,7 @@ class Scene:
     standby: ControllerApp
     outbox: asyncio.Queue[pb.ControllerMessage]  # n1's stream on the standby
     clock: Clock
+    waiting: asyncio.Task[None]  # the standby's start(): done once it leads
 
 
 Body = Callable[[Scene], Awaitable[None]]
@@ -45,7 +46,7 @@ def _with_replicas(db: str, body: Body) -> None:
             standby.commands.open_stream(hello("n1"), outbox, "ipv4:10.0.0.9:4000")
             await standby.ingest.frame("n1", frame(1))
             assert await replicas.feed.take_in() == ["n1"]
-            await body(Scene(replicas.leader, standby, outbox, clock))
+            await body(Scene(replicas.leader, standby, outbox, clock, replicas.waiting))
 
     run(go())
 
@@ -103,6 +104,38 @@ def test_a_command_the_leader_gave_up_on_is_let_go_by_the_standby(store_db: str)
         assert (await _stored(leader.commands, record.id)).state == "timed_out"
         await _feed(standby).deliver_commands()
         assert record.id not in standby.commands.open and not standby.commands.taken_up
+
+    _with_replicas(store_db, body)
+
+
+def test_a_standby_that_leads_on_its_agents_streams_finishes_what_it_took_up_and_sends_the_rest(
+    store_db: str,
+) -> None:
+    """The standby takes the lead with n1's stream kept open (controller/server.py): the command it
+    took up from the dead leader stays as it is, its own now, not sent again; the one the leader
+    issued since, not taken up yet, goes on the stream at once; n1's node is the standby's own."""
+
+    async def body(scene: Scene) -> None:
+        leader, standby, outbox = scene.leader, scene.standby, scene.outbox
+        taken = await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "operator:alice")
+        assert await _feed(standby).deliver_commands() == 1
+        assert outbox.get_nowait().command.id == taken.id
+        later = await leader.commands.issue("n1", pb.Command(run_probes=pb.RunProbes()), "scheduler")
+        held = standby.commands.open[taken.id]
+        node = standby.fleet.nodes["n1"]
+        standby.connected("n1")  # (the servicer's, for the stream opened above)
+        standby.takeover.streams_kept = True
+        leader.close()
+        await asyncio.wait_for(scene.waiting, 20)
+        assert standby.fleet.nodes["n1"] is node and node.connected
+        assert standby.ingest.fleet is standby.fleet
+        assert standby.commands.open[taken.id] is held and not standby.commands.taken_up
+        sent = outbox.get_nowait().command
+        assert sent.id == later.id and outbox.empty()
+        assert standby.commands.open[later.id].state == "sent"
+        result = pb.CommandResult(command_id=taken.id, ok=True, run_probes=pb.RunProbesResult(results=8))
+        assert standby.commands.answered("n1", result) is held
+        assert held.state == "succeeded" and (await _stored(standby.commands, taken.id)).state == "succeeded"
 
     _with_replicas(store_db, body)
 

@@ -205,3 +205,56 @@ def test_after_a_warm_standbys_lead_the_first_take_in_is_at_once(store_db: str) 
             await running
 
     run(go())
+
+
+def test_a_warm_standby_leading_on_its_agents_streams_carries_them_from_memory_history_and_all(
+    store_db: str,
+) -> None:
+    """takeover.streams_kept (controller/server.py): the nodes still streaming to the standby are not read
+    again at the lead but carried over from its ingest's fleet, their probe history read where the
+    warm fleet's is behind (here: a node taken over from the leader since the warm fleet's load);
+    the fleet it leads with is still the one a load reads."""
+    clock = Clock(T0)
+
+    async def go() -> None:
+        async with leader_and_standby(store_db, clock) as replicas:
+            leader, standby = replicas.leader, replicas.standby
+            warm = await _warm(standby)
+            assert await leader.ingest.hello(hello("n3")) == 0
+            await _frames(leader, "n3", range(1, 3), clock)
+            clock.now += 20
+            assert await standby.ingest.hello(hello("n3")) == 2  # its agent moves: taken over
+            await _frames(standby, "n3", range(3, 5), clock)
+            assert await standby.ingest.frame("n3", frame(5, node="n3", t=clock.now)) == 5  # readings unsaved
+            node = standby.fleet.nodes["n3"]  # its history: the result taken over and three since
+            assert [v for _, v in standby.fleet.history[("n3", 0, "gemm", "bf16")]] == [702, 703, 704, 705]
+            standby.connected("n3")
+            standby.takeover.streams_kept = True
+            read: list[str] = []
+            load_nodes = standby.store.load_nodes
+
+            async def counted(names: list[str], *args: Any) -> Any:
+                read.extend(names)
+                return await load_nodes(names, *args)
+
+            standby.store.load_nodes = counted  # type: ignore[method-assign,assignment]
+            leader.close()
+            await asyncio.wait_for(replicas.waiting, 20)
+            assert standby.fleet is warm.fleet and standby.ingest.fleet is standby.fleet
+            assert "n3" not in read and standby.fleet.nodes["n3"] is node and node.connected
+            assert [v for _, v in standby.fleet.history[("n3", 0, "gemm", "bf16")]] == [
+                701,
+                702,
+                703,
+                704,
+                705,
+            ]
+            assert standby.fleet.acked[("n3", "b1")] == 5
+            feed = standby.replicas
+            assert feed is not None
+            await feed.catch_up()
+            assert "n3" in standby.ingest.unsaved  # not stored as it took the lead: carried instead
+            await standby.ingest.flush_state()  # (as it stops)
+            assert _as_stored(standby.fleet) == _as_stored(await _loaded(store_db))
+
+    run(go())

@@ -1,12 +1,13 @@
 """Taking in nodes another replica stored (controller/fleet/adopt.py): only what is newer replaces
 what the fleet holds; counters' rates come from the readings taken in; a new Hello is a new
-inventory."""
+inventory. A standby that leads on its agents' streams carries their nodes over as it holds them."""
 
 from __future__ import annotations
 
-from controller.fleet.adopt import UNCHANGED, adopt
+from controller.fleet.adopt import UNCHANGED, adopt, carry
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
-from controller.fleet.trends import gpu_key
+from controller.fleet.series import Series
+from controller.fleet.trends import XidSeen, gpu_key
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -94,3 +95,22 @@ def test_an_unchanged_hello_keeps_the_held_one_and_a_node_not_held_is_left_out()
     assert fleet.probe_version == version + 1  # the newer probe result, not a new Hello
     empty = Fleet()
     assert adopt(empty, again, {}) == [] and empty.nodes == {} and empty.probes == {}
+
+
+def test_a_standby_leading_on_its_streams_carries_their_nodes_as_it_holds_them() -> None:
+    led = Fleet()
+    adopt(led, _stored(100.0, seq=5), {})  # n1 as the store had it
+    standby = _stored(130.0, seq=9)  # the standby's ingest: newer, two probe results since
+    key = ("n1", 0, "gemm", "bf16")
+    standby.history[key] = Series([(100.0, 100.0), (120.0, 120.0), (130.0, 130.0)])
+    standby.nodes["n1"].trends.xids.append(XidSeen(125.0, 0, 79))  # memory only: never stored
+    other = standby.nodes["n2"] = NodeState("n2", pb.Hello(node="n2", boot_id="b1"), 1.0, 1.0)
+    members, version = led.members, led.probe_version
+
+    assert carry(led, standby, ["n1", "n3"]) == ["n1"]  # n3: not the standby's
+    assert led.nodes["n1"] is standby.nodes["n1"] and "n2" not in led.nodes and other.name == "n2"
+    assert list(led.nodes["n1"].trends.xids) == [XidSeen(125.0, 0, 79)]
+    assert led.probes[key] is standby.probes[key] and led.acked == {("n1", "b1"): 9}
+    assert list(led.history[key]) == [(100.0, 100.0), (120.0, 120.0), (130.0, 130.0)]  # none twice
+    assert led.members > members and led.probe_version > version
+    assert carry(led, standby, []) == []
