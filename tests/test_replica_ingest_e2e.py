@@ -135,6 +135,20 @@ def _first_leader(
     return leader
 
 
+def _agent_on_the_standby(
+    configs: tuple[Path, Path, Path], ready: Path, logs: list[Path], processes: list[subprocess.Popen[bytes]]
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """The leader, then the standby ingesting, then the agent, whose Service sends it to the standby
+    (configs: the leader's, the standby's, the agent's); all in `processes`, to be stopped."""
+    leader_cfg, standby_cfg, agent_cfg = configs
+    leader = _first_leader(leader_cfg, ready, logs, processes)
+    standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
+    processes.append(standby)
+    wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
+    processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
+    return leader, standby, processes[-1]
+
+
 def _assert_the_standby_says_what_it_ingests(port: int, fronts: int, log: Path) -> None:
     """Each replica's own /metrics: the standby counts what it ingests, and says it is one."""
     assert metric(port, P + "leading") == 0
@@ -159,13 +173,9 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
     with ServiceProxy([standby_address, leader_address]) as service:
         _dial(agent_cfg, service)
         try:
-            leader = _first_leader(leader_cfg, ready, logs, processes)
-            standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
-            processes.append(standby)
-            wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
-            processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
-            agent = processes[-1]
-
+            leader, standby, agent = _agent_on_the_standby(
+                (leader_cfg, standby_cfg, agent_cfg), ready, logs, processes
+            )
             wait_for("the standby stored no frames", lambda: _position_or_zero(store_db) >= 30, logs)
             assert _owner(store_db).endswith(f":{standby.pid}")
             assert metric(leader_metrics, P + "leading") == 1
@@ -282,12 +292,9 @@ def test_a_standby_that_takes_the_lead_keeps_its_agents_streams(tmp_path: Path, 
     with ServiceProxy([standby_address]) as service:
         _dial(agent_cfg, service)
         try:
-            leader = _first_leader(leader_cfg, ready, logs, processes)
-            standby = spawn(["controller", "controller", "--config", str(standby_cfg)], logs[1])
-            processes.append(standby)
-            wait_for("the standby does not ingest", lambda: "standby: ingesting" in logs[1].read_text(), logs)
-            processes.append(spawn(["agent", "--config", str(agent_cfg)], logs[2]))
-            agent = processes[-1]
+            leader, standby, agent = _agent_on_the_standby(
+                (leader_cfg, standby_cfg, agent_cfg), ready, logs, processes
+            )
             wait_for("the standby stored no frames", lambda: _position_or_zero(store_db) >= 20, logs)
             assert _owner(store_db).endswith(f":{standby.pid}")
             with pytest.raises(grpc.RpcError) as refused:
