@@ -263,11 +263,15 @@ class ControllerApp:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._load_fleet(warm, won)
-        self.silencing = await self.store.load_silencing(self.clock())
-        self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
-        await self.breaker.load()  # its window and tripped state survive a restart
-        await self.tuning.load()  # applies a previous run left in flight: settled or awaited
-        await self.kube.load()  # drains a previous run left running: resumed
+        self.store.loads_apart = self.takeover.streams_kept
+        try:
+            self.silencing = await self.store.load_silencing(self.clock())
+            self.probing.adopt(await self.commands.load())  # sent again when their nodes connect
+            await self.breaker.load()  # its window and tripped state survive a restart
+            await self.tuning.load()  # applies a previous run left in flight: settled or awaited
+            await self.kube.load()  # drains a previous run left running: resumed
+        finally:
+            self.store.loads_apart = False
         for node in self.fleet.nodes.values():  # the newest stored readings stand for the last frame
             newest = max([g.time for g in node.gpus.values()] + [node.host_time])
             if newest > 0:
@@ -309,7 +313,7 @@ class ControllerApp:
         if warm is None or fleet is None:
             self.fleet, findings = await self.store.load()
         else:
-            self.fleet, findings = fleet, await self.store.active_findings()
+            self.fleet, findings = fleet, await self.store.active_findings(apart=True)
             log.info("warm standby: leading with the fleet held (%d looks at the store)", warm.looks)
         self.active = {f.finding.key: f for f in findings}
 
@@ -338,7 +342,7 @@ class ControllerApp:
                 }
             )
             if behind:
-                await self.store.load_history(fleet, behind)
+                await self.store.load_history(fleet, behind, apart=True)
         carried = carry(fleet, standby, self._to_carry(standby, skipped, won))
         for name in carried:
             fleet.nodes[name].connected = self.connections.get(name, 0) > 0

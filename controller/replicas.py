@@ -91,7 +91,7 @@ class ReplicaFeed:
         if not self.due:
             return
         try:
-            names = await self.take_in()
+            names = await self.take_in(apart=True)  # (its agents' writes queued meanwhile)
         except StoreUnavailable as exc:
             self.failures += 1
             log.warning("could not take in the other replicas' nodes after taking the lead: %s", exc)
@@ -99,12 +99,13 @@ class ReplicaFeed:
         self.due = False
         log.info("caught up: took in %d nodes written since the standby's last look", len(names))
 
-    async def take_in(self) -> list[str]:
+    async def take_in(self, *, apart: bool = False) -> list[str]:
         """Take in the nodes other replicas wrote since the last look (allowing for skew between
-        their clocks and this one's); their names. Nodes streaming here are left as they are."""
+        their clocks and this one's), read `apart` from this replica's writes (Store._read) or after
+        them; their names. Nodes streaming here are left as they are."""
         now = self.clock()
         since = (now if self.since is None else self.since) - CHANGE_MARGIN_SECONDS
-        changed = await self.store.changed_nodes(since)
+        changed = await self.store.changed_nodes(since, apart=apart)
         # Rows read again for the margin's sake are loaded only when rewritten since.
         names = sorted(
             n
@@ -113,7 +114,8 @@ class ReplicaFeed:
         )
         for start in range(0, len(names), NODES_PER_LOAD):
             chunk = names[start : start + NODES_PER_LOAD]
-            self._adopt(await self.store.load_nodes(chunk, self._held), {n: changed[n][1] for n in chunk})
+            rows = await self.store.load_nodes(chunk, self._held, apart=apart)
+            self._adopt(rows, {n: changed[n][1] for n in chunk})
             self.elsewhere.update((n, changed[n]) for n in chunk)
         self.since = now  # (a failed look is taken again from the same time)
         self.elsewhere.update(changed)

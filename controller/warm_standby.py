@@ -5,7 +5,9 @@ full probe history on PostgreSQL, on top of the 15 s in which the server ends a 
 session (controller/store/postgres_lease.py). So a warm standby loads the store once while it waits,
 on a connection of its own (the store thread goes on with its agents' writes), and then, every
 LOOK_SECONDS, takes in the nodes any replica wrote since (node_owners.written, as the leader does
-every replica_sync_seconds: controller/replicas.py) and drops those the store no longer holds.
+every replica_sync_seconds: controller/replicas.py) and drops those the store no longer holds; its
+looks read apart too (Store._read), not queued behind its agents' writes: when the fleet's agents
+move to it as it takes the lead, its last look's reads waited 14-22 s in that queue.
 On taking the lead it catches up its own nodes (but those whose agents stream on, carried over
 from its ingest's memory instead: ControllerApp._carry_streams) and leads with that fleet; its first
 take-in of the others' nodes (ReplicaFeed.catch_up, at once, before the detection process gets the
@@ -129,7 +131,7 @@ class WarmStandby:
         if fleet is None:
             raise RuntimeError("look() before the warm standby's load")
         now = self.clock()
-        changed = await self.store.changed_nodes(self.since - CHANGE_MARGIN_SECONDS, mine=True)
+        changed = await self.store.changed_nodes(self.since - CHANGE_MARGIN_SECONDS, mine=True, apart=True)
         names = sorted(
             n
             for n, written in changed.items()
@@ -146,14 +148,14 @@ class WarmStandby:
             if not chunk:
                 continue
             taken += chunk
-            rows = await self.store.load_nodes(chunk, held)
+            rows = await self.store.load_nodes(chunk, held, apart=True)
             adopt(fleet, rows.fleet(), {n: changed[n][1] for n in chunk})
             self.seen.update((n, changed[n]) for n in chunk)
             # A key may have had more than one result since the last look: its history as stored.
             probed = sorted({row[0] for row in rows.probes})
             if probed:
-                await self.store.load_history(fleet, probed)
-        stored = await self.store.node_names()
+                await self.store.load_history(fleet, probed, apart=True)
+        stored = await self.store.node_names(apart=True)
         gone = [n for n in fleet.nodes if n not in stored]
         if gone:  # forgotten by the leader (limits.forget_after_seconds)
             forget(fleet, gone)

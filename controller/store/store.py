@@ -93,6 +93,10 @@ class Store:
         self.latency = LabelledHistograms(STORE_BUCKETS, OPERATIONS)
         self.epoch: int | None = None  # this controller's term as leader, once lead() returned
         self._lease: LeaseKeeper | None = None  # checked from the moment it is won
+        # A standby taking the lead on its agents' streams (ControllerApp.start): the state a start
+        # loads (commands, silences, recommendations, drains, the breaker) read apart (_read), not
+        # queued behind their writes.
+        self.loads_apart = False
         # replica_ingest (controller/replicas.py): this replica's name. Every write of a node's rows
         # then checks that it still owns the node (controller/store/owners.py); None: no check.
         self.owner: str | None = None
@@ -198,11 +202,18 @@ class Store:
         """load(), on a connection of its own in a thread of its own: the store thread goes on with
         this replica's writes meanwhile (a standby's load while it waits, controller/warm_standby.py).
         StoreUnavailable when the store cannot be read."""
+        return await self._read("load", node_rows.load, apart=True)
+
+    async def _read(self, operation: str, fn: Callable[[Connection], T], *, apart: bool) -> T:
+        """fn in the store thread (_call), or `apart`: on a connection of its own in a thread of its
+        own (_read_apart), not queued behind this replica's writes, which it sees once committed."""
+        if not apart:
+            return await self._call(operation, fn)
         start = perf_counter()
         try:
-            return await asyncio.to_thread(self._read_apart, node_rows.load)
+            return await asyncio.to_thread(self._read_apart, fn)
         finally:
-            self.latency.observe("load", perf_counter() - start)
+            self.latency.observe(operation, perf_counter() - start)
 
     def _read_apart(self, fn: Callable[[Connection], T]) -> T:
         """fn(a new connection) in one read transaction, rolled back; the connection closed (in
@@ -219,19 +230,19 @@ class Store:
             traceback.clear_frames(exc.__traceback__)
             raise StoreUnavailable(f"store unavailable: {exc}") from None
 
-    async def active_findings(self) -> list[StoredFinding]:
-        """Every active finding, as load() reads them."""
-        return await self._call("load", node_rows.active_findings)
+    async def active_findings(self, *, apart: bool = False) -> list[StoredFinding]:
+        """Every active finding, as load() reads them (`apart`: _read)."""
+        return await self._read("load", node_rows.active_findings, apart=apart)
 
-    async def load_history(self, fleet: Fleet, nodes: Sequence[str]) -> None:
-        """These nodes' probe history as stored, into fleet.history (in the store's thread: the
-        caller's loop waits)."""
+    async def load_history(self, fleet: Fleet, nodes: Sequence[str], *, apart: bool = False) -> None:
+        """These nodes' probe history as stored, into fleet.history (in the store's thread, or
+        `apart` in one of its own (_read): the caller's loop waits)."""
         names = list(nodes)
-        await self._call("load", lambda c: node_rows.load_history(c, fleet, names))
+        await self._read("load", lambda c: node_rows.load_history(c, fleet, names), apart=apart)
 
-    async def node_names(self) -> set[str]:
+    async def node_names(self, *, apart: bool = False) -> set[str]:
         """The names of the nodes the store holds."""
-        return await self._call("load", node_rows.node_names)
+        return await self._read("load", node_rows.node_names, apart=apart)
 
     async def save_hello(self, hello: pb.Hello, now: float) -> int:
         """Record the node's Hello; return the acked seq of its boot (0 if new)."""
@@ -283,16 +294,21 @@ class Store:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, CLAIM_MAX_RETRY_SECONDS)
 
-    async def changed_nodes(self, since: float, *, mine: bool = False) -> dict[str, tuple[str, float]]:
+    async def changed_nodes(
+        self, since: float, *, mine: bool = False, apart: bool = False
+    ) -> dict[str, tuple[str, float]]:
         """The nodes other replicas (`mine`: this one too) wrote after `since`: node -> (replica, when)."""
         owner = "" if mine else self.owner or ""
-        return await self._call("owners", lambda c: owner_rows.changed(c, owner, since))
+        return await self._read("owners", lambda c: owner_rows.changed(c, owner, since), apart=apart)
 
-    async def load_nodes(self, names: Sequence[str], held: HeldProbeTime | None = None) -> StoredNodes:
+    async def load_nodes(
+        self, names: Sequence[str], held: HeldProbeTime | None = None, *, apart: bool = False
+    ) -> StoredNodes:
         """The named nodes' rows as stored, unparsed (StoredNodes.fleet parses them); with `held`,
-        only their probe results newer than held says (it is called from the store's thread)."""
+        only their probe results newer than held says (it is called from the store's thread, or
+        `apart`, one of its own: _read)."""
         names = list(names)
-        return await self._call("load", lambda c: fetch_nodes(c, names, held))
+        return await self._read("load", lambda c: fetch_nodes(c, names, held), apart=apart)
 
     def queue_latest(
         self, nodes: Sequence[NodeState], gpus: Mapping[str, list[GpuState]] | None = None
@@ -396,7 +412,7 @@ class Store:
     async def load_commands(self) -> tuple[list[CommandRecord], list[CommandRecord]]:
         """What a starting controller takes up: the unfinished commands, and those timed out with no
         answer yet (a late answer is still recorded against them)."""
-        return await self._call("load_commands", command_rows.load_commands)
+        return await self._read("load_commands", command_rows.load_commands, apart=self.loads_apart)
 
     async def open_commands_of(self, nodes: Sequence[str]) -> list[CommandRecord]:
         """These nodes' unfinished commands, oldest first."""
@@ -433,7 +449,7 @@ class Store:
 
     async def load_silencing(self, now: float) -> Silencing:
         """The silences not over at `now`, the nodes under maintenance and every finding's ack."""
-        return await self._call("silences", lambda c: silence_rows.load(c, now))
+        return await self._read("silences", lambda c: silence_rows.load(c, now), apart=self.loads_apart)
 
     async def save_silence(self, silence: Silence) -> None:
         row = copy.copy(silence)  # as it is now, whatever changes before the thread runs
@@ -460,7 +476,7 @@ class Store:
         return await self._call("recommendations", lambda c: recommendation_rows.list_rows(c, node, limit))
 
     async def load_recommendations(self) -> list[Recommendation]:
-        return await self._call("recommendations", recommendation_rows.load_all)
+        return await self._read("recommendations", recommendation_rows.load_all, apart=self.loads_apart)
 
     async def save_drain(self, record: DrainRecord) -> None:
         row = drain_rows.to_row(record)  # as it is now, whatever changes before the thread runs
@@ -470,10 +486,10 @@ class Store:
         return await self._call("drains", lambda c: drain_rows.list_rows(c, node, limit))
 
     async def load_running_drains(self) -> list[DrainRecord]:
-        return await self._call("drains", drain_rows.load_running)
+        return await self._read("drains", drain_rows.load_running, apart=self.loads_apart)
 
     async def save_breaker(self, state: str, when: float) -> None:
         await self._call("breaker", lambda c: audit_rows.save_breaker(c, state, when))
 
     async def load_breaker(self) -> str | None:
-        return await self._call("breaker", audit_rows.load_breaker)
+        return await self._read("breaker", audit_rows.load_breaker, apart=self.loads_apart)

@@ -94,8 +94,8 @@ def test_the_leader_loads_only_probe_results_newer_than_it_holds(store_db: str) 
             loaded: list[list[tuple[str, int, str, str]]] = []
             load = leader.store.load_nodes
 
-            async def recorded(names: list[str], held: object = None) -> object:
-                rows = await load(names, held)  # type: ignore[arg-type]
+            async def recorded(names: list[str], held: object = None, *, apart: bool = False) -> object:
+                rows = await load(names, held, apart=apart)  # type: ignore[arg-type]
                 loaded.append([(n, g, p, v) for n, g, p, v, *_ in rows.probes])
                 return rows
 

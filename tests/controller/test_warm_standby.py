@@ -6,6 +6,7 @@ store: an SQLite file, a real PostgreSQL database)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -153,7 +154,7 @@ def test_a_standby_whose_warm_fleet_cannot_catch_up_loads_the_store(store_db: st
             warm = await _warm(standby)
             await _frames(leader, "n1", range(1, 3), clock)
 
-            async def unreachable(since: float, *, mine: bool = False) -> Any:
+            async def unreachable(since: float, *, mine: bool = False, apart: bool = False) -> Any:
                 raise StoreUnavailable("store unavailable: connection refused")
 
             standby.store.changed_nodes = unreachable  # type: ignore[method-assign]
@@ -193,7 +194,7 @@ def test_after_a_warm_standbys_lead_the_first_take_in_is_at_once(store_db: str) 
             feed.begin(clock.now - 40, {})  # as a warm standby's handover: from its last look
             taken = asyncio.Event()
 
-            async def take_in() -> list[str]:
+            async def take_in(*, apart: bool = False) -> list[str]:
                 taken.set()
                 return []
 
@@ -233,9 +234,9 @@ def test_a_warm_standby_leading_on_its_agents_streams_carries_them_from_memory_h
             read: list[str] = []
             load_nodes = standby.store.load_nodes
 
-            async def counted(names: list[str], *args: Any) -> Any:
+            async def counted(names: list[str], *args: Any, **kwargs: Any) -> Any:
                 read.extend(names)
-                return await load_nodes(names, *args)
+                return await load_nodes(names, *args, **kwargs)
 
             standby.store.load_nodes = counted  # type: ignore[method-assign,assignment]
             leader.close()
@@ -256,5 +257,30 @@ def test_a_warm_standby_leading_on_its_agents_streams_carries_them_from_memory_h
             assert "n3" in standby.ingest.unsaved  # not stored as it took the lead: carried instead
             await standby.ingest.flush_state()  # (as it stops)
             assert _as_stored(standby.fleet) == _as_stored(await _loaded(store_db))
+
+    run(go())
+
+
+def test_a_warm_standbys_look_is_not_queued_behind_its_agents_writes(store_db: str) -> None:
+    """A look reads on a connection of its own: with the store thread held up (a burst of its agents'
+    writes), it takes in what is committed, and the writes go on once the thread is free."""
+    clock = Clock(T0)
+
+    async def go() -> None:
+        async with leader_and_standby(store_db, clock) as replicas:
+            leader, standby = replicas.leader, replicas.standby
+            warm = await _warm(standby)
+            assert await leader.ingest.hello(hello("n1")) == 0
+            await _frames(leader, "n1", range(1, 3), clock)
+            release = threading.Event()
+            held = standby.store._thread.submit(lambda _: release.wait(20))
+            try:
+                clock.now += 1
+                assert await asyncio.wait_for(warm.look(), 10) == ["n1"]
+                assert warm.fleet is not None and warm.fleet.acked[("n1", "b1")] == 2
+                assert not held.done()  # the store thread was held all along
+            finally:
+                release.set()
+            assert await held
 
     run(go())
