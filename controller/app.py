@@ -324,9 +324,9 @@ class ControllerApp:
         """The nodes this replica's agents stream on with through the lead, and those it heard from
         since the lead was won, did not store as a standby or skipped reading from the store: from
         its ingest's fleet (newer than the store: as a standby it writes their readings only every
-        replica_sync_seconds) into the one it leads with,
-        in the same turn of the loop as ingest moves to it (controller/fleet/adopt.py carry). Their
-        stored probe history is read first where the fleet's may be behind (newer results here)."""
+        replica_sync_seconds) into the one it leads with, in the same turn of the loop as ingest
+        moves to it (controller/fleet/adopt.py carry). Their stored probe history is read first
+        where the fleet's may be behind (newer results here)."""
         fleet = self.fleet
         read: set[str] = set()
         for _ in range(CARRY_HISTORY_READS):  # agents keep connecting meanwhile

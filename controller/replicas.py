@@ -127,8 +127,9 @@ class ReplicaFeed:
 
     def _held(self, key: ProbeKey) -> float | None:
         """When the probe result the fleet holds under `key` was taken (None: none held). Called
-        from the store's thread while the loop waits for the load: a dict read, atomic under the GIL;
-        a result the loop replaces meanwhile is newer, so the stored one skipped for it is older."""
+        from the store's thread while the loop waits for the load (or, for the catch-up, from one of
+        its own while the loop serves agents): a dict read, atomic under the GIL; a result the loop
+        replaces meanwhile is newer, so the stored one skipped for it is older."""
         record = self._fleet().probes.get(key)
         return None if record is None else record.time
 

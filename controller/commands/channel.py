@@ -100,7 +100,8 @@ class CommandChannel:
         what it took up there stays as it is, now its own to finish). Mutating commands that timed
         out unanswered hold their nodes again."""
         reloaded, unanswered = await self.store.load_commands()
-        new = [record for record in reloaded if record.id not in self.open]
+        # (one this replica finished as a standby may read unfinished: its row's write still queued)
+        new = [r for r in reloaded if r.id not in self.open and r.id not in self._finished]
         for record in new:
             self.open[record.id] = record
         self.taken_up.clear()
