@@ -105,37 +105,40 @@ class Ingest:
         checks.hello_times(hello, self.clock(), self.max_clock_skew_seconds)
         # The limit first: a refused name leaves nothing behind (not even its lock).
         async with self.node_limit.joining(self.fleet.nodes, hello.node), self._lock(hello.node):
-            if self.store.owner is not None:
-                await self._take(hello.node)
             now = self.clock()
-            acked = await self.store.save_hello(hello, now)
+            if self.store.owner is None:
+                acked = await self.store.save_hello(hello, now)
+            else:
+                acked = await self._take(hello, now)
             apply_hello(self.fleet, hello, acked, now)
             if self.mirror is not None:
                 self.mirror.hello(hello, acked, now)
             self.hub.hello(hello, now)
             return self.fleet.acked[(hello.node, hello.boot_id)]
 
-    async def _take(self, node: str) -> None:
-        """replica_ingest: this replica ingests `node` from now (controller/store/owners.py). When
-        another replica did until now, or this one never did, the node is first taken in as that one
-        stored it: its ack positions, readings and probe results (controller/fleet/adopt.py)."""
-        before = await self.store.claim_node(node)
-        if before is None and node in self.fleet.nodes:
-            return
-        rows = await self.store.load_nodes([node])
-        stored = rows.fleet()
-        if before is not None:
-            log.info("node %s: taken over from replica %s (its agent connected here)", node, before)
+    async def _take(self, hello: pb.Hello, now: float) -> int:
+        """replica_ingest: this replica ingests the Hello's node from now (controller/store/owners.py)
+        and stores the Hello; the ack position of its boot. When another replica did until now, or
+        this one never did, the node is first taken in as that one stored it: its ack positions,
+        readings and probe results (controller/fleet/adopt.py)."""
+        node = hello.node
+        taken = await self.store.take_node(hello, now, known=node in self.fleet.nodes)
+        if taken.rows is None:
+            return taken.acked
+        stored = taken.rows.fleet()
+        if taken.before is not None:
+            log.info("node %s: taken over from replica %s (its agent connected here)", node, taken.before)
             self.counters.taken_over += 1
         row = stored.nodes.get(node)
         heard = {node: row.last_seen} if row is not None else {}
         adopt(self.fleet, stored, heard, counters=self.mirror is None)
         if self.mirror is not None:
-            self.mirror.adopt(rows, heard)
+            self.mirror.adopt(taken.rows, heard)
         if row is not None:
             newest = max([g.time for g in row.gpus.values()] + [row.host_time])
             if newest > 0:
                 self.last_frame[node] = max(self.last_frame.get(node, 0.0), newest)
+        return taken.acked
 
     def _state_changed(self, node: str, now: float) -> None:
         self.unsaved.add(node)

@@ -16,6 +16,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
 from typing import TypeVar
@@ -58,6 +59,18 @@ CLAIM_LOCK_WAIT_SECONDS = 0.1
 CLAIM_FIRST_RETRY_SECONDS = 0.02
 CLAIM_MAX_RETRY_SECONDS = 1.0
 CLAIM_DEADLINE_SECONDS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class TakenNode:
+    """What Store.take_node did: the replica that had the node before (None: none, or this one),
+    its rows as stored (None: not read) and the ack position of the Hello's boot (0: new)."""
+
+    before: str | None
+    rows: StoredNodes | None
+    acked: int
+
+
 OPERATIONS = (
     "init",
     "load",
@@ -270,16 +283,41 @@ class Store:
 
     async def claim_node(self, node: str) -> str | None:
         """This replica (`owner`) ingests `node` from now; the replica that did before, or None."""
-        owner = self.owner
-        if owner is None:
-            raise RuntimeError("claim_node needs the store's owner set")
+        return await self._claiming(node, lambda conn, now: owner_rows.claim(conn, node, self._owner(), now))
+
+    async def take_node(self, hello: pb.Hello, now: float, *, known: bool) -> TakenNode:
+        """A Hello on this replica (`owner`), in one job of the store thread: its node claimed as
+        claim_node does, its rows read as load_nodes does when another replica had it or this one
+        does not hold it (`known`: it does), its Hello saved as save_hello does at `now`. One turn
+        in the store thread's queue, not three: when a fleet's agents move at once (a replica's
+        death) each Hello waited its turn three times behind their first frames."""
+        owner, node = self._owner(), hello.node
+
+        def take(conn: Connection, claimed: float) -> TakenNode:
+            before = owner_rows.claim(conn, node, owner, claimed)
+            # Read after the claim: what the replica that had it wrote before the claim, every row
+            # (its writes after are refused: the claim holds its owner row, then names this one).
+            rows = fetch_nodes(conn, [node], None) if before is not None or not known else None
+            return TakenNode(before, rows, node_rows.save_hello(conn, hello, now))
+
+        return await self._claiming(node, take)
+
+    def _owner(self) -> str:
+        if self.owner is None:
+            raise RuntimeError("claiming a node needs the store's owner set")
+        return self.owner
+
+    async def _claiming(self, node: str, job: Callable[[Connection, float], T]) -> T:
+        """job(connection, now by owner_clock) in the store thread, its node's owner row waited for
+        at most CLAIM_LOCK_WAIT_SECONDS; a row that stays locked (another replica's batch holds it)
+        makes the job come again, after a backoff, for up to CLAIM_DEADLINE_SECONDS."""
         began, delay = time.monotonic(), CLAIM_FIRST_RETRY_SECONDS
         while True:
             now = self.owner_clock()
 
-            def claim(conn: Connection, now: float = now) -> str | None:
+            def claim(conn: Connection, now: float = now) -> T:
                 with self.backend.short_lock_waits(conn, CLAIM_LOCK_WAIT_SECONDS):
-                    return owner_rows.claim(conn, node, owner, now)
+                    return job(conn, now)
 
             try:
                 return await self._call("owners", claim)

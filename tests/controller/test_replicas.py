@@ -6,6 +6,7 @@ stored position, and the replica it left can write nothing more of it."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -72,6 +73,35 @@ def test_a_standby_ingests_the_leader_takes_its_nodes_in_and_an_agent_that_moves
             assert standby.replicas is not None
             await standby.replicas.catch_up()  # (a warm standby's: the leader's node since its last look)
             assert standby.fleet.acked[("n1", "b1")] == 4
+
+    run(go())
+
+
+def test_a_hello_on_a_replica_takes_its_node_in_one_turn_of_the_store_thread(store_db: str) -> None:
+    """Claim, the stored rows and the Hello in one job: when a dead replica's agents all move at
+    once, each Hello waited its turn in the store thread's queue three times (claim, load, Hello)
+    behind their first frames (2,000 nodes on two replicas: their Hellos done 20 s after the kill)."""
+    clock = Clock(T0)
+
+    async def go() -> None:
+        async with leader_and_standby(store_db, clock) as replicas:
+            leader, standby = replicas.leader, replicas.standby
+            await _three_frames(standby)
+            submit, jobs = leader.store._thread.submit, []
+
+            def counted(fn: Any) -> Any:
+                jobs.append(asyncio.current_task())
+                return submit(fn)
+
+            leader.store._thread.submit = counted  # type: ignore[method-assign]
+            for _ in range(2):  # taken over from the standby; then its own already
+                hello_task = asyncio.create_task(leader.ingest.hello(hello("n1")))
+                assert await hello_task == 3
+                assert jobs.count(hello_task) == 1, jobs
+            assert leader.ingest.counters.taken_over == 1
+            assert leader.fleet.nodes["n1"].gpus[0].sample.power_watts == 403.0  # the standby's rows
+            with pytest.raises(NotOwner):
+                await standby.ingest.frame("n1", frame(4))
 
     run(go())
 
