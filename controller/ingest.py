@@ -85,6 +85,8 @@ class Ingest:
         # replica_ingest: each node's XID events since its readings were last written, written with
         # them (the readings hold only the latest frame's), so the leader sees every one.
         self.unsaved_xids: dict[str, list[pb.GpuSample]] = {}
+        self._due: set[str] = set()  # readings due, to be written at the end of this turn of the loop
+        self._gathering: asyncio.Handle | None = None
         # A copy of the fleet elsewhere (the detection process) gets each change applied here. The
         # error counters' trends (NodeState.trends: rates over a window) are then kept in the copy
         # only, where the detectors read them; a copy started again from this fleet (the process
@@ -141,9 +143,22 @@ class Ingest:
         return taken.acked
 
     def _state_changed(self, node: str, now: float) -> None:
+        """A frame changed the node's readings: written when due (state_every_seconds), gathered
+        with the others due in this turn of the loop into one store job (_write_due). The frames of
+        one group commit resume in the same turn, so the busier the store, the more nodes a job
+        holds: a standby (due every replica_sync_seconds) wrote one job per frame, each with its own
+        savepoint, GPU rows and host row statements, about two thirds of its store thread's work."""
         self.unsaved.add(node)
         if now - self.state_saved.get(node, float("-inf")) >= self.state_every_seconds:
-            self.save_state([node], now)
+            self._due.add(node)
+            if self._gathering is None:
+                self._gathering = asyncio.get_running_loop().call_soon(self._write_due)
+
+    def _write_due(self) -> None:
+        self._gathering = None
+        names, self._due = sorted(self._due), set()
+        if names:
+            self.save_state(names, self.clock())
 
     def save_state(self, names: list[str], now: float) -> asyncio.Future[int]:
         """Queue these nodes' latest readings as memory holds them now; a failed write leaves them
@@ -182,10 +197,14 @@ class Ingest:
         self.state_saved.pop(node, None)
         self.unsaved.discard(node)
         self.unsaved_xids.pop(node, None)
+        self._due.discard(node)
 
     async def flush_state(self, skip: Collection[str] = ()) -> int:
         """Write every node's latest readings the store does not hold yet (at shutdown), but those in
         `skip`; return how many."""
+        if self._gathering is not None:  # (those due are unsaved: written here, or skipped)
+            self._gathering.cancel()
+            self._gathering, self._due = None, set()
         names = sorted(self.unsaved.difference(skip))
         if names:
             await self.save_state(names, self.clock())

@@ -21,6 +21,9 @@ from controller.store.sql import Conn, placeholders, stream, upsert
 from controller.store.stored_nodes import fetch_nodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
+# A node's latest readings to write: name, GPU readings, host reading (or None), its time.
+LatestRow = tuple[str, Sequence[GpuState], pb.HostSample | None, float]
+
 
 def save_hello(conn: Conn, hello: pb.Hello, now: float) -> int:
     conn.execute(
@@ -106,15 +109,22 @@ def save_latest(
 ) -> None:
     """A node's latest GPU and host readings (nodes.last_seen is not touched: boots.updated says when
     its newest frame was, and load() takes the later of the two)."""
-    conn.executemany(
-        upsert("gpu_state", "node, gpu, time, sample, held", "node, gpu"),
-        [(node, g.index, g.time, g.sample.SerializeToString(), json.dumps(g.held)) for g in gpus],
-    )
-    if host is not None:
-        conn.execute(
-            upsert("host_state", "node, time, sample", "node"),
-            (node, host_time, host.SerializeToString()),
-        )
+    save_latest_of(conn, [(node, gpus, host, host_time)])
+
+
+def save_latest_of(conn: Conn, nodes: Sequence[LatestRow]) -> None:
+    """Several nodes' latest readings (as save_latest), in one statement for their GPUs and one for
+    their hosts."""
+    gpu_rows = [
+        (node, g.index, g.time, g.sample.SerializeToString(), json.dumps(g.held))
+        for node, gpus, _, _ in nodes
+        for g in gpus
+    ]
+    if gpu_rows:
+        conn.executemany(upsert("gpu_state", "node, gpu, time, sample, held", "node, gpu"), gpu_rows)
+    host_rows = [(node, t, host.SerializeToString()) for node, _, host, t in nodes if host is not None]
+    if host_rows:
+        conn.executemany(upsert("host_state", "node, time, sample", "node"), host_rows)
 
 
 def finding_row(s: StoredFinding) -> tuple[object, ...]:

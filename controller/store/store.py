@@ -359,7 +359,7 @@ class Store:
         owner, now = self.owner, self.owner_clock()
 
         def save(conn: Connection) -> int:
-            busy = 0
+            busy, kept = 0, []
             for row in rows:
                 if owner is not None:
                     try:
@@ -369,7 +369,8 @@ class Store:
                     except RowBusy:  # another replica is taking it: likewise
                         busy += 1
                         continue
-                node_rows.save_latest(conn, *row)
+                kept.append(row)
+            node_rows.save_latest_of(conn, kept)
             return busy
 
         start = perf_counter()

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from controller.config import ControllerConfig
 from controller.errors import StoreUnavailable
-from controller.fleet.model import Fleet
+from controller.fleet.model import Fleet, NodeState
 from controller.ingest import Ingest
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -141,7 +141,7 @@ def test_a_failed_write_is_counted_and_due_again_with_the_next_frame(tmp_path: P
 
         ingest.store.queue_latest = broken  # type: ignore[method-assign]
         await ingest.frame("n1", frame(1))  # acked: the position is stored, only the readings are not
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # the write gathered at the end of the loop's turn, and its failure
         assert ingest.state_failures == 1 and ingest.unsaved == {"n1"}
         ingest.store.queue_latest = real  # type: ignore[method-assign]
         clock.now += 10  # well inside db_state_seconds: due again all the same
@@ -174,7 +174,7 @@ def test_failed_writes_are_logged_once_then_every_thousandth(
         with caplog.at_level(logging.WARNING, logger="gpufleet.controller.ingest"):
             for seq in range(1, 1001):
                 await ingest.frame("n1", frame(seq))
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.01)  # the last write gathered, and its failure
         assert ingest.state_failures == 1000
 
     run(tmp_path / "s.db", body)
@@ -183,3 +183,28 @@ def test_failed_writes_are_logged_once_then_every_thousandth(
         "1 such writes failed so far",
         "1000 such writes failed so far",
     ]
+
+
+def test_readings_due_in_one_turn_of_the_loop_are_written_in_one_store_job(tmp_path: Path) -> None:
+    """Frames whose writes one group commit acked resume together: the readings they made due go
+    to the store in one job, not one job each."""
+    db = tmp_path / "s.db"
+
+    async def body(ingest: Ingest, clock: Clock) -> None:
+        names = [f"n{i}" for i in range(1, 6)]
+        for name in names:
+            await ingest.hello(hello(name))
+        real, jobs = ingest.store.queue_latest, []
+
+        def counted(nodes: Sequence[NodeState], gpus: object = None) -> asyncio.Future[int]:
+            jobs.append(sorted(n.name for n in nodes))
+            return real(nodes, gpus)  # type: ignore[arg-type]
+
+        ingest.store.queue_latest = counted  # type: ignore[method-assign]
+        await asyncio.gather(*(ingest.frame(name, frame(1, name)) for name in names))
+        await asyncio.sleep(0.05)
+        assert jobs == [names] and ingest.unsaved == set()
+
+    run(db, body)
+    fleet = stored(db)
+    assert [fleet.nodes[n].gpus[0].sample.power_watts for n in ("n1", "n5")] == [401.0, 401.0]
