@@ -492,9 +492,20 @@ class ControllerApp:
         unless detect.process is false), fed every change this controller applies to its fleet."""
         self.detection = DetectionPool(self.config.detect, self.detectors, self.config.detect.processes)
         self.ingest.mirror = self.detection
+        began = time.perf_counter()
         await self.detection.start(self.fleet)
+        log.info(
+            "the detection process has the fleet: %d nodes, copied in %.1f s",
+            len(self.fleet.nodes),
+            time.perf_counter() - began,
+        )
 
-    async def detect_forever(self, stop: asyncio.Event) -> None:
+    async def detect_forever(self, stop: asyncio.Event, copying: asyncio.Task[None] | None = None) -> None:
+        """A detection pass every detect.interval_seconds until stop; the first once `copying` (the
+        detection process's copy of the fleet, controller/server.py _before_judging) is done. A copy
+        that failed is stopped: the first pass starts the process again, with a new copy."""
+        if copying is not None and not await self._copied(copying, stop):
+            return
         last_prune = 0.0
         pruning: asyncio.Task[None] | None = None
         try:
@@ -516,6 +527,21 @@ class ControllerApp:
                 pruning.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pruning
+
+    async def _copied(self, copying: asyncio.Task[None], stop: asyncio.Event) -> bool:
+        """Wait for the copy; False when stop came first."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({copying, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not copying.done():
+            return False
+        failed = None if copying.cancelled() else copying.exception()
+        if failed is not None and self.detection is not None:
+            log.error("the detection process's copy of the fleet failed (a new one comes): %s", failed)
+            await self.detection.stop()
+        return True
 
     async def _prune(self, before: float) -> None:
         try:

@@ -260,12 +260,18 @@ def test_a_warm_standby_takes_over_from_a_killed_leader_with_the_fleet_it_holds(
                 return node is not None and node.acked_seq >= at_kill
 
             wait_for("the new leader does not list the node where it was", listed_from_there, logs)
-            # served meanwhile (listed above); caught up before its detectors start, which the
-            # "listening" line (logged after controller/server.py's _before_judging) marks
+            # served meanwhile (listed above); caught up before it leads ("listening", after
+            # controller/server.py's _before_judging) and before its detection process gets the fleet
             wait_for("no catch-up logged", lambda: "caught up: took in" in logs[1].read_text(), logs)
-            wait_for("no detectors started", lambda: "controller listening on" in logs[1].read_text(), logs)
+            wait_for(
+                "no detectors started",
+                lambda: "the detection process has the fleet" in logs[1].read_text(),
+                logs,
+            )
             caught_up = logs[1].read_text()
-            assert caught_up.index("caught up: took in") < caught_up.index("controller listening on")
+            # it leads (listening, ready) while its detection process still gets its copy of the fleet
+            copied = caught_up.index("the detection process has the fleet")
+            assert caught_up.index("caught up: took in") < caught_up.index("controller listening on") < copied
             wait_for(
                 "the agent's stream did not go on with the new leader",
                 lambda: _position_or_zero(store_db) >= at_kill + 30,

@@ -263,7 +263,8 @@ def failover_lines(failover: dict[str, Any] | None) -> list[str]:
             for w in f.get("by_worker", [])
         ),
         f"  the standby, from the kill: leading {cell(f['lead_s'], '{:.2f}')} s, caught up "
-        f"{cell(f['caught_up_s'], '{:.2f}')} s, listening as leader {cell(f['listening_s'], '{:.2f}')} s",
+        f"{cell(f['caught_up_s'], '{:.2f}')} s, listening as leader {cell(f['listening_s'], '{:.2f}')} s, "
+        f"its detection process given the fleet {cell(f.get('detecting_s'), '{:.2f}')} s",
         f"  reconnect p50/p99 {cell(f['reconnect_p50_s'], '{:.2f}')}/"
         f"{cell(f['reconnect_p99_s'], '{:.2f}')} s; "
         f"the standby used {cell(f['heir_cores'], '{:.2f}')} cores "

@@ -27,6 +27,7 @@ TAKEOVER_LINES = {
     "lead_s": "leading the store",
     "caught_up_s": "caught up: took in",
     "listening_s": "controller listening on",
+    "detecting_s": "the detection process has the fleet",  # its copy, made while it leads
 }
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # controller logging's asctime
 
@@ -70,7 +71,7 @@ def failover(
     answers, done, seconds = _await_fleet(fleet, nodes)
     # Its agents may be back before it listens as the leader (their streams kept through the lead).
     heir_log = controller.directory / "standby1.log"
-    while takeover_times(heir_log, killed)["listening_s"] is None and time.time() - killed < STORM_TIMEOUT_S:
+    while None in takeover_times(heir_log, killed).values() and time.time() - killed < STORM_TIMEOUT_S:
         time.sleep(0.5)
     tree = _tree(heir.pid) or tree  # its detection process, started as it took the lead
     spent, generator = _cpu(tree) - spent, fleet.cpu_seconds() - generator

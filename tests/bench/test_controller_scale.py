@@ -223,6 +223,7 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     carried = re.search(r"(\d+) agents stream on through the lead", (tmp_path / "standby1.log").read_text())
     assert carried is not None and int(carried[1]) >= NODES // 2
     assert _finite(failover["caught_up_s"]) and _finite(failover["reconnect_p99_s"])
+    assert failover["listening_s"] <= failover["detecting_s"]  # it leads while the copy is made
     assert failover["heir_cores"] > 0 and failover["generator_cores"] > 0
     [verdict] = [v for v in document["verdicts"] if v["target"].startswith("failover:")]
     latest = max(failover["listening_s"], failover["since_storm_p99_s"])
@@ -264,5 +265,6 @@ def test_the_takeover_is_timed_from_the_heirs_log_lines_after_the_kill(tmp_path:
     )
     killed = datetime(2026, 11, 30, 7, 0, 10).timestamp()
     times = storms.takeover_times(log, killed)
+    assert times.pop("detecting_s") is None  # not logged yet
     assert times == pytest.approx({"lead_s": 0.25, "caught_up_s": 1.5, "listening_s": 2.0})
-    assert storms.takeover_times(log, killed + 60) == dict.fromkeys(times)
+    assert storms.takeover_times(log, killed + 60) == dict.fromkeys([*times, "detecting_s"])
