@@ -65,7 +65,7 @@ class ControllerCollector(Collector):
             return
         yield from self._fleet()
         yield from self._ingest()
-        yield self._store_latency()
+        yield from self._store()
         yield from self._findings()
         yield from self._nodes()
         yield from self._detection()
@@ -80,7 +80,7 @@ class ControllerCollector(Collector):
     def _standby(self) -> Iterator[Metric]:
         yield from self._fleet()
         yield from self._ingest()
-        yield self._store_latency()
+        yield from self._store()
         yield from self._collector()
         yield _log_lines_suppressed()
         yield from self._identity()
@@ -109,12 +109,19 @@ class ControllerCollector(Collector):
             value=0 if warm is None else warm.failures,
         )
 
-    def _store_latency(self) -> Metric:
-        return _histogram(
+    def _store(self) -> Iterator[Metric]:
+        yield _histogram(
             "store_latency_seconds",
             "Seconds from a store call to its commit, queueing and group commit included.",
             {op: h for op, h in sorted(self.app.store.latency.by_label.items())},
             label="operation",
+        )
+        yield CounterMetricFamily(
+            PREFIX + "store_batches_run_again",
+            "Batches of writes committed together without a savepoint each (frames, latest readings) "
+            "in which one write failed (a node another replica took): rolled back and run again, "
+            "each write in its savepoint.",
+            value=self.app.store.batches_run_again,
         )
 
     def _ownership(self) -> Iterator[Metric]:

@@ -13,10 +13,13 @@ Times are each replica's own clock: readers allow for skew between hosts (CHANGE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from controller.errors import NotOwner, RowBusy
-from controller.store.sql import Conn
+from controller.store.sql import Conn, placeholders
 
 CHANGE_MARGIN_SECONDS = 30.0  # rows written up to this long before a look are read again
+CHUNK = 500  # nodes a statement names
 
 
 def claim(conn: Conn, node: str, holder: str, now: float) -> str | None:
@@ -48,6 +51,37 @@ def mark_written(conn: Conn, node: str, holder: str, now: float, skip_locked: st
         if row is not None and str(row[0]) == holder:
             raise RowBusy(f"node {node}: its owner row is held by another replica's open transaction")
         raise NotOwner(node, None if row is None else str(row[0]))
+
+
+def mark_all_written(
+    conn: Conn, nodes: Sequence[str], holder: str, now: float, skip_locked: str = ""
+) -> tuple[set[str], int]:
+    """mark_written for many nodes, one statement for each CHUNK of them while `holder` still owns
+    them all (the usual case; it was one each): the nodes marked written, and how many of the
+    others it owns but another replica's open transaction holds (mark_written's RowBusy); the rest
+    another replica took (its NotOwner). A chunk with one of those goes node by node."""
+    written: set[str] = set()
+    busy = 0
+    for start in range(0, len(nodes), CHUNK):
+        chunk = list(dict.fromkeys(nodes[start : start + CHUNK]))
+        moved = conn.execute(
+            f"UPDATE node_owners SET written = ? WHERE node IN (SELECT node FROM node_owners WHERE node"
+            f" IN ({placeholders(chunk)}) AND holder = ?{skip_locked})",
+            (now, *chunk, holder),
+        ).rowcount
+        if moved == len(chunk):
+            written.update(chunk)
+            continue
+        for node in chunk:  # (those the statement marked are marked again: the same time)
+            try:
+                mark_written(conn, node, holder, now, skip_locked)
+            except NotOwner:
+                continue
+            except RowBusy:
+                busy += 1
+                continue
+            written.add(node)
+    return written, busy
 
 
 def changed(conn: Conn, holder: str, since: float) -> dict[str, tuple[str, float]]:

@@ -21,7 +21,7 @@ from functools import partial
 from time import perf_counter
 from typing import TypeVar
 
-from controller.errors import NotOwner, RowBusy, StoreUnavailable
+from controller.errors import RowBusy, StoreUnavailable
 from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState
 from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
@@ -118,15 +118,21 @@ class Store:
         self.busy_writes = 0  # writes not made: their node's owner row held by another replica's claim
 
     @property
+    def batches_run_again(self) -> int:
+        """Batches of writes that may run twice rolled back and run again (controller/store/writer.py)."""
+        return self._thread.batches_run_again
+
+    @property
     def checkpointer(self) -> Checkpointer | None:
         """SQLite's WAL checkpoints (controller/store/checkpoint.py); None on PostgreSQL or in memory."""
         checkpointer: Checkpointer | None = getattr(self.backend, "checkpointer", None)
         return checkpointer
 
-    async def _call(self, operation: str, fn: Callable[[Connection], T]) -> T:
+    async def _call(self, operation: str, fn: Callable[[Connection], T], *, replayable: bool = False) -> T:
+        """fn in the store thread (controller/store/writer.py; `replayable`: fn may run twice)."""
         start = perf_counter()
         try:
-            return await self._thread.call(fn)
+            return await self._thread.call(fn, replayable=replayable)
         finally:
             self.latency.observe(operation, perf_counter() - start)
 
@@ -265,7 +271,7 @@ class Store:
         """NotOwner (nothing written) when another replica took the node."""
         owner = self.owner
         if owner is None:
-            await self._call("save_frame", lambda c: node_rows.save_frame(c, write))
+            await self._call("save_frame", lambda c: node_rows.save_frame(c, write), replayable=True)
             return
         now = self.owner_clock()
 
@@ -274,7 +280,7 @@ class Store:
             node_rows.save_frame(conn, write)
 
         try:
-            await self._call("save_frame", owned)
+            await self._call("save_frame", owned, replayable=True)
         except RowBusy:
             self.busy_writes += 1  # being taken: its agent sends the frame to the replica taking it
             raise
@@ -359,22 +365,17 @@ class Store:
         owner, now = self.owner, self.owner_clock()
 
         def save(conn: Connection) -> int:
-            busy, kept = 0, []
-            for row in rows:
-                if owner is not None:
-                    try:
-                        owner_rows.mark_written(conn, row[0], owner, now, self.backend.skip_locked)
-                    except NotOwner:  # another replica took it: its readings are that one's to write
-                        continue
-                    except RowBusy:  # another replica is taking it: likewise
-                        busy += 1
-                        continue
-                kept.append(row)
-            node_rows.save_latest_of(conn, kept)
+            if owner is None:
+                node_rows.save_latest_of(conn, rows)
+                return 0
+            # Those another replica took, or is taking (busy), are that one's to write.
+            names = [row[0] for row in rows]
+            written, busy = owner_rows.mark_all_written(conn, names, owner, now, self.backend.skip_locked)
+            node_rows.save_latest_of(conn, [row for row in rows if row[0] in written])
             return busy
 
         start = perf_counter()
-        future = self._thread.submit(save)
+        future = self._thread.submit(save, replayable=True)
 
         def done(settled: asyncio.Future[int]) -> None:
             self.latency.observe("save_latest", perf_counter() - start)

@@ -61,8 +61,11 @@ async def _who(address: str) -> str:
 
 
 def _free(port: int) -> bool:
-    """Whether a socket without SO_REUSEPORT can bind the port (nothing listens there)."""
+    """Whether a socket without SO_REUSEPORT can bind the port (nothing listens there). With
+    SO_REUSEADDR: the connections just closed may leave the port's side of theirs in TIME_WAIT,
+    which only a listening socket's bind is refused for (Linux)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:

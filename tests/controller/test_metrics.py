@@ -555,7 +555,14 @@ def test_a_standby_exports_its_ingest_and_process_families_not_the_leaders() -> 
     finally:
         app.close()
     assert standby[P + "leading"].samples[0].value == 0 and leader[P + "leading"].samples[0].value == 1
-    for name in ("frames_ingested", "connected_agents", "nodes", "store_latency_seconds", "gc_seconds"):
+    for name in (
+        "frames_ingested",
+        "connected_agents",
+        "nodes",
+        "store_latency_seconds",
+        "store_batches_run_again",
+        "gc_seconds",
+    ):
         assert P + name in standby, name
     for name in ("replica_takeovers", "replica_claim_retries"):
         assert P + name in standby and P + name in leader, name

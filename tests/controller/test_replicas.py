@@ -90,9 +90,9 @@ def test_a_hello_on_a_replica_takes_its_node_in_one_turn_of_the_store_thread(sto
             await _three_frames(standby)
             submit, jobs = leader.store._thread.submit, []
 
-            def counted(fn: Any) -> Any:
+            def counted(fn: Any, **kwargs: Any) -> Any:
                 jobs.append(asyncio.current_task())
-                return submit(fn)
+                return submit(fn, **kwargs)
 
             leader.store._thread.submit = counted  # type: ignore[method-assign]
             for _ in range(2):  # taken over from the standby; then its own already
