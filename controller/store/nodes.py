@@ -37,6 +37,19 @@ def save_hello(conn: Conn, hello: pb.Hello, now: float) -> int:
     return int(row[0]) if row else 0
 
 
+SAVE_ACK = (
+    "INSERT INTO boots (node, boot_id, acked_seq, updated) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, updated = "
+    "CASE WHEN excluded.updated > boots.updated THEN excluded.updated ELSE boots.updated END"
+)
+
+
+def save_acks(conn: Conn, writes: Sequence[FrameWrite]) -> None:
+    """The ack positions of frames that carry nothing else to store (save_frame's first statement
+    for each), in one statement."""
+    conn.executemany(SAVE_ACK, [(w.node, w.boot_id, w.seq, w.time) for w in writes])
+
+
 def save_frame(conn: Conn, w: FrameWrite) -> None:
     """The frame's ack position and probe results always; its latest readings when w.state says so
     (Ingest writes a node's readings at most every db_state_seconds: the next frame replaces them).
@@ -45,12 +58,7 @@ def save_frame(conn: Conn, w: FrameWrite) -> None:
     holds what a start reads. Kept 30 days (PROBE_HISTORY_DAYS), it grew by a row per result: about
     34 million rows a day at 12,500 nodes probed every half hour, and the hourly prune scanned them
     all in the store's one writing thread."""
-    conn.execute(
-        "INSERT INTO boots (node, boot_id, acked_seq, updated) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (node, boot_id) DO UPDATE SET acked_seq = excluded.acked_seq, updated = "
-        "CASE WHEN excluded.updated > boots.updated THEN excluded.updated ELSE boots.updated END",
-        (w.node, w.boot_id, w.seq, w.time),
-    )
+    conn.execute(SAVE_ACK, (w.node, w.boot_id, w.seq, w.time))
     if w.state:
         save_latest(conn, w.node, w.gpus, w.host, w.time)
     if w.bmc is not None:

@@ -53,6 +53,19 @@ def mark_written(conn: Conn, node: str, holder: str, now: float, skip_locked: st
         raise NotOwner(node, None if row is None else str(row[0]))
 
 
+def mark_owned(conn: Conn, nodes: Sequence[str], holder: str, now: float, skip_locked: str = "") -> bool:
+    """Record that `holder` writes all of `nodes` now, in one statement: whether it could (it owns
+    them all and no other replica's open transaction holds one; if not, the rows it did mark stay
+    marked: the caller goes node by node, or rolls back)."""
+    chunk = list(dict.fromkeys(nodes))
+    moved = conn.execute(
+        f"UPDATE node_owners SET written = ? WHERE node IN (SELECT node FROM node_owners WHERE node"
+        f" IN ({placeholders(chunk)}) AND holder = ?{skip_locked})",
+        (now, *chunk, holder),
+    ).rowcount
+    return bool(moved == len(chunk))
+
+
 def mark_all_written(
     conn: Conn, nodes: Sequence[str], holder: str, now: float, skip_locked: str = ""
 ) -> tuple[set[str], int]:
@@ -64,12 +77,7 @@ def mark_all_written(
     busy = 0
     for start in range(0, len(nodes), CHUNK):
         chunk = list(dict.fromkeys(nodes[start : start + CHUNK]))
-        moved = conn.execute(
-            f"UPDATE node_owners SET written = ? WHERE node IN (SELECT node FROM node_owners WHERE node"
-            f" IN ({placeholders(chunk)}) AND holder = ?{skip_locked})",
-            (now, *chunk, holder),
-        ).rowcount
-        if moved == len(chunk):
+        if mark_owned(conn, chunk, holder, now, skip_locked):
             written.update(chunk)
             continue
         for node in chunk:  # (those the statement marked are marked again: the same time)

@@ -46,7 +46,7 @@ from controller.store.lease import POLL_SECONDS, BothLeases, Lease
 from controller.store.lease_keeper import LeaseKeeper
 from controller.store.recommendations import Recommendation
 from controller.store.stored_nodes import HeldProbeTime, StoredNodes, fetch_nodes
-from controller.store.writer import StoreThread
+from controller.store.writer import StoreThread, Together
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.store")
@@ -94,6 +94,9 @@ OPERATIONS = (
 )
 
 
+AckItem = tuple[FrameWrite, str | None, float]  # a frame, the replica writing it (or None), its time
+
+
 class Store:
     def __init__(self, path: str, *, synchronous: str = "full", commit_interval_seconds: float = 0.0) -> None:
         """`path`: an SQLite file (":memory:" for tests) or a postgresql:// URL.
@@ -128,11 +131,19 @@ class Store:
         checkpointer: Checkpointer | None = getattr(self.backend, "checkpointer", None)
         return checkpointer
 
-    async def _call(self, operation: str, fn: Callable[[Connection], T], *, replayable: bool = False) -> T:
-        """fn in the store thread (controller/store/writer.py; `replayable`: fn may run twice)."""
+    async def _call(
+        self,
+        operation: str,
+        fn: Callable[[Connection], T],
+        *,
+        replayable: bool = False,
+        together: Together | None = None,
+    ) -> T:
+        """fn in the store thread (controller/store/writer.py: `replayable`, fn may run twice;
+        `together`, how it may run as one with the jobs beside it)."""
         start = perf_counter()
         try:
-            return await self._thread.call(fn, replayable=replayable)
+            return await self._thread.call(fn, replayable=replayable, together=together)
         finally:
             self.latency.observe(operation, perf_counter() - start)
 
@@ -268,22 +279,42 @@ class Store:
         return await self._call("save_hello", lambda c: node_rows.save_hello(c, hello, now))
 
     async def save_frame(self, write: FrameWrite) -> None:
-        """NotOwner (nothing written) when another replica took the node."""
+        """NotOwner (nothing written) when another replica took the node. A frame with nothing to
+        store but its ack position may be written together with the others queued beside it
+        (_acks_together)."""
         owner = self.owner
-        if owner is None:
-            await self._call("save_frame", lambda c: node_rows.save_frame(c, write), replayable=True)
-            return
-        now = self.owner_clock()
+        now = self.owner_clock() if owner is not None else 0.0
+        plain = not write.state and not write.probes and write.bmc is None
+        together = Together(self._acks_together, (write, owner, now)) if plain else None
 
-        def owned(conn: Connection) -> None:
-            owner_rows.mark_written(conn, write.node, owner, now, self.backend.skip_locked)
+        def job(conn: Connection) -> None:
+            if owner is not None:
+                owner_rows.mark_written(conn, write.node, owner, now, self.backend.skip_locked)
             node_rows.save_frame(conn, write)
 
         try:
-            await self._call("save_frame", owned, replayable=True)
+            await self._call("save_frame", job, replayable=True, together=together)
         except RowBusy:
             self.busy_writes += 1  # being taken: its agent sends the frame to the replica taking it
             raise
+
+    def _acks_together(
+        self, conn: Connection, items: list[tuple[FrameWrite, str | None, float]]
+    ) -> list[None]:
+        """Frames with nothing to store but their ack positions, written as one (controller/store/
+        writer.py Together): with an owner, their nodes' owner rows marked in one statement, raising
+        RowBusy when one is not this replica's to write (the batch then goes frame by frame, each
+        refused or written as save_frame does); their ack positions in another."""
+        owner = items[0][1]
+        if owner is not None:
+            nodes = [write.node for write, _, _ in items]
+            now = max(now for _, _, now in items)
+            if any(o != owner for _, o, _ in items) or not owner_rows.mark_owned(
+                conn, nodes, owner, now, self.backend.skip_locked
+            ):
+                raise RowBusy("a node of the group is not this replica's to write: frame by frame")
+        node_rows.save_acks(conn, [write for write, _, _ in items])
+        return [None] * len(items)
 
     # Nodes spread over replicas (controller/store/owners.py)
 

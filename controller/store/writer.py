@@ -10,6 +10,9 @@ what they do is in the database only, as a frame's write) runs without them too;
 fails, the transaction is rolled back and the batch runs again, each job in its savepoint. On
 PostgreSQL each SAVEPOINT and RELEASE is a round trip: 0.26-0.36 ms of the controller's CPU per
 job of the 0.73-0.85 ms a frame's write took alone (psycopg; SQLite's are a few microseconds).
+Such jobs queued one after another may also run as one (`together`: one call for all, as a group's
+frames write their ack positions in one statement); if that call fails, the batch runs again, each
+job on its own in its savepoint.
 
 Commit pacing (`pace_seconds`, the controller's db_commit_interval_seconds): a transaction begins
 at most that often, so the jobs queued meanwhile join it. Where a sync is quick (a fast disk, a
@@ -32,20 +35,36 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from controller.errors import StoreUnavailable
 from controller.store.backends import Backend, Connection
 
 T = TypeVar("T")
-# fn, its future, the future's loop, whether fn may run twice (replayable)
-Job = tuple[Callable[[Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop, bool]
 Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a job's future, result, error
-JobOutcome = tuple[Job, Any, BaseException | None]
 
 log = logging.getLogger("gpufleet.controller.store")
 MAX_BATCH = 512
 JOB_ERRORS_SAID = 64  # distinct (job, error) pairs logged as warnings; the rest at debug
+
+
+@dataclass(frozen=True, slots=True)
+class Together:
+    """A job that may run as one with the jobs next to it in its batch that share `run`:
+    run(connection, [their items, in order]) does what each job alone would, and returns their
+    results in order (it raises, any error, when it cannot do it for every one of them)."""
+
+    run: Callable[[Connection, list[Any]], list[Any]]
+    item: Any
+
+
+# fn, its future, the future's loop, whether fn may run twice (replayable), what runs it together
+# with its neighbours (or None)
+Job = tuple[
+    Callable[[Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop, bool, Together | None
+]
+JobOutcome = tuple[Job, Any, BaseException | None]
 
 
 class StoreThread:
@@ -64,19 +83,26 @@ class StoreThread:
         self._thread.start()
         self._started = True
 
-    async def call(self, fn: Callable[[Connection], T], *, replayable: bool = False) -> T:
+    async def call(
+        self, fn: Callable[[Connection], T], *, replayable: bool = False, together: Together | None = None
+    ) -> T:
         """Run fn(connection) in the store thread inside a transaction; return once committed."""
-        return await self.submit(fn, replayable=replayable)
+        return await self.submit(fn, replayable=replayable, together=together)
 
-    def submit(self, fn: Callable[[Connection], T], *, replayable: bool = False) -> asyncio.Future[T]:
+    def submit(
+        self, fn: Callable[[Connection], T], *, replayable: bool = False, together: Together | None = None
+    ) -> asyncio.Future[T]:
         """Queue fn at once (jobs run in the order queued); the future settles once committed.
         `replayable`: fn may run twice, its first run rolled back (all it does is in the database),
-        so a batch of such jobs needs no savepoint per job (the module's docstring)."""
+        so a batch of such jobs needs no savepoint per job (the module's docstring); `together`
+        (replayable ones only): how it may run as one with its neighbours."""
         if not self._started:
             raise RuntimeError("store thread not started")
+        if together is not None and not replayable:
+            raise ValueError("only a replayable job may run together with others")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, future, loop, replayable))
+        self._jobs.put((fn, future, loop, replayable, together))
         return future
 
     def stop(self) -> None:
@@ -149,7 +175,7 @@ class StoreThread:
         # One wake-up of each loop for the whole batch, not one per job: the self-pipe write and
         # read of a call_soon_threadsafe per frame were a few percent of the controller's CPU.
         by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
-        for (_, future, loop, _), result, error in outcomes:
+        for (_, future, loop, _, _), result, error in outcomes:
             by_loop.setdefault(loop, []).append((future, result, error))
         for loop, settled in by_loop.items():
             try:
@@ -161,10 +187,18 @@ class StoreThread:
         """The batch in one transaction, no savepoints: a job alone, or jobs that may run twice.
         None when one of several failed: all rolled back, to run again one by one."""
         conn.execute(self.backend.begin)
-        results = []
-        for job in batch:
+        results: list[Any] = []
+        for run in _runs(batch):
             try:
-                results.append(job[0](conn))
+                if len(run) == 1:
+                    results.append(run[0][0](conn))
+                else:
+                    together = run[0][4]
+                    assert together is not None
+                    done = together.run(conn, [job[4].item for job in run if job[4] is not None])
+                    if len(done) != len(run):
+                        raise RuntimeError(f"{len(done)} results for {len(run)} jobs run together")
+                    results += done
             except Exception as exc:
                 if self._transaction_lost(conn, exc):
                     raise
@@ -173,7 +207,7 @@ class StoreThread:
                     self.batches_run_again += 1
                     traceback.clear_frames(exc.__traceback__)
                     return None
-                return [(job, None, self._job_error(job, exc))]
+                return [(run[0], None, self._job_error(run[0], exc))]
         conn.execute("COMMIT")
         return [(job, result, None) for job, result in zip(batch, results, strict=True)]
 
@@ -241,6 +275,20 @@ class StoreThread:
         if isinstance(exc, (*self.backend.errors, OSError)):
             return StoreUnavailable(f"store unavailable: {exc}")
         return exc
+
+
+def _runs(batch: list[Job]) -> list[list[Job]]:
+    """The batch cut into runs: next jobs that share a Together's run make one run, any other job
+    is a run of its own."""
+    runs: list[list[Job]] = []
+    for job in batch:
+        together = job[4]
+        last = runs[-1][-1][4] if runs else None
+        if together is not None and last is not None and last.run == together.run:
+            runs[-1].append(job)
+        else:
+            runs.append([job])
+    return runs
 
 
 def _settle_all(settled: list[Outcome]) -> None:

@@ -2,7 +2,8 @@
 where a batch needs them (controller/store/writer.py): frames written together commit without a
 savepoint each; a job that fails among them is undone alone (the batch rolled back and run again,
 each job in its savepoint); a job that may not run twice is never run twice; a job alone is rolled
-back with its transaction. A replica's latest readings of many nodes check their owners together."""
+back with its transaction. Frames with nothing to store but their ack positions are written as one,
+and a replica's latest readings of many nodes check their owners together."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from controller.errors import NotOwner, StoreUnavailable
-from controller.fleet.model import NodeState
+from controller.fleet.model import FrameWrite, NodeState
 from controller.store.sql import Conn
 from controller.store.store import Store
 from tests.controller.store.test_store import hello, run, write
@@ -103,14 +106,46 @@ def test_frames_written_together_commit_without_a_savepoint_each(store_db: str) 
     run(go())
 
 
-def test_a_frame_another_replica_took_is_refused_alone_in_its_batch(store_db: str) -> None:
-    """The batch is rolled back and run again, each frame in its savepoint: the other two stored."""
+def _plain(seq: int, node: str) -> FrameWrite:
+    """A frame with nothing to store but its ack position (its readings not due, no probe result)."""
+    return FrameWrite(node, "b1", seq, 1000.0 + seq, state=False)
+
+
+def test_frames_with_only_their_ack_position_are_written_as_one(store_db: str) -> None:
+    """One statement on node_owners for three frames of a replica (was one each); a frame with
+    more to store runs on its own, between the others."""
+
+    async def go() -> None:
+        store = await _store_with_nodes(store_db, owner="a:1")
+        results, said = await _one_batch(store, lambda: [store.save_frame(_plain(1, n)) for n in NODES])
+        assert results == [None, None, None]
+        assert len([sql for sql in said if "node_owners" in sql]) == 1, said
+        assert _savepoints(said) == 0, said
+        assert await _acked(store) == {"n1": 1, "n2": 1, "n3": 1}
+
+        frames = [_plain(2, "n1"), write(2, "n2"), _plain(2, "n3")]
+        results, said = await _one_batch(store, lambda: [store.save_frame(f) for f in frames])
+        assert results == [None, None, None]
+        assert len([sql for sql in said if "node_owners" in sql]) == 3, said
+        assert await _acked(store) == {"n1": 2, "n2": 2, "n3": 2}
+        assert store.batches_run_again == 0
+        store.close()
+
+    run(go())
+
+
+@pytest.mark.parametrize("frame", [_plain, write], ids=["ack_only", "with_readings_and_probes"])
+def test_a_frame_another_replica_took_is_refused_alone_in_its_batch(
+    store_db: str, frame: Callable[[int, str], FrameWrite]
+) -> None:
+    """The batch (the frames written as one, or each on its own) is rolled back and run again,
+    each frame in its savepoint: the other two stored."""
 
     async def go() -> None:
         store = await _store_with_nodes(store_db, owner="a:1")
         taken = "UPDATE node_owners SET holder = 'b:2' WHERE node = 'n2'"  # (replica b's claim)
         await store._thread.call(lambda c: c.execute(taken))
-        results, said = await _one_batch(store, lambda: [store.save_frame(write(1, n)) for n in NODES])
+        results, said = await _one_batch(store, lambda: [store.save_frame(frame(1, n)) for n in NODES])
         assert results[0] is None and results[2] is None, results
         assert isinstance(results[1], NotOwner), results
         assert _savepoints(said) == 3, said  # the second run's
