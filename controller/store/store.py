@@ -298,9 +298,7 @@ class Store:
             self.busy_writes += 1  # being taken: its agent sends the frame to the replica taking it
             raise
 
-    def _acks_together(
-        self, conn: Connection, items: list[tuple[FrameWrite, str | None, float]]
-    ) -> list[None]:
+    def _acks_together(self, conn: Connection, items: list[AckItem]) -> list[None]:
         """Frames with nothing to store but their ack positions, written as one (controller/store/
         writer.py Together): with an owner, their nodes' owner rows marked in one statement, raising
         RowBusy when one is not this replica's to write (the batch then goes frame by frame, each
