@@ -12,7 +12,8 @@ from typing import Protocol
 from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
 from controller.fleet.adopt import adopt
-from controller.fleet.model import Fleet, GpuState, NodeState
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.state import FramePlan, apply_frame, apply_hello, plan_changes, write_of
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
 from controller.node_limit import NodeLimit
@@ -31,6 +32,8 @@ class FleetMirror(Protocol):
     def frame(self, node: str, plan: FramePlan, frame: bytes) -> None: ...
 
     def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None: ...
+
+    def history(self, history: Mapping[ProbeKey, Series]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 
 from controller.commands.channel import CommandChannel
 from controller.errors import StoreUnavailable
-from controller.fleet.adopt import adopt
+from controller.fleet.adopt import adopt, adopt_history
 from controller.fleet.model import Fleet, ProbeKey
 from controller.ingest import FleetMirror
 from controller.store.owners import CHANGE_MARGIN_SECONDS
@@ -116,6 +116,7 @@ class ReplicaFeed:
             chunk = names[start : start + NODES_PER_LOAD]
             rows = await self.store.load_nodes(chunk, self._held, apart=apart)
             self._adopt(rows, {n: changed[n][1] for n in chunk})
+            await self._take_history(rows, apart=apart)
             self.elsewhere.update((n, changed[n]) for n in chunk)
         self.since = now  # (a failed look is taken again from the same time)
         self.elsewhere.update(changed)
@@ -153,6 +154,22 @@ class ReplicaFeed:
         for node, found in results.items():  # an operator waiting for a command's results sees them
             self.on_results(node, found)
 
+    async def _take_history(self, rows: StoredNodes, *, apart: bool = False) -> None:
+        """The stored probe history of the nodes that had new results in `rows`: a node new to this
+        fleet (another replica ingested it from its first frame) came with only each key's newest
+        result, as did a key probed more than once since the last look, and the detectors judge a
+        GPU against its own history. Read into a fleet of its own (in the store's thread, while the
+        loop goes on with this one), then taken in here and by the detection copy."""
+        probed = sorted({row[0] for row in rows.probes})
+        if not probed:
+            return
+        read = Fleet()
+        await self.store.load_history(read, probed, apart=apart)
+        mirror = self._mirror()
+        if mirror is not None and read.history:
+            mirror.history(read.history)  # (encoded now: the fleet below may change its series)
+        adopt_history(self._fleet(), read.history)
+
     def streaming(self, node: str) -> bool:
         """Whether another replica wrote the node lately (its agent streams there)."""
         seen = self.elsewhere.get(node)
@@ -183,7 +200,9 @@ class ReplicaFeed:
         done = [row for row in rows if row.finished is not None]
         nodes = sorted({row.node for row in done if self._connections.get(row.node, 0) == 0})
         if nodes:  # what they sent before answering (probe results) is stored: taken in first
-            self._adopt(await self.store.load_nodes(nodes, self._held), {})
+            taken = await self.store.load_nodes(nodes, self._held)
+            self._adopt(taken, {})
+            await self._take_history(taken)
         for row in rows:
             channel.settle(row)
         return len(done)

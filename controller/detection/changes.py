@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from controller.fleet.model import ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.state import FramePlan
 from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -32,3 +34,7 @@ class FleetChanges:
     def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
         """Nodes another replica ingests, their rows as stored (controller/fleet/adopt.py)."""
         self._send(("adopt", stored, dict(heard)))
+
+    def history(self, history: Mapping[ProbeKey, Series]) -> None:
+        """Those nodes' probe history as stored (adopt.adopt_history), after their rows."""
+        self._send(("history", dict(history)))

@@ -5,7 +5,8 @@ To the process: ("init", the fleet without its nodes, detect config, detector na
 nodes in slices, ("nodes", nodes, probe results, probe history, ack positions) (fleet_copy.py),
 and the changes, in the order applied: ("hello", hello, acked, now),
 ("frame", node, FramePlan, frame bytes as screened), ("connected", node, bool), ("forget", names),
-("adopt", StoredNodes, node -> when written) (replica_ingest), ("pass", id, now, detector names or
+("adopt", StoredNodes, node -> when written) (replica_ingest), ("history", probe key -> Series as
+stored) (after an adopt whose nodes had new probe results), ("pass", id, now, detector names or
 None for all, merged).
 From it: ("report", id, PassReport) or ("failed", id, why)."""
 

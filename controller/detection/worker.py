@@ -15,7 +15,7 @@ from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
 from controller.detection.fleet_copy import install
 from controller.detection.wire import encode, read
-from controller.fleet.adopt import adopt
+from controller.fleet.adopt import adopt, adopt_history
 from controller.fleet.expiry import forget
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, write_of
@@ -55,6 +55,8 @@ class Mirror:
             forget(self.fleet, message[1])
         elif kind == "adopt":
             adopt(self.fleet, message[1].fleet(), message[2])
+        elif kind == "history":
+            adopt_history(self.fleet, message[1])
         elif kind == "pass":
             _, pass_id, now, names, merged = message
             names = self.names if names is None else names

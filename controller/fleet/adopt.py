@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from controller.fleet.model import Fleet, NodeState
+from controller.fleet.model import Fleet, NodeState, ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.state import remember
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -64,6 +65,29 @@ def adopt(fleet: Fleet, stored: Fleet, heard: Mapping[str, float], *, counters: 
         if boot[0] in fleet.nodes:
             fleet.acked[boot] = max(fleet.acked.get(boot, 0), acked)
     return names
+
+
+def adopt_history(fleet: Fleet, history: Mapping[ProbeKey, Series]) -> int:
+    """Probe keys' history as stored (nodes another replica ingests: their results since the last
+    look may be more than the newest one `adopt` took in) in place of what `fleet` holds, keeping
+    the points it holds that are newer than the stored ones (a result ingested here meanwhile).
+    Keys of nodes `fleet` does not hold are left out; how many keys were taken."""
+    taken = 0
+    for key, stored in history.items():
+        if key[0] not in fleet.nodes:
+            continue
+        series = Series(stored)  # a copy: the caller's may be another fleet's
+        held = fleet.history.get(key)
+        if held:
+            newest = series[-1][0] if len(series) else float("-inf")
+            for time, value in held:
+                if time > newest:
+                    series.add(time, value)
+        fleet.history[key] = series
+        taken += 1
+    if taken:
+        fleet.probe_version += 1  # what detectors derived from the history is stale
+    return taken
 
 
 def carry(fleet: Fleet, source: Fleet, names: Iterable[str]) -> list[str]:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 import grpc
 
+from controller.fleet.model import ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.state import FramePlan
 from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -30,6 +32,9 @@ class _Mirror:
         self.frames.append(data)
 
     def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
+        pass
+
+    def history(self, history: Mapping[ProbeKey, Series]) -> None:
         pass
 
 

@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import pytest
 
 from controller.errors import InvalidMessage, SequenceGap, StoreUnavailable
-from controller.fleet.model import Fleet
+from controller.fleet.model import Fleet, ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.state import FramePlan, plan_changes
 from controller.ingest import Ingest
 from controller.store.store import Store
@@ -220,6 +221,9 @@ class _Mirror:
         self.frames.append((node, plan, frame))
 
     def adopt(self, stored: StoredNodes, heard: Mapping[str, float]) -> None:
+        pass
+
+    def history(self, history: Mapping[ProbeKey, Series]) -> None:
         pass
 
 

@@ -192,3 +192,51 @@ def test_the_leader_loads_only_probe_results_newer_than_it_holds(store_db: str) 
             assert report is not None
 
     run(go())
+
+
+def test_a_node_the_leader_takes_in_comes_with_its_probe_history(store_db: str) -> None:
+    """A look takes in each key's newest result; a node the leader first sees through the store
+    (its agent streamed to a standby from its first frame), and a key probed more than once between
+    two looks, get their history as stored, in the leader's fleet and in its detection copy: the
+    detectors judge a GPU against its own history."""
+    clock = Clock(T0)
+    key = ("n1", 0, "gemm", "bf16")
+
+    async def go() -> None:
+        async with leader_and_standby(store_db, clock, detection=True) as replicas:
+            leader, standby, feed = replicas.leader, replicas.standby, replicas.feed
+            assert leader.detection is not None
+            sent: list[dict[Any, Any]] = []
+            send = leader.detection.history
+
+            def recorded(history: Any) -> None:
+                sent.append({k: list(series) for k, series in history.items()})
+                send(history)
+
+            leader.detection.history = recorded  # type: ignore[method-assign]
+            await _three_frames(standby)  # gemm 701, 702, 703
+            clock.now += 1
+            assert await feed.take_in() == ["n1"]
+            assert [v for _, v in leader.fleet.history[key]] == [701.0, 702.0, 703.0]
+            assert [[v for _, v in points] for points in sent[-1].values()] == [[701.0, 702.0, 703.0]]
+
+            for seq in (4, 5):  # two results between two looks
+                assert await standby.ingest.frame("n1", frame(seq)) == seq
+            await standby.ingest.flush_state()
+            clock.now += 1
+            assert await feed.take_in() == ["n1"]
+            assert [v for _, v in leader.fleet.history[key]] == [701.0, 702.0, 703.0, 704.0, 705.0]
+            assert [v for _, v in sent[-1][key]] == [701.0, 702.0, 703.0, 704.0, 705.0]
+
+            later = frame(6)
+            del later.probes[:]  # readings only: no history read
+            assert await standby.ingest.frame("n1", later) == 6
+            await standby.ingest.flush_state()
+            clock.now += 1
+            count = len(sent)
+            assert await feed.take_in() == ["n1"]
+            assert len(sent) == count
+            report = await leader.detection_pass()  # the copy took it all in
+            assert report is not None
+
+    run(go())

@@ -4,8 +4,8 @@ inventory. A standby that leads on its agents' streams carries their nodes over 
 
 from __future__ import annotations
 
-from controller.fleet.adopt import UNCHANGED, adopt, carry
-from controller.fleet.model import Fleet, GpuState, NodeState, ProbeRecord
+from controller.fleet.adopt import UNCHANGED, adopt, adopt_history, carry
+from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey, ProbeRecord
 from controller.fleet.series import Series
 from controller.fleet.trends import XidSeen, gpu_key
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -114,3 +114,25 @@ def test_a_standby_leading_on_its_streams_carries_their_nodes_as_it_holds_them()
     assert list(led.history[key]) == [(100.0, 100.0), (120.0, 120.0), (130.0, 130.0)]  # none twice
     assert led.members > members and led.probe_version > version
     assert carry(led, standby, []) == []
+
+
+def test_a_keys_stored_history_replaces_what_the_fleet_took_in_keeping_newer_points_held() -> None:
+    """adopt takes in a key's newest result only: the results between two looks, and a node's whole
+    history the first time, come from the store (adopt_history). A point held here that is newer
+    than the stored ones (a result ingested here meanwhile) is kept; a node not held is left out."""
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0), {})
+    key: ProbeKey = ("n1", 0, "gemm", "bf16")
+    assert list(fleet.history[key]) == [(100.0, 100.0)]
+    fleet.history[key].add(130.0, 99.0)  # ingested here after the store was read
+    version = fleet.probe_version
+    stored: dict[ProbeKey, Series] = {
+        key: Series([(80.0, 80.0), (90.0, 90.0), (100.0, 100.0)]),
+        ("n2", 0, "gemm", "bf16"): Series([(1.0, 1.0)]),
+    }
+    assert adopt_history(fleet, stored) == 1
+    assert list(fleet.history[key]) == [(80.0, 80.0), (90.0, 90.0), (100.0, 100.0), (130.0, 99.0)]
+    assert ("n2", 0, "gemm", "bf16") not in fleet.history  # n2 is not held
+    assert fleet.probe_version > version  # the detectors' derived views of the results are stale
+    version = fleet.probe_version
+    assert adopt_history(fleet, {}) == 0 and fleet.probe_version == version
