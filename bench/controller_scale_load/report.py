@@ -176,8 +176,8 @@ def verdicts(
     if failover is not None:
         out.append(
             _verdict(
-                "failover: the standby leads, listens and has the fleet's first frames acked (s, p99, "
-                "from the leader's kill)",
+                "failover: the standby leads and listens, the leader's agents' first frames are acked "
+                "(p99 from the kill) and its own kept streams' frames (p99 from their send) (s)",
                 takeover_seconds(failover),
                 FAILOVER_S,
                 failover["nodes"],
@@ -187,10 +187,19 @@ def verdicts(
 
 
 def takeover_seconds(failover: dict[str, Any]) -> float | None:
-    """A failover's whole takeover: the later of the heir listening as leader and the p99 of the
-    fleet's first frames acked (None: it never listened)."""
-    listening, back = failover["listening_s"], failover["since_storm_p99_s"]
-    return None if listening is None or back is None else max(listening, back)
+    """A failover's whole takeover: the latest of the heir listening as leader, the p99 of the
+    moved nodes' first frames acked (from the kill) and the p99 of the kept streams' first frames'
+    acks (from their send: a kept stream's next frame waits for its slot, up to --interval, which
+    is no part of the takeover). None: it never listened, or a moved node never came back.
+    A report from before the halves were told apart: the p99 of all first frames from the kill."""
+    listening = failover["listening_s"]
+    if "moved_p99_s" not in failover:
+        back = failover["since_storm_p99_s"]
+        return None if listening is None or back is None else max(listening, back)
+    moved, kept = failover["moved_p99_s"], failover["kept_p99_s"]
+    if listening is None or moved is None:
+        return None
+    return float(max(listening, moved, kept or 0.0))
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -262,6 +271,10 @@ def failover_lines(failover: dict[str, Any] | None) -> list[str]:
             f"{w['back']} of {w['nodes']} ({'the leader' if w['leader'] else 'the standby'}'s worker)"
             for w in f.get("by_worker", [])
         ),
+        f"  came back on new streams (the leader's agents): first frame acked from the kill p50/p99 "
+        f"{cell(f.get('moved_p50_s'), '{:.2f}')}/{cell(f.get('moved_p99_s'), '{:.2f}')} s; "
+        f"streams kept through it (the standby's): their next frame's ack p50/p99 "
+        f"{cell(f.get('kept_p50_s'), '{:.2f}')}/{cell(f.get('kept_p99_s'), '{:.2f}')} s from its send",
         f"  the standby, from the kill: leading {cell(f['lead_s'], '{:.2f}')} s, caught up "
         f"{cell(f['caught_up_s'], '{:.2f}')} s, listening as leader {cell(f['listening_s'], '{:.2f}')} s, "
         f"its detection process given the fleet {cell(f.get('detecting_s'), '{:.2f}')} s",

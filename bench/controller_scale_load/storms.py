@@ -21,7 +21,7 @@ from controller_scale_load import report, target
 from controller_scale_load.fleet import Fleet
 
 STORM_TIMEOUT_S = 120.0
-SERIES = ("reconnect", "answer", "first_ack", "since_storm")
+SERIES = ("reconnect", "answer", "first_ack", "since_storm", "moved", "kept")
 # The heir's log lines that mark its takeover (controller/app.py, replicas.py, server.py), in order.
 TAKEOVER_LINES = {
     "lead_s": "leading the store",
@@ -138,7 +138,7 @@ def _figures(answers: list[dict[str, Any]], nodes: int, done: int, seconds: floa
         figures[f"{key}_p50_s"] = report.percentile(values, 50)
         figures[f"{key}_p99_s"] = report.percentile(values, 99) if done >= nodes else None
     if done < nodes:  # some nodes never recovered: their p99 is at least the time waited
-        figures["since_storm_p99_s"] = seconds
+        figures["since_storm_p99_s"] = figures["moved_p99_s"] = seconds
     return figures
 
 

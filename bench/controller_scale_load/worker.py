@@ -80,6 +80,12 @@ class Storm:
     answer: list[float] = field(default_factory=list)  # the accepted attempt: Hello sent -> accepted
     first_ack: list[float] = field(default_factory=list)  # the first frame's send -> its ack
     since_storm: list[float] = field(default_factory=list)  # storm start -> the first frame's ack
+    # The same, of the nodes that came back on a new stream (every node in a storm; in a failover
+    # the leader's): when they were served again.
+    moved: list[float] = field(default_factory=list)
+    # A failover's streams kept through it (the standby's own): the first frame after it, its send ->
+    # its ack. Timed from the kill it would count the wait for the node's next slot (up to --interval).
+    kept: list[float] = field(default_factory=list)
     failed: collections.Counter[str] = field(default_factory=collections.Counter)  # attempts, by error
     dropped: float | None = None  # storm start -> every old stream cancelled (this worker's)
 
@@ -103,6 +109,7 @@ class Node:
     # A failover began and no frame of the node was acked since: its streams count as a storm's (the
     # standby it reached may accept it and then let it go as it takes the lead, before the ack).
     failing_over: bool = False
+    accepted: float = 0.0  # when the controller accepted the node's current stream (perf_counter)
 
 
 class Worker:
@@ -204,6 +211,8 @@ class Worker:
             "answer": storm.answer,
             "first_ack": storm.first_ack,
             "since_storm": storm.since_storm,
+            "moved": storm.moved,
+            "kept": storm.kept,
             "failed": dict(storm.failed),
             "dropped": storm.dropped,
         }
@@ -282,7 +291,7 @@ class Worker:
             began = time.perf_counter()
             await call.write(hello_message(node.archetype, node.name, node.boot, self.epoch))
             await asyncio.wait_for(call.initial_metadata(), HELLO_TIMEOUT_S)
-            accepted = time.perf_counter()
+            accepted = node.accepted = time.perf_counter()
             self.window.connects.append(accepted - began)
             if storm and self.storm is not None:
                 self.storm.reconnect.append(accepted - self.storm.began)
@@ -357,6 +366,10 @@ class Worker:
             node.back = True
             self.storm.first_ack.append(now - node.storm_sent)
             self.storm.since_storm.append(now - self.storm.began)
+            if node.accepted >= self.storm.began:
+                self.storm.moved.append(now - self.storm.began)
+            else:
+                self.storm.kept.append(now - node.storm_sent)
             node.storm_seq = 0
             node.failing_over = False  # back: a stream ended before its first ack came counts again
 

@@ -74,6 +74,8 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     storm = document["storm"]
     assert storm["nodes"] == storm["recovered"] == NODES
     assert _finite(storm["since_storm_p99_s"]) and _finite(storm["reconnect_p99_s"])
+    # Every stream was dropped: every node came back on a new one, none kept its stream.
+    assert storm["moved_p99_s"] == storm["since_storm_p99_s"] and storm["kept_p99_s"] is None
     assert storm["first_ack_p50_s"] <= storm["first_ack_p99_s"]
     assert 0 <= storm["answer_p50_s"] <= storm["answer_p99_s"] <= storm["reconnect_p99_s"]
     # Which side limited it: the controller's CPU per node reconnected, and each side's cores.
@@ -225,11 +227,16 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     assert _finite(failover["caught_up_s"]) and _finite(failover["reconnect_p99_s"])
     assert failover["listening_s"] <= failover["detecting_s"]  # it leads while the copy is made
     assert failover["heir_cores"] > 0 and failover["generator_cores"] > 0
+    # The halves timed apart: the leader's agents from the kill, the kept streams' next frames from
+    # their send (each waited for its slot, up to --interval, after the kill).
+    assert _finite(failover["moved_p99_s"]) and _finite(failover["kept_p99_s"]), failover
+    assert failover["moved_p50_s"] <= failover["since_storm_p99_s"]
     [verdict] = [v for v in document["verdicts"] if v["target"].startswith("failover:")]
-    latest = max(failover["listening_s"], failover["since_storm_p99_s"])
+    latest = max(failover["listening_s"], failover["moved_p99_s"], failover["kept_p99_s"])
     assert verdict["value"] == latest and verdict["verdict"] == "within"
     text = report.text(document)
     assert "failover at 50 nodes (the leader killed" in text and "listening as leader" in text
+    assert "came back on new streams (the leader's agents)" in text
     left = [p for p in psutil.Process().children(recursive=True) if "controller" in " ".join(p.cmdline())]
     assert left == []  # the standby stopped too
 
@@ -268,3 +275,15 @@ def test_the_takeover_is_timed_from_the_heirs_log_lines_after_the_kill(tmp_path:
     assert times.pop("detecting_s") is None  # not logged yet
     assert times == pytest.approx({"lead_s": 0.25, "caught_up_s": 1.5, "listening_s": 2.0})
     assert storms.takeover_times(log, killed + 60) == dict.fromkeys([*times, "detecting_s"])
+
+
+def test_a_takeover_lasts_until_the_moved_nodes_are_back_and_the_kept_streams_served() -> None:
+    """A kept stream's next frame waits for its slot after the kill (up to --interval): its ack
+    counts from its send. Reports from before the halves were told apart: every node from the kill."""
+    figures = {"listening_s": 5.0, "since_storm_p99_s": 55.0, "moved_p99_s": 12.0, "kept_p99_s": 0.3}
+    assert report.takeover_seconds(figures) == 12.0
+    assert report.takeover_seconds({**figures, "kept_p99_s": 20.0}) == 20.0
+    assert report.takeover_seconds({**figures, "kept_p99_s": None}) == 12.0  # (no stream was kept)
+    assert report.takeover_seconds({**figures, "moved_p99_s": None}) is None  # one never came back
+    assert report.takeover_seconds({**figures, "listening_s": None}) is None
+    assert report.takeover_seconds({"listening_s": 5.0, "since_storm_p99_s": 55.0}) == 55.0
