@@ -18,7 +18,7 @@ from controller.fleet.findings import StoredFinding
 from controller.fleet.model import Fleet, FrameWrite, GpuState
 from controller.fleet.series import HISTORY_POINTS, Series
 from controller.store.sql import Conn, placeholders, stream, upsert
-from controller.store.stored_nodes import fetch_nodes
+from controller.store.stored_nodes import NAMES_PER_QUERY, fetch_nodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 # A node's latest readings to write: name, GPU readings, host reading (or None), its time.
@@ -35,6 +35,23 @@ def save_hello(conn: Conn, hello: pb.Hello, now: float) -> int:
         "SELECT acked_seq FROM boots WHERE node = ? AND boot_id = ?", (hello.node, hello.boot_id)
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+def save_hellos(conn: Conn, hellos: Sequence[tuple[pb.Hello, float]]) -> list[int]:
+    """save_hello for many (Hello, now), each of another node: the Hellos in one executemany, their
+    boots' ack positions read in one statement (per NAMES_PER_QUERY); in the order given."""
+    conn.executemany(
+        "INSERT INTO nodes (name, hello, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET hello = excluded.hello, last_seen = excluded.last_seen",
+        [(hello.node, hello.SerializeToString(), now, now) for hello, now in hellos],
+    )
+    names = [hello.node for hello, _ in hellos]
+    acked: dict[tuple[str, str], int] = {}
+    for start in range(0, len(names), NAMES_PER_QUERY):
+        chunk = names[start : start + NAMES_PER_QUERY]
+        sql = f"SELECT node, boot_id, acked_seq FROM boots WHERE node IN ({placeholders(chunk)})"
+        acked.update(((str(n), str(b)), int(a)) for n, b, a in conn.execute(sql, tuple(chunk)).fetchall())
+    return [acked.get((hello.node, hello.boot_id), 0) for hello, _ in hellos]
 
 
 SAVE_ACK = (

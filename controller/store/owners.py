@@ -20,18 +20,32 @@ from controller.store.sql import Conn, placeholders
 
 CHANGE_MARGIN_SECONDS = 30.0  # rows written up to this long before a look are read again
 CHUNK = 500  # nodes a statement names
+CLAIM = (
+    "INSERT INTO node_owners (node, holder, since, written) VALUES (?, ?, ?, ?) ON CONFLICT (node)"
+    " DO UPDATE SET since = CASE WHEN node_owners.holder = excluded.holder THEN node_owners.since"
+    " ELSE excluded.since END, holder = excluded.holder, written = excluded.written"
+)
 
 
 def claim(conn: Conn, node: str, holder: str, now: float) -> str | None:
     """`holder` owns `node` from now; the replica that owned it before, or None (none, or itself)."""
     row = conn.execute("SELECT holder FROM node_owners WHERE node = ?", (node,)).fetchone()
-    conn.execute(
-        "INSERT INTO node_owners (node, holder, since, written) VALUES (?, ?, ?, ?) ON CONFLICT (node)"
-        " DO UPDATE SET since = CASE WHEN node_owners.holder = excluded.holder THEN node_owners.since"
-        " ELSE excluded.since END, holder = excluded.holder, written = excluded.written",
-        (node, holder, now, now),
-    )
+    conn.execute(CLAIM, (node, holder, now, now))
     return None if row is None or row[0] == holder else str(row[0])
+
+
+def claim_all(conn: Conn, claims: Sequence[tuple[str, str, float]]) -> dict[str, str | None]:
+    """claim for many (node, holder, now), each node once: the owner row of each read in one
+    statement (per CHUNK) and all written in one executemany; node -> the replica that owned it
+    before, or None."""
+    nodes = [node for node, _, _ in claims]
+    before: dict[str, str] = {}
+    for start in range(0, len(nodes), CHUNK):
+        chunk = nodes[start : start + CHUNK]
+        sql = f"SELECT node, holder FROM node_owners WHERE node IN ({placeholders(chunk)})"
+        before.update((str(n), str(h)) for n, h in conn.execute(sql, tuple(chunk)).fetchall())
+    conn.executemany(CLAIM, [(node, holder, now, now) for node, holder, now in claims])
+    return {node: None if before.get(node) in (None, holder) else before[node] for node, holder, _ in claims}
 
 
 def mark_written(conn: Conn, node: str, holder: str, now: float, skip_locked: str = "") -> None:

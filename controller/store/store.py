@@ -95,6 +95,8 @@ OPERATIONS = (
 
 
 AckItem = tuple[FrameWrite, str | None, float]  # a frame, the replica writing it (or None), its time
+# A Hello, whether its node is held, the replica taking it, the claim's time (owner_clock), the Hello's
+TakeItem = tuple[pb.Hello, bool, str, float, float]
 
 
 class Store:
@@ -335,17 +337,52 @@ class Store:
             rows = fetch_nodes(conn, [node], None) if before is not None or not known else None
             return TakenNode(before, rows, node_rows.save_hello(conn, hello, now))
 
-        return await self._claiming(node, take)
+        def together(claimed: float) -> Together:
+            return Together(self._takes_together, (hello, known, owner, claimed, now))
+
+        return await self._claiming(node, take, together)
+
+    def _takes_together(self, conn: Connection, items: list[TakeItem]) -> list[TakenNode]:
+        """Hellos queued one after another, taken as one (writer.py Together): their nodes claimed
+        in one executemany, the rows of those another replica had (or this one does not hold) read
+        in one set of statements, their Hellos saved in one more, where each alone took a dozen
+        round trips to the server (when a replica dies, its agents' Hellos reach the heir by the
+        thousand). A node named twice, or a row another transaction holds (RowBusy), and the batch
+        goes Hello by Hello, each as take_node does it alone."""
+        if len({hello.node for hello, *_ in items}) != len(items):
+            raise RowBusy("a node's Hello twice in the group: Hello by Hello")
+        with self.backend.short_lock_waits(conn, CLAIM_LOCK_WAIT_SECONDS):
+            before = owner_rows.claim_all(
+                conn, [(hello.node, owner, claimed) for hello, _, owner, claimed, _ in items]
+            )
+            read = [hello.node for hello, known, *_ in items if before[hello.node] is not None or not known]
+            rows = fetch_nodes(conn, read, None).by_node() if read else {}
+            acked = node_rows.save_hellos(conn, [(hello, now) for hello, _, _, _, now in items])
+        return [
+            TakenNode(
+                before[hello.node],
+                rows.get(hello.node, StoredNodes()) if hello.node in read else None,
+                seq,
+            )
+            for (hello, *_), seq in zip(items, acked, strict=True)
+        ]
 
     def _owner(self) -> str:
         if self.owner is None:
             raise RuntimeError("claiming a node needs the store's owner set")
         return self.owner
 
-    async def _claiming(self, node: str, job: Callable[[Connection, float], T]) -> T:
+    async def _claiming(
+        self,
+        node: str,
+        job: Callable[[Connection, float], T],
+        together: Callable[[float], Together] | None = None,
+    ) -> T:
         """job(connection, now by owner_clock) in the store thread, its node's owner row waited for
         at most CLAIM_LOCK_WAIT_SECONDS; a row that stays locked (another replica's batch holds it)
-        makes the job come again, after a backoff, for up to CLAIM_DEADLINE_SECONDS."""
+        makes the job come again, after a backoff, for up to CLAIM_DEADLINE_SECONDS. With
+        `together` (its Together for that now) the job may run as one with its neighbours: all it
+        does is in the database, so it may run twice (writer.py `replayable`)."""
         began, delay = time.monotonic(), CLAIM_FIRST_RETRY_SECONDS
         while True:
             now = self.owner_clock()
@@ -355,6 +392,8 @@ class Store:
                     return job(conn, now)
 
             try:
+                if together is not None:
+                    return await self._call("owners", claim, replayable=True, together=together(now))
                 return await self._call("owners", claim)
             except RowBusy as exc:
                 # The node's row is in another replica's open batch (its last frame, or that

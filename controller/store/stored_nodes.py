@@ -37,6 +37,17 @@ class StoredNodes:
         nodes = [(n, b"" if n in names else hello, *rest) for n, hello, *rest in self.nodes]
         return StoredNodes(nodes, self.boots, self.gpus, self.hosts, self.bmcs, self.probes)  # type: ignore[arg-type]
 
+    def by_node(self) -> dict[str, StoredNodes]:
+        """The same rows, each node's on its own (their first member names the node)."""
+        split: dict[str, StoredNodes] = {}
+        for table in ("nodes", "boots", "gpus", "hosts", "bmcs", "probes"):
+            for row in getattr(self, table):
+                of_node = split.get(row[0])
+                if of_node is None:
+                    of_node = split[row[0]] = StoredNodes()
+                getattr(of_node, table).append(row)
+        return split
+
     def fleet(self) -> Fleet:
         """The rows parsed: a Fleet of those nodes (no probe history, no findings)."""
         fleet = Fleet()
