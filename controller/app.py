@@ -493,7 +493,8 @@ class ControllerApp:
         self.detection = DetectionPool(self.config.detect, self.detectors, self.config.detect.processes)
         self.ingest.mirror = self.detection
         began = time.perf_counter()
-        await self.detection.start(self.fleet)
+        # Agents first: its slices wait while Hellos are taken in (a fleet moving here at a lead).
+        await self.detection.start(self.fleet, busy=lambda: self.ingest.hellos_under_way > 0)
         log.info(
             "the detection process has the fleet: %d nodes, copied in %.1f s",
             len(self.fleet.nodes),

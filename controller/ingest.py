@@ -95,6 +95,7 @@ class Ingest:
         # only, where the detectors read them; a copy started again from this fleet (the process
         # died) starts their rates afresh, as a controller restart does. XID events stay kept here.
         self.mirror: FleetMirror | None = None
+        self.hellos_under_way = 0  # Hellos being taken in now (the detection copy waits for them)
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
@@ -108,18 +109,22 @@ class Ingest:
         if len(hello.boot_id) > checks.MAX_BOOT_ID:
             raise InvalidMessage(f"hello: boot_id is longer than {checks.MAX_BOOT_ID} characters")
         checks.hello_times(hello, self.clock(), self.max_clock_skew_seconds)
-        # The limit first: a refused name leaves nothing behind (not even its lock).
-        async with self.node_limit.joining(self.fleet.nodes, hello.node), self._lock(hello.node):
-            now = self.clock()
-            if self.store.owner is None:
-                acked = await self.store.save_hello(hello, now)
-            else:
-                acked = await self._take(hello, now)
-            apply_hello(self.fleet, hello, acked, now)
-            if self.mirror is not None:
-                self.mirror.hello(hello, acked, now)
-            self.hub.hello(hello, now)
-            return self.fleet.acked[(hello.node, hello.boot_id)]
+        self.hellos_under_way += 1
+        try:
+            # The limit first: a refused name leaves nothing behind (not even its lock).
+            async with self.node_limit.joining(self.fleet.nodes, hello.node), self._lock(hello.node):
+                now = self.clock()
+                if self.store.owner is None:
+                    acked = await self.store.save_hello(hello, now)
+                else:
+                    acked = await self._take(hello, now)
+                apply_hello(self.fleet, hello, acked, now)
+                if self.mirror is not None:
+                    self.mirror.hello(hello, acked, now)
+                self.hub.hello(hello, now)
+                return self.fleet.acked[(hello.node, hello.boot_id)]
+        finally:
+            self.hellos_under_way -= 1
 
     async def _take(self, hello: pb.Hello, now: float) -> int:
         """replica_ingest: this replica ingests the Hello's node from now (controller/store/owners.py)

@@ -9,14 +9,19 @@ The changes the controller applies meanwhile go to the processes as usual, betwe
 order. A change to a node already sent is applied there; one to a node not sent yet is skipped
 there (a frame, a connection), or builds the node anew (a Hello, an adopted row), and the node's
 slice, encoded later from the fleet that change went into, then replaces it. A node the controller
-forgets before its slice is not sent; one new since the copy began comes with its Hello."""
+forgets before its slice is not sent; one new since the copy began comes with its Hello.
+
+Agents first: while the controller is taking agents in (`busy`: Hellos under way, as when a replica
+dies and its agents move to the one taking the lead, or a restarted controller's fleet reconnects),
+the next slice waits, up to YIELD_SECONDS over the whole copy. Encoding the copy took a third of the
+heir's event loop while thousands of Hellos waited on it; detection starts that much later."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +38,8 @@ NODES_PER_SLICE = 50  # about 0.08 s of encoding per slice (1.2-1.7 ms a node)
 LOW_WATER_BYTES = 16 * 1024 * 1024  # the next slice waits until every pipe holds less than this
 INDEX_BATCH = 50_000  # keys grouped between two turns of the event loop
 STALL_SECONDS = 120.0  # a process that reads nothing of its copy this long is taken as hung
+YIELD_SECONDS = 60.0  # the most a copy waits, in all, for the agents being taken in
+YIELD_POLL_SECONDS = 0.05
 
 
 def shell(fleet: Fleet) -> Fleet:
@@ -136,21 +143,39 @@ def install(fleet: Fleet, message: tuple[Any, ...]) -> None:
 
 
 async def send_fleet(
-    processes: Sequence[DetectionProcess], fleet: Fleet, config: DetectConfig, names: list[str]
+    processes: Sequence[DetectionProcess],
+    fleet: Fleet,
+    config: DetectConfig,
+    names: list[str],
+    busy: Callable[[], bool] | None = None,
 ) -> None:
     """Give each of `processes` (just started) a copy of `fleet`, each message encoded once for all.
     A process that reads nothing for STALL_SECONDS is stopped (its next pass fails, and the one
-    after starts it anew); the others get the rest."""
+    after starts it anew); the others get the rest. While `busy()` (agents being taken in), the
+    next slice waits, up to YIELD_SECONDS in all."""
     data = encode(("init", shell(fleet), config, names))
     for process in processes:
         process.send(data)
     order, entries = list(fleet.nodes), NodeEntries(fleet)
     await entries.prepare()
+    yielded = 0.0
     for start in range(0, len(order), NODES_PER_SLICE):
+        if busy is not None and yielded < YIELD_SECONDS:
+            yielded += await _yield(busy, YIELD_SECONDS - yielded)
         await _drained(processes)
         data = encode(entries.slice_message(order[start : start + NODES_PER_SLICE]))
         for process in processes:
             process.send(data)
+
+
+async def _yield(busy: Callable[[], bool], most: float) -> float:
+    """Wait while busy(), for at most `most` seconds; how long it waited."""
+    began = time.monotonic()
+    waited = 0.0
+    while busy() and waited < most:
+        await asyncio.sleep(YIELD_POLL_SECONDS)
+        waited = time.monotonic() - began
+    return waited
 
 
 async def _drained(processes: Sequence[DetectionProcess]) -> None:

@@ -17,7 +17,7 @@ fleet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport, merge
@@ -58,14 +58,15 @@ class DetectionPool(FleetChanges):
     def starts(self) -> int:
         return sum(process.starts for process in self.processes)
 
-    async def start(self, fleet: Fleet) -> None:
-        """Start the processes that are not running, each with a copy of `fleet` as it is now."""
+    async def start(self, fleet: Fleet, busy: Callable[[], bool] | None = None) -> None:
+        """Start the processes that are not running, each with a copy of `fleet` as it is now (its
+        slices waiting while `busy()`: fleet_copy.send_fleet)."""
         gone = [process for process in self.processes if not process.running]
         if not gone:
             return
         for process in gone:
             await process.spawn()
-        await send_fleet(gone, fleet, gone[0].config, self.names)  # each slice encoded once for all
+        await send_fleet(gone, fleet, gone[0].config, self.names, busy)  # each slice encoded once for all
 
     # The fleet's changes, to every process
 

@@ -264,3 +264,25 @@ def test_the_detection_process_gets_the_frame_as_screened_and_the_bytes_received
         assert not sent.gpus[0].HasField("power_watts") and sent == odd
 
     with_ingest(body)
+
+
+def test_hellos_under_way_are_counted_while_they_are_taken_in() -> None:
+    """The detection process's copy waits while Hellos are under way (fleet_copy.send_fleet)."""
+
+    async def body(ingest: Ingest) -> None:
+        seen: list[int] = []
+        save = ingest.store.save_hello
+
+        async def counted(msg: pb.Hello, now: float) -> int:
+            seen.append(ingest.hellos_under_way)
+            if msg.node == "bad":
+                raise StoreUnavailable("the store is gone")
+            return await save(msg, now)
+
+        ingest.store.save_hello = counted  # type: ignore[method-assign,assignment]
+        await asyncio.gather(ingest.hello(hello("n1")), ingest.hello(hello("n2")))
+        with pytest.raises(StoreUnavailable):
+            await ingest.hello(hello("bad"))
+        assert seen == [1, 2, 1] and ingest.hellos_under_way == 0  # (the second began as the first waited)
+
+    with_ingest(body)

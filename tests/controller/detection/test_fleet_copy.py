@@ -199,3 +199,48 @@ def test_a_process_that_reads_nothing_of_its_copy_is_stopped(monkeypatch: pytest
             await process.stop()
 
     asyncio.run(go())
+
+
+def test_the_copy_waits_while_agents_are_taken_in_and_at_most_yield_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Agents first: no slice is encoded while busy() (Hellos under way, as at a lead the dead
+    leader's agents move in), the copy goes on once they are in, and waits YIELD_SECONDS at most."""
+    monkeypatch.setattr(fleet_copy, "NODES_PER_SLICE", 2)
+    monkeypatch.setattr(fleet_copy, "YIELD_POLL_SECONDS", 0.01)
+    slices = 0
+    real_slice = NodeEntries.slice_message
+
+    def counted(entries: NodeEntries, chunk: list[str]) -> tuple[object, ...]:
+        nonlocal slices
+        slices += 1
+        return real_slice(entries, chunk)
+
+    monkeypatch.setattr(NodeEntries, "slice_message", counted)
+    sim = SimFleet(6, FAULTS)
+    sim.step(10.0)
+
+    async def go() -> None:
+        config, detectors = DetectConfig(), names()
+        pool = DetectionPool(config, detectors, 1)
+        busy = [True]
+        try:
+            copying = asyncio.create_task(pool.start(sim.fleet, busy=lambda: busy[0]))
+            await asyncio.sleep(0.3)
+            assert slices == 0 and not copying.done()
+            busy[0] = False
+            await asyncio.wait_for(copying, 30)
+            assert slices == 3
+            here = run_detectors(DetectContext(sim.fleet, config, sim.now), detectors)
+            assert (await pool.run_pass(sim.now)).findings == here.findings
+            await pool.stop()
+
+            monkeypatch.setattr(fleet_copy, "YIELD_SECONDS", 0.2)
+            busy[0] = True  # never done: the copy waits 0.2 s in all, then goes on
+            began = asyncio.get_running_loop().time()
+            await asyncio.wait_for(pool.start(sim.fleet, busy=lambda: busy[0]), 30)
+            assert slices == 6 and asyncio.get_running_loop().time() - began >= 0.2
+        finally:
+            await pool.stop()
+
+    asyncio.run(go())
