@@ -72,8 +72,14 @@ class _Group:
     last: float  # time of the newest reading
     names: tuple[str, ...]  # the counter keys, in the order of the totals
     # The newest accepted reading as its caller read it (one GPU's links: a tuple per link), so an
-    # unchanged reading is found in one comparison without flattening it; None: not kept.
-    seen: object = None
+    # unchanged reading is found in one comparison without flattening it; None: not kept. A cache:
+    # two groups holding the same points are equal whatever they saw.
+    seen: object = field(default=None, compare=False)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled without `seen` (a GPU's 18 link tuples): the next reading is compared by its
+        # totals instead (observe_group), which keeps it again.
+        return _Group, (self.points, self.last, self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,19 @@ class Trends:
     groups: dict[str, _Group] = field(default_factory=dict)
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # counter key -> (group, position)
     xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
+
+    def __getstate__(self) -> tuple[float, dict[str, _Group], deque[XidSeen]]:
+        """Pickled without `where` (a detection process's copy of the fleet: it was about 40% of a
+        node's trends, some 490 entries a node), which the groups' names give again on load."""
+        return self.window_seconds, self.groups, self.xids
+
+    def __setstate__(self, state: tuple[float, dict[str, _Group], deque[XidSeen]]) -> None:
+        self.window_seconds, self.groups, self.xids = state
+        self.where = {
+            name: (group, position)
+            for group, g in self.groups.items()
+            for position, name in enumerate(g.names)
+        }
 
     def observe(self, key: str, time: float, total: float) -> None:
         """One counter's reading (a group of its own)."""

@@ -4,6 +4,8 @@ link, a reset, an older reading."""
 
 from __future__ import annotations
 
+import pickle
+
 from controller.fleet.trends import Trends, nvlink_group, nvlink_key
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -90,3 +92,32 @@ def test_a_reset_starts_the_window_over_and_an_older_reading_is_ignored() -> Non
     assert trends.groups[nvlink_group(3)].last == T0 + 20
     assert trends.changed(nvlink_group(3))
     assert trends.increase(nvlink_key(3, 0, "crc_errors_total")) == 5
+
+
+def test_a_pickled_copy_leaves_out_what_it_can_rebuild_and_goes_on_as_the_original() -> None:
+    """A detection process's copy of the fleet pickles each node's trends: the counter index
+    (`where`) is rebuilt from the groups on load, and a group's last link reading (`seen`, a
+    cache) is left out. The copy answers as the original, and goes on as it does: an unchanged
+    reading moves the window, a changed one is seen."""
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    rising = dict(QUIET)
+    rising[11] = (5, 4, 1)
+    trends.observe_gpu(sample(rising, tx=1), T0 + 10)
+    trends.observe("ib.mlx5_0/1.symbol_error_total", T0 + 10, 3.0)
+    copy = pickle.loads(pickle.dumps(trends))
+    assert copy == trends and copy.where == trends.where and len(copy.where) == 18 * 3 + 2 + 1
+    assert copy.groups[nvlink_group(3)].seen is None and trends.groups[nvlink_group(3)].seen is not None
+    whole = pickle.dumps((trends.window_seconds, trends.groups, trends.where, trends.xids))
+    assert len(pickle.dumps(trends)) < 0.9 * len(whole)  # (the names are pickled once either way)
+    for both in (trends, copy):
+        both.observe_gpu(sample(rising, tx=2), T0 + 20)  # unchanged: the window moves
+    assert copy == trends and copy.groups[nvlink_group(3)].seen == trends.groups[nvlink_group(3)].seen
+    rising[2] = (6, 0, 1)
+    for both in (trends, copy):
+        both.observe_gpu(sample(rising, tx=3), T0 + 30)
+    assert copy == trends
+    assert copy.increase(nvlink_key(3, 2, "crc_errors_total")) == 1
+    assert copy.rate(nvlink_key(3, 11, "replay_errors_total")) == trends.rate(
+        nvlink_key(3, 11, "replay_errors_total")
+    )
