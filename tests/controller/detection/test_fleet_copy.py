@@ -42,6 +42,19 @@ def names() -> list[str]:
     return config.enabled(sorted(discover()))
 
 
+def count_slices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now, [how many slices were encoded]."""
+    sliced = [0]
+    real_slice = NodeEntries.slice_message
+
+    def counted(entries: NodeEntries, chunk: list[str]) -> tuple[object, ...]:
+        sliced[0] += 1
+        return real_slice(entries, chunk)
+
+    monkeypatch.setattr(NodeEntries, "slice_message", counted)
+    return sliced
+
+
 def test_slices_rebuild_the_fleet_as_it_is() -> None:
     sim = SimFleet(7, FAULTS)
     sim.step(10.0, probes=True)
@@ -102,18 +115,10 @@ def test_changes_made_while_the_copy_is_sent_reach_the_process(monkeypatch: pyte
         sim.step(10.0)
         config, detectors = DetectConfig(), names()
         process = DetectionProcess(config, detectors)
-        slices = 0
-        real_slice = NodeEntries.slice_message
-
-        def counted(entries: NodeEntries, chunk: list[str]) -> tuple[object, ...]:
-            nonlocal slices
-            slices += 1
-            return real_slice(entries, chunk)
-
-        monkeypatch.setattr(NodeEntries, "slice_message", counted)
+        sliced = count_slices(monkeypatch)
 
         async def after_slice(count: int) -> None:
-            while slices < count:
+            while sliced[0] < count:
                 assert not copying.done()
                 await asyncio.sleep(0)
 
@@ -136,7 +141,7 @@ def test_changes_made_while_the_copy_is_sent_reach_the_process(monkeypatch: pyte
         copying = asyncio.create_task(process.start(sim.fleet))
         try:
             await asyncio.wait_for(asyncio.gather(copying, meanwhile()), 60)
-            assert slices == 5 and process.running
+            assert sliced[0] == 5 and process.running
             for _ in range(2):
                 sim.step(10.0, mirror=process)
             here = run_detectors(DetectContext(sim.fleet, config, sim.now), detectors)
@@ -208,15 +213,7 @@ def test_the_copy_waits_while_agents_are_taken_in_and_at_most_yield_seconds(
     leader's agents move in), the copy goes on once they are in, and waits YIELD_SECONDS at most."""
     monkeypatch.setattr(fleet_copy, "NODES_PER_SLICE", 2)
     monkeypatch.setattr(fleet_copy, "YIELD_POLL_SECONDS", 0.01)
-    slices = 0
-    real_slice = NodeEntries.slice_message
-
-    def counted(entries: NodeEntries, chunk: list[str]) -> tuple[object, ...]:
-        nonlocal slices
-        slices += 1
-        return real_slice(entries, chunk)
-
-    monkeypatch.setattr(NodeEntries, "slice_message", counted)
+    sliced = count_slices(monkeypatch)
     sim = SimFleet(6, FAULTS)
     sim.step(10.0)
 
@@ -227,10 +224,10 @@ def test_the_copy_waits_while_agents_are_taken_in_and_at_most_yield_seconds(
         try:
             copying = asyncio.create_task(pool.start(sim.fleet, busy=lambda: busy[0]))
             await asyncio.sleep(0.3)
-            assert slices == 0 and not copying.done()
+            assert sliced[0] == 0 and not copying.done()
             busy[0] = False
             await asyncio.wait_for(copying, 30)
-            assert slices == 3
+            assert sliced[0] == 3
             here = run_detectors(DetectContext(sim.fleet, config, sim.now), detectors)
             assert (await pool.run_pass(sim.now)).findings == here.findings
             await pool.stop()
@@ -239,7 +236,7 @@ def test_the_copy_waits_while_agents_are_taken_in_and_at_most_yield_seconds(
             busy[0] = True  # never done: the copy waits 0.2 s in all, then goes on
             began = asyncio.get_running_loop().time()
             await asyncio.wait_for(pool.start(sim.fleet, busy=lambda: busy[0]), 30)
-            assert slices == 6 and asyncio.get_running_loop().time() - began >= 0.2
+            assert sliced[0] == 6 and asyncio.get_running_loop().time() - began >= 0.2
         finally:
             await pool.stop()
 
