@@ -97,8 +97,8 @@ class Trends:
     xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
 
     def __getstate__(self) -> tuple[float, dict[str, _Group], deque[XidSeen]]:
-        """Pickled without `where` (a detection process's copy of the fleet: it was about 40% of a
-        node's trends, some 490 entries a node), which the groups' names give again on load."""
+        """Pickled without `where` (a detection process's copy of the fleet: some 490 entries a node,
+        a fifth of its trends' bytes), which the groups' names give again on load."""
         return self.window_seconds, self.groups, self.xids
 
     def __setstate__(self, state: tuple[float, dict[str, _Group], deque[XidSeen]]) -> None:
