@@ -123,6 +123,20 @@ class ControllerCollector(Collector):
             "each write in its savepoint.",
             value=self.app.store.batches_run_again,
         )
+        yield CounterMetricFamily(
+            PREFIX + "store_lock_waits",
+            "Write transactions that found the store's file held past the busy timeout (5 s) by "
+            "another writer (a replica beside this one on the SQLite file) and waited again for it "
+            "(30 s at most a batch, then it fails).",
+            value=self.app.store.lock_waits,
+        )
+        checkpointer = self.app.store.checkpointer
+        yield CounterMetricFamily(
+            PREFIX + "store_wal_restarts_held_off",
+            "SQLite WAL restarts given up after 100 ms because a read of an older snapshot was still "
+            "open (tried again in 5 s; the WAL grows meanwhile). 0 on PostgreSQL.",
+            value=0 if checkpointer is None else checkpointer.restarts_held_off,
+        )
 
     def _ownership(self) -> Iterator[Metric]:
         yield CounterMetricFamily(

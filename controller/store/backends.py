@@ -42,6 +42,11 @@ class Backend(Protocol):
     def broken(self, conn: Connection) -> bool:
         """Whether this connection is lost and a new one is needed."""
 
+    def locked_out(self, exc: BaseException) -> bool:
+        """Whether opening a write transaction failed only because another writer held the store
+        past the busy timeout (SQLite's one writer: a replica beside this one), so that it may be
+        tried again. PostgreSQL's BEGIN waits on nothing."""
+
     def short_lock_waits(self, conn: Connection, seconds: float) -> AbstractContextManager[None]:
         """Inside it, a statement waits at most `seconds` for a row another transaction locked, then
         raises RowBusy (the rest of the transaction waits as before). PostgreSQL's row locks only:

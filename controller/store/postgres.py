@@ -134,6 +134,9 @@ class PostgresBackend:
         raw = conn.raw if isinstance(conn, PgConnection) else None
         return raw is None or raw.closed or raw.broken
 
+    def locked_out(self, exc: BaseException) -> bool:
+        return False  # BEGIN takes no lock; a row's lock wait ends in RowBusy (short_lock_waits)
+
     @contextlib.contextmanager
     def short_lock_waits(self, conn: Connection, seconds: float) -> Iterator[None]:
         # SET LOCAL lasts to the transaction's end (or the job's savepoint rolled back): put back.

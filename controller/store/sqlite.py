@@ -12,6 +12,9 @@ from controller.store.backends import SCHEMA_VERSION, Connection, schema_stateme
 from controller.store.checkpoint import Checkpointer
 from controller.store.lease import FileLease, Lease
 
+BUSY_TIMEOUT_MS = 5000  # how long a statement waits on another connection's lock before it fails
+LOCKED_OUT = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
 
 class SqliteBackend:
     begin = "BEGIN IMMEDIATE"
@@ -20,6 +23,7 @@ class SqliteBackend:
 
     def __init__(self, path: str, *, synchronous: str = "full") -> None:
         self.path = path
+        self.busy_timeout_ms = BUSY_TIMEOUT_MS
         self.description = path
         self.synchronous = synchronous.upper()
         # WAL checkpoints in a thread of their own, not inside a commit (controller/store/checkpoint.py).
@@ -33,7 +37,7 @@ class SqliteBackend:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the Checkpointer's work (checkpoint.py)
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
         return conn
 
     def lease(self) -> Lease:
@@ -51,6 +55,10 @@ class SqliteBackend:
 
     def broken(self, conn: Connection) -> bool:
         return False  # a file: nothing to reconnect to
+
+    def locked_out(self, exc: BaseException) -> bool:
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in LOCKED_OUT
 
     @contextlib.contextmanager
     def short_lock_waits(self, conn: Connection, seconds: float) -> Iterator[None]:

@@ -128,6 +128,11 @@ class Store:
         return self._thread.batches_run_again
 
     @property
+    def lock_waits(self) -> int:
+        """Transactions tried again: another writer held the store's file (controller/store/writer.py)."""
+        return self._thread.lock_waits
+
+    @property
     def checkpointer(self) -> Checkpointer | None:
         """SQLite's WAL checkpoints (controller/store/checkpoint.py); None on PostgreSQL or in memory."""
         checkpointer: Checkpointer | None = getattr(self.backend, "checkpointer", None)

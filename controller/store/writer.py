@@ -21,6 +21,12 @@ second, each with its locks, WAL pages, sync and wake-up of the event loop. A jo
 a quiet spell starts its transaction at once; one that comes within pace_seconds of the last
 waits the rest of it.
 
+A write transaction that cannot start because another writer holds the store past the busy
+timeout (SQLite's one writer: a replica beside this one on the same file) is tried again, up to
+LOCK_WAIT_SECONDS in all, before its batch fails: failed, its jobs (up to MAX_BATCH agents' frames
+and Hellos) ended their agents' streams, and the agents reconnecting added to the load
+(bench/results/2026-11-30_h200host_controller_scale_sqlite_replicas.txt).
+
 A connection the backend reports lost (PostgreSQL's server gone) fails its batch and is opened
 again for the next one; a batch that cannot connect fails with StoreUnavailable, so nothing is acked.
 """
@@ -46,6 +52,7 @@ Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]  # a job's futur
 
 log = logging.getLogger("gpufleet.controller.store")
 MAX_BATCH = 512
+LOCK_WAIT_SECONDS = 30.0  # how long a batch waits, in all, for another writer to let go of the store
 JOB_ERRORS_SAID = 64  # distinct (job, error) pairs logged as warnings; the rest at debug
 
 
@@ -68,9 +75,14 @@ JobOutcome = tuple[Job, Any, BaseException | None]
 
 
 class StoreThread:
-    def __init__(self, backend: Backend, *, pace_seconds: float = 0.0) -> None:
+    def __init__(
+        self, backend: Backend, *, pace_seconds: float = 0.0, lock_wait_seconds: float = LOCK_WAIT_SECONDS
+    ) -> None:
         self.backend = backend
         self.pace_seconds = pace_seconds
+        self.lock_wait_seconds = lock_wait_seconds
+        self.lock_waits = 0  # transactions tried again: another writer held the store past its timeout
+        self._stopping = threading.Event()
         self._last_begin = -math.inf
         self._conn: Connection | None = None
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -107,6 +119,7 @@ class StoreThread:
 
     def stop(self) -> None:
         if self._started:
+            self._stopping.set()  # a batch waiting on another writer's lock fails now
             self._jobs.put(None)
             self._thread.join()
             self._started = False
@@ -186,7 +199,7 @@ class StoreThread:
     def _at_once(self, conn: Connection, batch: list[Job]) -> list[JobOutcome] | None:
         """The batch in one transaction, no savepoints: a job alone, or jobs that may run twice.
         None when one of several failed: all rolled back, to run again one by one."""
-        conn.execute(self.backend.begin)
+        self._begin(conn)
         results: list[Any] = []
         for run in _runs(batch):
             try:
@@ -214,7 +227,7 @@ class StoreThread:
     def _one_by_one(self, conn: Connection, batch: list[Job]) -> list[JobOutcome]:
         """The batch in one transaction, each job in its savepoint: one failing is undone alone."""
         outcomes: list[JobOutcome] = []
-        conn.execute(self.backend.begin)
+        self._begin(conn)
         for job in batch:
             conn.execute("SAVEPOINT job")
             try:
@@ -229,6 +242,29 @@ class StoreThread:
                 outcomes.append((job, None, self._job_error(job, exc)))
         conn.execute("COMMIT")
         return outcomes
+
+    def _begin(self, conn: Connection) -> None:
+        """Open the batch's transaction; another writer holding the store past the busy timeout is
+        waited out, up to lock_wait_seconds in all (the module's docstring)."""
+        deadline = time.monotonic() + self.lock_wait_seconds
+        while True:
+            try:
+                conn.execute(self.backend.begin)
+                return
+            except self.backend.errors as exc:
+                gave_up = self._stopping.is_set() or time.monotonic() >= deadline
+                if gave_up or not self.backend.locked_out(exc):
+                    raise
+                self.lock_waits += 1
+                if self.lock_waits == 1 or self.lock_waits % 100 == 0:
+                    log.warning(
+                        "store: another writer holds %s; waiting for it (%d waits so far, %.0f s at most "
+                        "a batch): %s",
+                        self.backend.description,
+                        self.lock_waits,
+                        self.lock_wait_seconds,
+                        exc,
+                    )
 
     def _transaction_lost(self, conn: Connection, exc: Exception) -> bool:
         """Whether a job's error ended the whole transaction (SQLite's SQLITE_FULL, a lost

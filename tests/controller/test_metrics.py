@@ -561,6 +561,8 @@ def test_a_standby_exports_its_ingest_and_process_families_not_the_leaders() -> 
         "nodes",
         "store_latency_seconds",
         "store_batches_run_again",
+        "store_lock_waits",
+        "store_wal_restarts_held_off",
         "gc_seconds",
     ):
         assert P + name in standby, name

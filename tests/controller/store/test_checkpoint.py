@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -80,6 +81,46 @@ def test_a_wal_over_its_bound_is_restarted(tmp_path: Path) -> None:
         fill(store, 1)
         assert (tmp_path / "s.db-wal").stat().st_size == size  # reused, not grown
     finally:
+        store.close()
+
+
+def test_a_restart_held_off_by_a_reader_does_not_hold_the_writers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A RESTART waits for readers of older snapshots, holding every writer meanwhile. Held for its
+    old 5 s busy timeout, a writer's batch waiting 5 s itself failed ("database is locked")."""
+    db = tmp_path / "s.db"
+    store = Store(str(db))
+    checkpointer = _use(store, Checkpointer(str(db), interval=3600.0, restart_pages=5))
+    asyncio.run(store.open())
+    reader = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    try:
+        fill(store, 10)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM nodes").fetchone()  # a long read: a replica's take-in
+        fill(store, 1)  # the reader's snapshot is an older one now
+        conn = checkpointer.connect()
+        with caplog.at_level(logging.WARNING, logger="gpufleet.controller.store"):
+            running = threading.Thread(target=checkpointer.run_once, args=(conn,))
+            running.start()
+            time.sleep(0.02)
+            writer = sqlite3.connect(db, isolation_level=None, timeout=2.0)
+            start = time.monotonic()
+            writer.execute("BEGIN IMMEDIATE")
+            held = time.monotonic() - start
+            writer.execute("ROLLBACK")
+            writer.close()
+            running.join()
+        conn.close()
+        assert held < 1.0  # 5 s before (the writer's 2 s timeout: "database is locked")
+        assert (checkpointer.restarts, checkpointer.restarts_held_off) == (0, 1)
+        assert any("WAL restart held off by a long read (1 so far" in r.getMessage() for r in caplog.records)
+        reader.execute("ROLLBACK")  # the read over, the next RESTART goes through
+        checkpointer.run_once(conn := checkpointer.connect())
+        conn.close()
+        assert (checkpointer.restarts, checkpointer.restarts_held_off) == (1, 1)
+    finally:
+        reader.close()
         store.close()
 
 

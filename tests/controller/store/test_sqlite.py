@@ -3,6 +3,7 @@ backends do alike is in test_store.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import traceback
@@ -13,6 +14,7 @@ import pytest
 
 from controller.errors import StoreUnavailable
 from controller.store.sql import Conn
+from controller.store.sqlite import SqliteBackend
 from controller.store.store import Store
 from tests.controller.harness import bmc_sample
 from tests.controller.store.test_store import hello, run, write
@@ -100,3 +102,60 @@ def test_a_failed_job_hands_the_loop_its_error_without_the_jobs_cursors(tmp_path
     error = run(go())
     assert "failing" in "".join(traceback.format_tb(error.__traceback__))  # still says where
     assert cursors[0]() is None, "the job's cursor outlived its frame, held by the error's traceback"
+
+
+def _held(db: Path) -> sqlite3.Connection:
+    """Another process's writer (a replica beside this one on the file) holding the write lock."""
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+def _quick(db: Path) -> Store:
+    """A store that waits 50 ms, not 5 s, on another connection's lock before a statement fails."""
+    store = Store(str(db))
+    assert isinstance(store.backend, SqliteBackend)
+    store.backend.busy_timeout_ms = 50
+    return store
+
+
+def test_a_batch_waits_out_another_writer_holding_the_file(tmp_path: Path) -> None:
+    """Past the busy timeout, a batch was failed whole: up to 512 agents' frames and Hellos, their
+    streams ended "store unavailable: database is locked", their agents reconnecting."""
+
+    async def go() -> None:
+        store = _quick(tmp_path / "fleet.db")
+        await store.open()
+        other = _held(tmp_path / "fleet.db")
+        asyncio.get_running_loop().call_later(0.5, other.execute, "COMMIT")
+        assert await store.save_hello(hello(), 1.0) == 0
+        await store.save_frame(write(1))
+        fleet, _ = await store.load()
+        store.close()
+        other.close()
+        assert fleet.acked[("n1", "b1")] == 1
+        assert (
+            store.lock_waits >= 2
+        )  # tried again, 50 ms at a time (gpufleet_controller_store_lock_waits_total)
+
+    run(go())
+
+
+def test_a_writer_holding_the_file_too_long_is_a_clear_error_and_nothing_is_half_stored(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        store = _quick(tmp_path / "fleet.db")
+        await store.open()
+        store._thread.lock_wait_seconds = 0.3
+        other = _held(tmp_path / "fleet.db")
+        with pytest.raises(StoreUnavailable, match="store unavailable: database is locked"):
+            await store.save_hello(hello(), 1.0)
+        other.execute("COMMIT")
+        other.close()
+        fleet, _ = await store.load()
+        assert "n1" not in fleet.nodes
+        assert await store.save_hello(hello(), 1.0) == 0  # the store goes on once the file is free
+        store.close()
+
+    run(go())
