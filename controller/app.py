@@ -27,12 +27,13 @@ from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.pool import DetectionPool
 from controller.errors import StoreUnavailable
-from controller.fleet.adopt import carry
+from controller.fleet.adopt import adopt_history, carry
 from controller.fleet.expiry import forget, gone_nodes
 from controller.fleet.finding import FindingKey
 from controller.fleet.findings import FindingTracker, StoredFinding
 from controller.fleet.health import silent_for
-from controller.fleet.model import Fleet
+from controller.fleet.model import Fleet, ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.silencing import Silencing
 from controller.gc_policy import CollectorPolicy, collector_paused
 from controller.ingest import Ingest
@@ -326,9 +327,10 @@ class ControllerApp:
         its ingest's fleet (newer than the store: as a standby it writes their readings only every
         replica_sync_seconds) into the one it leads with, in the same turn of the loop as ingest
         moves to it (controller/fleet/adopt.py carry). Their stored probe history is read first
-        where the fleet's may be behind (newer results here)."""
+        where the fleet's may be behind (newer results here), and taken in once they are carried."""
         fleet = self.fleet
         read: set[str] = set()
+        stored: dict[ProbeKey, Series] = {}
         for _ in range(CARRY_HISTORY_READS):  # agents keep connecting meanwhile
             due = self._to_carry(standby, skipped, won) - read
             if not due:
@@ -341,9 +343,10 @@ class ControllerApp:
                     if r.node in due and (key not in fleet.probes or fleet.probes[key].time < r.time)
                 }
             )
-            if behind:
-                await self.store.load_history(fleet, behind, apart=True)
+            if behind:  # (read apart: the store's thread writes nothing of this fleet)
+                stored.update(await self.store.read_history(behind, apart=True))
         carried = carry(fleet, standby, self._to_carry(standby, skipped, won))
+        adopt_history(fleet, stored)  # (after carry: a node new to this fleet is held now)
         for name in carried:
             fleet.nodes[name].connected = self.connections.get(name, 0) > 0
         if carried:

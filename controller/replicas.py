@@ -158,17 +158,16 @@ class ReplicaFeed:
         """The stored probe history of the nodes that had new results in `rows`: a node new to this
         fleet (another replica ingested it from its first frame) came with only each key's newest
         result, as did a key probed more than once since the last look, and the detectors judge a
-        GPU against its own history. Read into a fleet of its own (in the store's thread, while the
-        loop goes on with this one), then taken in here and by the detection copy."""
+        GPU against its own history. Read in the store's thread (Store.read_history, while the loop
+        goes on with this fleet), then taken in here and by the detection copy."""
         probed = sorted({row[0] for row in rows.probes})
         if not probed:
             return
-        read = Fleet()
-        await self.store.load_history(read, probed, apart=apart)
+        history = await self.store.read_history(probed, apart=apart)
         mirror = self._mirror()
-        if mirror is not None and read.history:
-            mirror.history(read.history)  # (encoded now: the fleet below may change its series)
-        adopt_history(self._fleet(), read.history)
+        if mirror is not None and history:
+            mirror.history(history)  # (encoded now: the fleet below may change its series)
+        adopt_history(self._fleet(), history)
 
     def streaming(self, node: str) -> bool:
         """Whether another replica wrote the node lately (its agent streams there)."""

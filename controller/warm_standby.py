@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable
 
 from controller.errors import StoreUnavailable
-from controller.fleet.adopt import adopt
+from controller.fleet.adopt import adopt, adopt_history
 from controller.fleet.expiry import forget
 from controller.fleet.model import Fleet, ProbeKey
 from controller.store.owners import CHANGE_MARGIN_SECONDS
@@ -153,8 +153,8 @@ class WarmStandby:
             self.seen.update((n, changed[n]) for n in chunk)
             # A key may have had more than one result since the last look: its history as stored.
             probed = sorted({row[0] for row in rows.probes})
-            if probed:
-                await self.store.load_history(fleet, probed, apart=True)
+            if probed:  # (read apart, taken in here: the store's thread writes nothing of this fleet)
+                adopt_history(fleet, await self.store.read_history(probed, apart=True))
         stored = await self.store.node_names(apart=True)
         gone = [n for n in fleet.nodes if n not in stored]
         if gone:  # forgotten by the leader (limits.forget_after_seconds)

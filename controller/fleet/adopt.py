@@ -73,9 +73,12 @@ def adopt_history(fleet: Fleet, history: Mapping[ProbeKey, Series]) -> int:
     the points it holds that are newer than the stored ones (a result ingested here meanwhile).
     Keys of nodes `fleet` does not hold are left out; how many keys were taken."""
     taken = 0
-    for key, stored in history.items():
-        if key[0] not in fleet.nodes:
+    for read, stored in history.items():
+        node = fleet.nodes.get(read[0])
+        if node is None:
             continue
+        # The node's name as this fleet holds it, not one more copy of the string a key
+        key = read if read[0] is node.name else (node.name, read[1], read[2], read[3])
         series = Series(stored)  # a copy: the caller's may be another fleet's
         held = fleet.history.get(key)
         if held:

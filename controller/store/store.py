@@ -23,7 +23,8 @@ from typing import TypeVar
 
 from controller.errors import RowBusy, StoreUnavailable
 from controller.fleet.findings import StoredFinding
-from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState
+from controller.fleet.model import Fleet, FrameWrite, GpuState, NodeState, ProbeKey
+from controller.fleet.series import Series
 from controller.fleet.silencing import Ack, Maintenance, Silence, Silencing
 from controller.metrics_record import STORE_BUCKETS, LabelledHistograms
 from controller.paging import FindingKey
@@ -271,11 +272,14 @@ class Store:
         """Every active finding, as load() reads them (`apart`: _read)."""
         return await self._read("load", node_rows.active_findings, apart=apart)
 
-    async def load_history(self, fleet: Fleet, nodes: Sequence[str], *, apart: bool = False) -> None:
-        """These nodes' probe history as stored, into fleet.history (in the store's thread, or
-        `apart` in one of its own (_read): the caller's loop waits)."""
+    async def read_history(self, nodes: Sequence[str], *, apart: bool = False) -> dict[ProbeKey, Series]:
+        """These nodes' probe history as stored, each key's series (read in the store's thread, or
+        `apart` in one of its own (_read), into a fleet of its own: nothing the loop holds is written
+        from there; the caller takes them in, controller/fleet/adopt.py adopt_history)."""
         names = list(nodes)
-        await self._read("load", lambda c: node_rows.load_history(c, fleet, names), apart=apart)
+        read = Fleet()
+        await self._read("load", lambda c: node_rows.load_history(c, read, names), apart=apart)
+        return read.history
 
     async def node_names(self, *, apart: bool = False) -> set[str]:
         """The names of the nodes the store holds."""

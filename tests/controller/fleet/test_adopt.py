@@ -136,3 +136,15 @@ def test_a_keys_stored_history_replaces_what_the_fleet_took_in_keeping_newer_poi
     assert fleet.probe_version > version  # the detectors' derived views of the results are stale
     version = fleet.probe_version
     assert adopt_history(fleet, {}) == 0 and fleet.probe_version == version
+
+
+def test_a_key_taken_in_names_its_node_with_the_fleets_own_string() -> None:
+    """Series read from the store come keyed by a string of their own for each row; taken in as
+    read, 12,500 nodes' keys held a million more copies of their nodes' names."""
+    fleet = Fleet()
+    adopt(fleet, _stored(100.0), {})
+    read_name = "".join(["n", "1"])  # equal to n1's name, another object (as a row read gives)
+    assert read_name is not fleet.nodes["n1"].name
+    adopt_history(fleet, {(read_name, 0, "gemm", "bf16"): Series([(90.0, 90.0)])})
+    (key,) = fleet.history
+    assert key[0] is fleet.nodes["n1"].name
