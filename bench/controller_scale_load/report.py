@@ -349,7 +349,8 @@ def text(document: dict[str, Any]) -> str:
     for s in steps:
         extra = (
             f"  {s['nodes']} nodes: {s['frames_acked']} frames acked of {s['frames_due']:.0f} due, "
-            f"controller counted {s['controller_frames_per_second']:.1f}/s, send lag p99 "
+            f"{'the leader' if document['settings'].get('replicas', 1) > 1 else 'controller'} counted "
+            f"{s['controller_frames_per_second']:.1f}/s, send lag p99 "
             f"{cell(s['send_lag_p99_s'], '{:.3f}')} s, max ack {cell(s['ack_max_s'], '{:.3f}')} s, "
             f"{s['detection_passes']} passes (slowest <= {cell(s['pass_max_bound_s'], '{:g}')} s), "
             f"ListNodes {s['list_nodes_count']} nodes in {s['list_nodes_pages']} pages, scrape "

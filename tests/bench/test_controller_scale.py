@@ -237,6 +237,7 @@ def test_with_replicas_the_standbys_ingest_and_the_leader_lists_every_node(
     text = report.text(document)
     assert "failover at 50 nodes (the leader killed" in text and "listening as leader" in text
     assert "came back on new streams (the leader's agents)" in text
+    assert f"{NODES} nodes: " in text and "the leader counted" in text  # its own streams' frames alone
     left = [p for p in psutil.Process().children(recursive=True) if "controller" in " ".join(p.cmdline())]
     assert left == []  # the standby stopped too
 
