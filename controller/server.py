@@ -17,7 +17,7 @@ import grpc
 
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
-from controller.db_url import redact_url
+from controller.db_url import is_postgres_url, redact_url
 from controller.errors import NotLeader, StoreUnavailable
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
@@ -207,6 +207,18 @@ def _log_transport(tls: ServerTls | None, address: str, operator_address: str | 
         )
 
 
+def _log_store_sharing(config: ControllerConfig) -> None:
+    """Replicas on one SQLite file share its one writer (a lock on the whole file), which runs out
+    long before PostgreSQL does (bench/results/2026-11-30_h200host_controller_scale_sqlite_replicas.txt)."""
+    if config.replica_ingest and not is_postgres_url(config.db):
+        log.warning(
+            "replica_ingest on the SQLite file %s: the replicas take turns on its one writer, enough for a "
+            "few thousand nodes (at 12,500 nodes, two replicas on 16 cores acked within p99 51 s); "
+            "PostgreSQL (--db postgresql://...) for more",
+            config.db,
+        )
+
+
 async def serve(
     config: ControllerConfig, *, on_ready: Callable[[str, str | None], None] | None = None
 ) -> None:
@@ -219,6 +231,7 @@ async def serve(
     try:
         await standing.begin(config.health_listen)
         standby_work = (lambda: _standby_ingest(app, tls, handover)) if config.replica_ingest else None
+        _log_store_sharing(config)
         try:
             await app.start(on_standby=standing.standby, standby_work=standby_work)
         except BaseException:

@@ -208,6 +208,11 @@ def test_agents_spread_over_replicas_and_a_dead_replicas_node_moves_to_another(
             text = logs[0].read_text()
             assert f"node {NODE}: taken over from replica" in text, text[-3000:]
             assert "OUT_OF_RANGE" not in text and "expected frame" not in text, text[-3000:]
+            # Replicas on one SQLite file share its one writer: said at the start, for the operator
+            shared = (
+                "replica_ingest on the SQLite file" in text and "PostgreSQL (--db postgresql://...)" in text
+            )
+            assert shared == (not store_db.startswith("postgresql://"))
         finally:
             for process in reversed(processes):
                 stop(process)
