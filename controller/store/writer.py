@@ -119,7 +119,7 @@ class StoreThread:
 
     def stop(self) -> None:
         if self._started:
-            self._stopping.set()  # a batch waiting on another writer's lock fails now
+            self._stopping.set()  # a batch waiting on another writer's lock fails at its next try
             self._jobs.put(None)
             self._thread.join()
             self._started = False
