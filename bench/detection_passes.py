@@ -3,12 +3,17 @@ machine: a fleet of 8-GPU nodes built from the scale bench's frames (controller_
 into each pool's processes, then passes timed. Prints a table; asserts nothing
 (tests/bench/test_detection_passes.py runs a small step of it).
 
-    .venv/bin/python bench/detection_passes.py [--nodes 6000] [--processes 1,2] [--passes 3]
+    .venv/bin/python bench/detection_passes.py [--nodes 6000] [--processes 1,2] [--passes 3] [--fresh]
 
 "copy s" is how long the processes took to get their copy of the fleet (sent in slices), "loop
 stall s" the event loop's longest stall meanwhile (a 10 ms tick's lateness). A pass with K
 processes takes about its longest share of the detectors, if K cores are free; the
 scale bench shows it under load (--detect-processes).
+
+--fresh: before each pass every node sends its next frame, as under load at a 10 s cadence, so every
+GPU is judged again (without it, passes find nothing new and judge next to nothing). This process
+plans and applies each frame and sends it to the processes, as ingest does; "frames s" is how long
+that took until the processes had applied them all, "pass s" the pass after.
 """
 
 from __future__ import annotations
@@ -22,16 +27,17 @@ import os
 import time
 from typing import Any
 
-from controller_scale_load.built_fleet import build
+from controller_scale_load.built_fleet import BuiltFleet, build_fleet
 
 from controller.config import DetectConfig
 from controller.detect.base import discover
 from controller.detection.pool import DetectionPool, share_out
-from controller.fleet.model import Fleet
+from controller.fleet.state import apply_frame, plan_changes, write_of
 from controller.gc_policy import CollectorPolicy
 
 
-async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[str, Any]:
+async def timed(built: BuiltFleet, processes: int, passes: int, fresh: bool) -> dict[str, Any]:
+    fleet = built.fleet
     config = DetectConfig()
     names = config.enabled(sorted(discover()))
     pool = DetectionPool(config, names, processes)
@@ -46,17 +52,25 @@ async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[s
     stop.set()
     await collecting
     try:
-        seconds = []
-        for _ in range(passes + 1):  # the first shares the detectors out untimed: not counted
-            began = time.perf_counter()
-            report = await pool.run_pass(now)
-            seconds.append(time.perf_counter() - began)
+        seconds, applying = [], []
+        for k in range(passes + 1):  # the first shares the detectors out untimed: not counted
+            began = applied = time.perf_counter()
+            if fresh and k > 0:
+                _send_next_frames(built, pool)
+                # A pass of no detector: answered once each process has applied the frames before it.
+                await asyncio.gather(*(p.run_pass(built.now, [], merged=False) for p in pool.processes))
+                applied = time.perf_counter()
+            report = await pool.run_pass(built.now + 1)
+            seconds.append(time.perf_counter() - applied)
+            applying.append(applied - began)
         parts = share_out(names, pool.durations, processes)
         shares = [sum(pool.durations[n] for n in part) for part in parts]
         return {
             "processes": processes,
+            "fresh": fresh,
             "copy_s": copy_s,
             "loop_stall_s": stall_s,
+            "frames_s": min(applying[1:]),
             "pass_s": min(seconds[1:]),
             "detectors_s": sum(pool.durations.values()),
             "longest_share_s": max(shares),
@@ -64,6 +78,15 @@ async def timed(fleet: Fleet, now: float, processes: int, passes: int) -> dict[s
         }
     finally:
         await pool.stop()
+
+
+def _send_next_frames(built: BuiltFleet, pool: DetectionPool) -> None:
+    """Every node's next frame, planned and applied here (without the counters' trends, which the
+    processes keep) and sent to the processes as ingest sends them (detection/changes.py)."""
+    for name, frame in built.next_frames():
+        plan = plan_changes(built.fleet.nodes[name], frame, built.now)
+        apply_frame(built.fleet, write_of(name, frame, plan), counters=False)
+        pool.frame(name, plan, frame.SerializeToString())
 
 
 async def _longest_stall() -> float:
@@ -82,23 +105,25 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=6000)
     parser.add_argument("--processes", default="1,2", help="pool sizes to time, comma separated")
     parser.add_argument("--passes", type=int, default=3, help="timed passes per pool (the best is shown)")
+    parser.add_argument("--fresh", action="store_true", help="every node sends a frame before each pass")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes = [int(k) for k in args.processes.split(",")]
     began = time.perf_counter()
-    fleet, now = build(args.nodes)
+    fleet = build_fleet(args.nodes)
     built = time.perf_counter() - began
     gc.freeze()  # out of the automatic collections, as a running controller's fleet is (gc_policy.py)
-    rows = [asyncio.run(timed(fleet, now, k, args.passes)) for k in sizes]
+    rows = [asyncio.run(timed(fleet, k, args.passes, args.fresh)) for k in sizes]
     if args.json:
         print(json.dumps({"nodes": args.nodes, "cores": os.cpu_count(), "rows": rows}))
         return
-    print(f"detection_passes: {args.nodes} nodes (built in {built:.0f} s), {os.cpu_count()} cores")
-    print("processes  copy s  loop stall s  pass s  detectors s  longest share s  findings")
+    fresh = ", every node a new frame before each pass" if args.fresh else ""
+    print(f"detection_passes: {args.nodes} nodes (built in {built:.0f} s), {os.cpu_count()} cores{fresh}")
+    print("processes  copy s  loop stall s  frames s  pass s  detectors s  longest share s  findings")
     for row in rows:
         print(
             f"{row['processes']:>9}  {row['copy_s']:6.2f}  {row['loop_stall_s']:12.3f}  "
-            f"{row['pass_s']:6.2f}  {row['detectors_s']:11.2f}  "
+            f"{row['frames_s']:8.2f}  {row['pass_s']:6.2f}  {row['detectors_s']:11.2f}  "
             f"{row['longest_share_s']:15.2f}  {row['findings']:8}"
         )
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import attrgetter
 from typing import NamedTuple
 
 from controller.detect.per_node import per_node
@@ -25,6 +27,7 @@ from controller.fleet.trends import ib_group
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 KEPT = "infiniband_ports"  # Fleet.derived, by detect/per_node.py
+PORTS_KEPT = 4096  # distinct port states kept built (_port)
 
 PortKey = tuple[str, int]  # device, port
 
@@ -43,10 +46,8 @@ class Port(NamedTuple):
 
     @classmethod
     def of(cls, port: pb.InfinibandPortSample) -> Port:
-        up = port.state == "active" and port.physical_state in ("link_up", "")
         rate = port.rate_gbps if port.HasField("rate_gbps") else None
-        group = ib_group(port.device, port.port)
-        return cls(port.device, port.port, port.state, port.physical_state, port.link_layer, rate, up, group)
+        return _port(_STATE(port), rate)
 
     @property
     def key(self) -> PortKey:
@@ -60,12 +61,28 @@ class Port(NamedTuple):
 Ports = tuple[Port, ...]  # a node's ports in (device, port) order, one per device/port
 
 
+_STATE = attrgetter("device", "port", "state", "physical_state", "link_layer")  # read in one C call
+
+
+@lru_cache(maxsize=PORTS_KEPT)
+def _port(read: tuple[str, int, str, str, str], rate: float | None) -> Port:
+    """The one Port of these values (_STATE's read of a port, and its rate): a fleet's nodes report
+    a handful of distinct port states, so each pass reads every node's ports but builds few, and
+    equal port sets are found equal by identity (of_nodes counts them)."""
+    device, port, state, physical_state, link_layer = read
+    up = state == "active" and physical_state in ("link_up", "")
+    return Port(device, port, state, physical_state, link_layer, rate, up, ib_group(device, port))
+
+
 def read_ports(host: pb.HostSample | None) -> Ports:
     """The sample's ports in (device, port) order; of a device/port listed twice, the last."""
     if host is None:
         return ()
-    by_key = {(p.device, p.port): p for p in host.infiniband}
-    return tuple(Port.of(by_key[key]) for key in sorted(by_key))
+    by_key = {}
+    for sample in host.infiniband:
+        read = _STATE(sample)
+        by_key[read[:2]] = (read, sample.rate_gbps if sample.HasField("rate_gbps") else None)
+    return tuple(_port(*by_key[key]) for key in sorted(by_key))
 
 
 def node_ports(fleet: Fleet) -> dict[str, Ports]:

@@ -26,11 +26,18 @@ CHECKS = (
 )
 
 
+WATCHED = frozenset(name for _, names in CHECKS for name in names)
+
+
 def _held(gpu: GpuState, names: tuple[str, ...]) -> float:
-    return max((gpu.held_for(n) for n in names), default=0.0)
+    """The longest any of `names` has held (GpuState.held_for): since the earliest of their starts."""
+    since = [gpu.held[n] for n in names if n in gpu.held]
+    return max(0.0, gpu.time - min(since)) if since else 0.0
 
 
 def judge(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[Finding]:
+    if WATCHED.isdisjoint(gpu.held):
+        return []  # no throttle reason held: the usual GPU
     window = config.throttle_window_seconds
     s = gpu.sample
     findings = []

@@ -125,6 +125,8 @@ def _order(item: tuple[Seen, str]) -> tuple[int, int, float, int]:
 
 
 def gpu_findings(node: NodeState, gpu: GpuState, config: DetectConfig) -> list[Finding]:
+    if not node.trends.xids and not gpu.sample.xid_counts:
+        return []  # no XID seen on the node, none counted on the GPU: most GPUs, most passes
     remap = gpu.sample.row_remap_pending or gpu.sample.row_remap_failure
     found = []
     for s in seen(node, gpu, config.xid_window_seconds).values():

@@ -34,6 +34,7 @@ IB_COUNTERS = (
 )
 GPU_COUNTERS = ("ecc_uncorrected_volatile_total", "pcie_replay_errors_total")
 _LINK_READ = attrgetter("link", *NVLINK_COUNTERS)  # (link, its counters...), read in C
+_IB_READ = attrgetter("device", "port", *IB_COUNTERS)  # (device, port, its counters...), read in C
 
 
 def link_read(sample: pb.GpuSample) -> tuple[tuple[int, ...], ...]:
@@ -95,6 +96,11 @@ class Trends:
     groups: dict[str, _Group] = field(default_factory=dict)
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # counter key -> (group, position)
     xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
+    # The host's InfiniBand ports as observe_host last took them (_IB_READ of each) and their groups,
+    # each holding that reading as its newest; None: not kept (nor pickled). A cache.
+    ib_seen: tuple[tuple[tuple[object, ...], ...], tuple[_Group, ...]] | None = field(
+        default=None, compare=False
+    )
 
     def __getstate__(self) -> tuple[float, dict[str, _Group], deque[XidSeen]]:
         """Pickled without `where` (a detection process's copy of the fleet: some 490 entries a node,
@@ -103,6 +109,7 @@ class Trends:
 
     def __setstate__(self, state: tuple[float, dict[str, _Group], deque[XidSeen]]) -> None:
         self.window_seconds, self.groups, self.xids = state
+        self.ib_seen = None
         self.where = {
             name: (group, position)
             for group, g in self.groups.items()
@@ -216,16 +223,24 @@ class Trends:
             self.xids.popleft()
 
     def observe_host(self, host: pb.HostSample, time: float) -> None:
-        for port in host.infiniband:
-            totals = (
-                float(port.link_downed_total),
-                float(port.symbol_error_total),
-                float(port.port_rcv_errors_total),
-                float(port.link_error_recovery_total),
-            )
-            self.observe_group(
-                ib_group(port.device, port.port), _ib_names(port.device, port.port), time, totals
-            )
+        """The host's InfiniBand port counters, a group per port. A reading of the ports equal to the
+        one taken last (the usual case: error counters stay put, the same ports) only moves each
+        group's window, as observe_group would with totals equal to the newest."""
+        read = tuple(map(_IB_READ, host.infiniband))
+        seen = self.ib_seen
+        if seen is not None and seen[0] == read and all(time >= g.last for g in seen[1]):
+            for g in seen[1]:
+                self._advance(g, time)
+            return
+        groups = []
+        for device, port, *counters in read:
+            name = ib_group(device, port)
+            self.observe_group(name, _ib_names(device, port), time, tuple(map(float, counters)))
+            groups.append(self.groups[name])
+        # Kept only when every port's reading was taken as its group's newest, once: not a reading
+        # older than a group's (ignored there), nor a port listed twice (its last reading counts).
+        taken = all(g.last == time for g in groups) and len(set(map(id, groups))) == len(groups)
+        self.ib_seen = (read, tuple(groups)) if taken else None
 
 
 @lru_cache(maxsize=4096)

@@ -15,3 +15,14 @@ def test_passes_are_timed_for_each_pool_size() -> None:
     for row in (one, three):
         assert 0 < row["longest_share_s"] <= row["detectors_s"] and row["pass_s"] > 0
         assert row["copy_s"] > 0 and 0 <= row["loop_stall_s"] < row["copy_s"]
+
+
+def test_fresh_passes_follow_a_frame_of_every_node() -> None:
+    document = bench_json(
+        "detection_passes", "--nodes", "16", "--processes", "1,2", "--passes", "2", "--fresh"
+    )
+    for row in document["rows"]:
+        assert row["fresh"] and row["frames_s"] > 0 and row["pass_s"] > 0
+    plain = bench_json("detection_passes", "--nodes", "16", "--processes", "1", "--passes", "1")
+    [row] = plain["rows"]
+    assert not row["fresh"] and row["frames_s"] == 0

@@ -130,3 +130,31 @@ def test_ports_are_read_again_only_from_a_new_host_sample_and_a_forgotten_node_i
     assert fleet.detect("infiniband") == []
     _, kept = fleet.fleet.derived[infiniband_ports.KEPT]
     assert sorted(kept) == ["node-00", "node-01", "node-03"]  # type: ignore[call-overload]
+
+
+def test_equal_port_states_read_from_different_samples_are_one_port() -> None:
+    """A fleet reports a handful of distinct port states: each is built once and read again as the
+    same object (equal port sets then count together by identity), a port listed twice reads as its
+    last, and any state that differs is a port of its own."""
+
+    def port(
+        number: int = 1, state: str = "active", rate: float | None = 400.0, errors: int = 0
+    ) -> pb.InfinibandPortSample:
+        sample = pb.InfinibandPortSample(
+            device="mlx5_0", port=number, state=state, physical_state="link_up", link_layer="infiniband"
+        )
+        sample.symbol_error_total = errors
+        if rate is not None:
+            sample.rate_gbps = rate
+        return sample
+
+    def read(*ports: pb.InfinibandPortSample) -> infiniband_ports.Ports:
+        return infiniband_ports.read_ports(pb.HostSample(infiniband=list(ports)))
+
+    a, b = read(port(errors=3)), read(port(errors=9))
+    assert a[0] is b[0] and a[0].up and a[0].rate == 400.0 and a[0].group == "ib.mlx5_0/1"
+    [slower], [unrated] = read(port(rate=200.0)), read(port(rate=None))
+    assert slower.rate == 200.0 and unrated.rate is None and slower is not a[0]
+    [last] = read(port(), port(state="down"))
+    assert last.state == "down" and not last.up
+    assert [p.key for p in read(port(2), port(1))] == [("mlx5_0", 1), ("mlx5_0", 2)]
