@@ -25,6 +25,9 @@ from controller.fleet.health import node_health
 from controller.fleet.node_order import node_names
 from controller.metrics_record import SecondsHistogram
 from controller.metrics_text import OneHotGauge, TextGauge
+from controller.store.checkpoint import INTERVAL_SECONDS, RESTART_WAIT_MS
+from controller.store.sqlite import BUSY_TIMEOUT_MS
+from controller.store.writer import LOCK_WAIT_SECONDS
 from protos.gpufleet.v1 import operator_pb2
 from protos.logsafe import SUPPRESSED
 from protos.names import CAUSES, enum_names, health_name
@@ -125,16 +128,17 @@ class ControllerCollector(Collector):
         )
         yield CounterMetricFamily(
             PREFIX + "store_lock_waits",
-            "Write transactions that found the store's file held past the busy timeout (5 s) by "
-            "another writer (a replica beside this one on the SQLite file) and waited again for it "
-            "(30 s at most a batch, then it fails).",
+            f"Write transactions that found the store's file held past the busy timeout "
+            f"({BUSY_TIMEOUT_MS / 1000:g} s) by another writer (a replica beside this one on the SQLite "
+            f"file) and waited again for it ({LOCK_WAIT_SECONDS:g} s at most a batch, then it fails).",
             value=self.app.store.lock_waits,
         )
         checkpointer = self.app.store.checkpointer
         yield CounterMetricFamily(
             PREFIX + "store_wal_restarts_held_off",
-            "SQLite WAL restarts given up after 100 ms because a read of an older snapshot was still "
-            "open (tried again in 5 s; the WAL grows meanwhile). 0 on PostgreSQL.",
+            f"SQLite WAL restarts given up after {RESTART_WAIT_MS} ms because a read of an older "
+            f"snapshot was still open (tried again in {INTERVAL_SECONDS:g} s; the WAL grows meanwhile). "
+            "0 on PostgreSQL.",
             value=0 if checkpointer is None else checkpointer.restarts_held_off,
         )
 

@@ -31,10 +31,11 @@ import threading
 
 log = logging.getLogger("gpufleet.controller.store")
 RESTART_WAIT_MS = 100  # the longest a RESTART holds the writers (its busy timeout), far under theirs
+INTERVAL_SECONDS = 5.0  # between two checkpoints (see above)
 
 
 class Checkpointer:
-    def __init__(self, path: str, *, interval: float = 5.0, restart_pages: int = 8192) -> None:
+    def __init__(self, path: str, *, interval: float = INTERVAL_SECONDS, restart_pages: int = 8192) -> None:
         self.path = path
         self.interval = interval
         self.restart_pages = restart_pages  # 4 KiB pages: 32 MiB of WAL
