@@ -7,6 +7,8 @@ generic copy: None stays unset, lists of dataclasses become repeated messages.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,10 +20,12 @@ from agent.probes.kernel import ProbeInfo
 from agent.probes.kernels import infos
 from agent.snapshot import Snapshot
 from agent.sources.bmc import BmcSample
-from agent.sources.gpu import Inventory
+from agent.sources.gpu import Inventory, NvLinkReading
 from agent.sources.host import HostFacts
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+_LINK_TOTALS = struct.Struct("<IQQQ")  # link, crc, replay, recovery
 
 
 def timestamp(unix_seconds: float) -> Timestamp:
@@ -80,7 +84,9 @@ def bmc_sample(sample: BmcSample) -> bmc_pb2.BmcSample:
 def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
     msg = pb.TelemetryFrame(node=snapshot.node, boot_id=boot_id, seq=seq, time=timestamp(snapshot.time))
     for reading in snapshot.gpus:
-        fill(msg.gpus.add(), reading)
+        sample = fill(msg.gpus.add(), reading)
+        if reading.nvlinks:
+            sample.nvlink_errors_digest = nvlink_errors_digest(reading.nvlinks)  # type: ignore[attr-defined]
     if snapshot.host is not None:
         fill(msg.host, snapshot.host)
     msg.probes.extend(probe_result(o) for o in snapshot.probes)
@@ -89,6 +95,16 @@ def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
     if snapshot.bmc is not None and snapshot.bmc_new:
         msg.bmc.CopyFrom(bmc_sample(snapshot.bmc))
     return msg
+
+
+def nvlink_errors_digest(links: Sequence[NvLinkReading]) -> int:
+    """GpuSample.nvlink_errors_digest: 8 bytes of BLAKE2b over each link's number and error totals
+    (unread ones as 0, as the controller reads an unset total), in order; never 0 (not sent)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for link in links:
+        totals = (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total)
+        digest.update(_LINK_TOTALS.pack(link.link, *(total or 0 for total in totals)))
+    return int.from_bytes(digest.digest(), "little") or 1
 
 
 def hello(

@@ -72,9 +72,10 @@ class _Group:
     points: deque[tuple[float, tuple[float, ...]]]  # (time first seen, totals), oldest first
     last: float  # time of the newest reading
     names: tuple[str, ...]  # the counter keys, in the order of the totals
-    # The newest accepted reading as its caller read it (one GPU's links: a tuple per link), so an
-    # unchanged reading is found in one comparison without flattening it; None: not kept. A cache:
-    # two groups holding the same points are equal whatever they saw.
+    # The newest accepted reading as its caller read it (one GPU's links: their digest as the agent
+    # sent it, else a tuple per link), so an unchanged reading is found in one comparison without
+    # flattening it; None: not kept. A cache: two groups holding the same points are equal whatever
+    # they saw.
     seen: object = field(default=None, compare=False)
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -148,17 +149,25 @@ class Trends:
         g.seen = seen
         self._advance(g, time)
 
-    def observe_links(self, gpu: int, time: float, read: tuple[tuple[int, ...], ...]) -> None:
-        """A GPU's NVLink counters, read as (link, crc, replay, recovery) per link: a reading equal
-        to the newest (the usual case: error counters stay put, the same links) only moves the
-        window; any other is observed as the group's totals."""
+    def observe_links(self, gpu: int, time: float, sample: pb.GpuSample) -> None:
+        """A GPU's NVLink counters, read as (link, crc, replay, recovery) per link (link_read): a
+        reading equal to the newest (the usual case: error counters stay put, the same links) only
+        moves the window; any other is observed as the group's totals. The reading is known equal by
+        its digest (GpuSample.nvlink_errors_digest) when the agent sends one, without reading the
+        links; else by reading them."""
         group = nvlink_group(gpu)
         g = self.groups.get(group)
-        if g is not None and g.seen == read and time >= g.last:
+        read: tuple[tuple[int, ...], ...] | None = None
+        key: object = sample.nvlink_errors_digest or None
+        if key is None:
+            key = read = link_read(sample)
+        if g is not None and g.seen == key and time >= g.last:
             self._advance(g, time)
             return
+        if read is None:
+            read = link_read(sample)
         names = _link_names(gpu, tuple(r[0] for r in read))
-        self.observe_group(group, names, time, tuple(chain.from_iterable(r[1:] for r in read)), read)
+        self.observe_group(group, names, time, tuple(chain.from_iterable(r[1:] for r in read)), key)
 
     def _advance(self, g: _Group, time: float) -> None:
         g.last = time
@@ -215,7 +224,7 @@ class Trends:
             if g is not None and time >= g.last:
                 self._advance(g, time)  # as observe_links does with a reading equal to the newest
             elif links:
-                self.observe_links(index, time, link_read(sample))
+                self.observe_links(index, time, sample)
         for event in sample.xid_events:
             at = event.unix_time_seconds or time
             self.xids.append(XidSeen(at, index, event.code))

@@ -81,7 +81,7 @@ class StreamPlanner:
         self.clock = clock
         self.active = True
         self.planned = 0
-        self.links: dict[int, tuple[tuple[int, ...], ...]] = {}  # GPU -> its last NVLink reading taken
+        self.links: dict[int, object] = {}  # GPU -> its last NVLink reading taken (digest, or link_read)
 
     def plan(self, message: bytes) -> bytes | None:
         """The PLANNED payload for this AgentMessage, or None: relay it as the agent sent it."""
@@ -129,13 +129,17 @@ class StreamPlanner:
 
     def _links_unchanged(self, frame: pb.TelemetryFrame, plan: FramePlan) -> tuple[int, ...]:
         """The GPUs taken whose NVLink error counters read as in their reading this planner took
-        before (read here, on the front's core, rather than by every copy of the fleet)."""
+        before (found here, on the front's core, rather than by every copy of the fleet): by the
+        links' digest when the agent sends one, else by reading the links."""
         same = []
         samples = frame.gpus
         for position, _ in plan.gpus:
             sample = samples[position]
-            read = link_read(sample)
-            if read and self.links.get(sample.index) == read:
+            if not sample.nvlinks:
+                self.links.pop(sample.index, None)
+                continue
+            read: object = sample.nvlink_errors_digest or link_read(sample)
+            if self.links.get(sample.index) == read:
                 same.append(sample.index)
             self.links[sample.index] = read
         return tuple(same)

@@ -121,3 +121,46 @@ def test_a_pickled_copy_leaves_out_what_it_can_rebuild_and_goes_on_as_the_origin
     assert copy.rate(nvlink_key(3, 11, "replay_errors_total")) == trends.rate(
         nvlink_key(3, 11, "replay_errors_total")
     )
+
+
+def digested(links: dict[int, tuple[int, int, int]], digest: int, tx: int = 0) -> pb.GpuSample:
+    """sample() as an agent that sends the digest of its links' error totals does."""
+    gpu = sample(links, tx)
+    if digest:  # 0: not sent, as an older agent
+        gpu.nvlink_errors_digest = digest
+    return gpu
+
+
+def test_with_the_agents_digest_the_links_are_read_only_when_it_changes() -> None:
+    """The digest stands for the links' error totals (agent/stream/frames.py), so the same digest is
+    the same reading, whatever the links' messages say: they are not read."""
+    trends = Trends()
+    trends.observe_gpu(digested(QUIET, 11), T0)
+    trends.observe_gpu(digested(QUIET, 11, tx=1), T0 + 10)
+    rising = dict(QUIET)
+    rising[4] = (9, 0, 1)
+    trends.observe_gpu(digested(rising, 11, tx=2), T0 + 20)  # not read: the digest says unchanged
+    group = trends.groups[nvlink_group(3)]
+    assert group.last == T0 + 20 and len(group.points) == 1 and group.seen == 11
+    trends.observe_gpu(digested(rising, 12, tx=3), T0 + 30)  # a new digest: read, and the rise seen
+    assert trends.increase(nvlink_key(3, 4, "crc_errors_total")) == 4
+    assert trends.span(nvlink_key(3, 4, "crc_errors_total")) == 30
+    trends.observe_gpu(digested(rising, 12, tx=4), T0 + 25)  # older: ignored, the window stays
+    assert trends.groups[nvlink_group(3)].last == T0 + 30
+
+
+def test_an_agent_that_stops_or_starts_sending_the_digest_is_read_as_it_sends() -> None:
+    trends, reference = Trends(), Trends()
+    rising = dict(QUIET)
+    rising[9] = (5, 2, 1)
+    steps = [(QUIET, 7), (QUIET, 0), (QUIET, 7), (rising, 0), (rising, 8), (rising, 8), (QUIET, 9)]
+    for k, (links, digest) in enumerate(steps):
+        trends.observe_gpu(digested(links, digest, tx=k), T0 + 10 * k)
+        reference.observe_gpu(sample(links, tx=k), T0 + 10 * k)  # read every time
+        assert trends == reference, k
+    assert trends.groups[nvlink_group(3)].seen == 9  # kept as sent, for the next reading
+    copy = pickle.loads(pickle.dumps(trends))  # a detection process's copy: without it
+    assert copy.groups[nvlink_group(3)].seen is None
+    for both in (trends, copy):  # the copy reads the links, finds them the newest, and keeps it
+        both.observe_gpu(digested(QUIET, 9, tx=99), T0 + 100)
+    assert copy.groups[nvlink_group(3)].seen == 9 and copy == trends

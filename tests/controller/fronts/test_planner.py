@@ -62,13 +62,19 @@ def _next(sim: SimFleet, k: int) -> pb.TelemetryFrame:
     return f
 
 
-def test_a_planned_frame_builds_the_write_the_controller_would_build() -> None:
+@pytest.mark.parametrize("digests", [True, False], ids=["links-digest", "older-agent"])
+def test_a_planned_frame_builds_the_write_the_controller_would_build(digests: bool) -> None:
+    """Also from an older agent, which sends no digest of a GPU's NVLink errors: the planner reads
+    the links to find them unchanged."""
     sim, planner = _sim()
     node = sim.fleet.nodes[NODE]
     reference = copy.deepcopy(sim.fleet)  # applied without the planner's NVLink hints
     held = hinted = 0
     for k in range(6):
         sent = _next(sim, k)
+        assert all(g.nvlink_errors_digest for g in sent.gpus)
+        for gpu in sent.gpus if not digests else ():
+            gpu.ClearField("nvlink_errors_digest")
         message = _message(sent)
         payload = planner.plan(message)
         assert payload is not None, f"frame {k} was not planned"
