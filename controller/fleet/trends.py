@@ -42,6 +42,12 @@ def link_read(sample: pb.GpuSample) -> tuple[tuple[int, ...], ...]:
     return tuple(map(_LINK_READ, sample.nvlinks))
 
 
+def links_seen(sample: pb.GpuSample) -> object:
+    """What finds a GPU's NVLink error counters unchanged since a reading: the digest of them its
+    agent sends (GpuSample.nvlink_errors_digest), else their link_read (an older agent's)."""
+    return sample.nvlink_errors_digest or link_read(sample)
+
+
 def gpu_key(gpu: int, counter: str) -> str:
     return f"gpu{gpu}.{counter}"
 
@@ -157,15 +163,11 @@ class Trends:
         links; else by reading them."""
         group = nvlink_group(gpu)
         g = self.groups.get(group)
-        read: tuple[tuple[int, ...], ...] | None = None
-        key: object = sample.nvlink_errors_digest or None
-        if key is None:
-            key = read = link_read(sample)
+        key = links_seen(sample)
         if g is not None and g.seen == key and time >= g.last:
             self._advance(g, time)
             return
-        if read is None:
-            read = link_read(sample)
+        read = key if isinstance(key, tuple) else link_read(sample)
         names = _link_names(gpu, tuple(r[0] for r in read))
         self.observe_group(group, names, time, tuple(chain.from_iterable(r[1:] for r in read)), key)
 

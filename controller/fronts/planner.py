@@ -34,7 +34,7 @@ from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame
 from controller.fleet.model import GpuState, NodeState
 from controller.fleet.state import FramePlan, plan_changes
-from controller.fleet.trends import link_read
+from controller.fleet.trends import links_seen
 from controller.frame_bytes import frame_bytes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -138,7 +138,7 @@ class StreamPlanner:
             if not sample.nvlinks:
                 self.links.pop(sample.index, None)
                 continue
-            read: object = sample.nvlink_errors_digest or link_read(sample)
+            read = links_seen(sample)
             if self.links.get(sample.index) == read:
                 same.append(sample.index)
             self.links[sample.index] = read
