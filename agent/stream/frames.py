@@ -87,6 +87,7 @@ def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
         sample = fill(msg.gpus.add(), reading)
         if reading.nvlinks:
             sample.nvlink_errors_digest = nvlink_errors_digest(reading.nvlinks)  # type: ignore[attr-defined]
+            sample.nvlinks_inactive = sum(not link.active for link in reading.nvlinks)  # type: ignore[attr-defined]
     if snapshot.host is not None:
         fill(msg.host, snapshot.host)
     msg.probes.extend(probe_result(o) for o in snapshot.probes)

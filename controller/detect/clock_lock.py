@@ -1,6 +1,6 @@
 """SM clocks held low on a busy GPU, seen in telemetry without waiting for a probe.
 
-Both rules need the condition (fleet/conditions.py clock_state: a busy GPU, SM clock more than 5%
+Both rules need the condition (fleet/conditions.py conditions: a busy GPU, SM clock more than 5%
 below max) held for detect.throttle_window_seconds, like a throttle:
 
 - Locked (cause clocks_locked_low): NVML shows the lock (the applications_clocks_setting reason or

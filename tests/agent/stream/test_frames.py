@@ -186,7 +186,7 @@ def test_none_stays_unset_and_zero_is_kept() -> None:
     optional = [f.name for f in pb.GpuSample.DESCRIPTOR.fields if f.has_presence]
     nullable = {f.name for f in dataclasses.fields(GpuReading) if f.default is None}
     # Worked out by frames.frame from the links, not read: tests/agent/stream/test_link_digest.py.
-    nullable.add("nvlink_errors_digest")
+    nullable |= {"nvlink_errors_digest", "nvlinks_inactive"}
     assert set(optional) == nullable and not any(msg.HasField(n) for n in optional)
 
     zeros = GpuReading(index=1, uuid="u", power_watts=0.0, row_remap_pending=False, clock_event_reasons=0)

@@ -42,3 +42,17 @@ def test_a_frame_carries_it_for_gpus_with_links_only() -> None:
     frame = frames.frame(Snapshot(node="n1", time=1_800_000_000.0, gpus=[with_links, without]), "b1", 1)
     assert frame.gpus[0].nvlink_errors_digest == digest(LINKS)
     assert not frame.gpus[1].HasField("nvlink_errors_digest")  # not sent
+
+
+def test_a_frame_counts_the_links_not_active_for_gpus_with_links_only() -> None:
+    """GpuSample.nvlinks_inactive: the controller reads it instead of each link's state."""
+    down = [dataclasses.replace(link, active=link.link not in (3, 11)) for link in LINKS]
+    gpus = [
+        GpuReading(index=0, uuid="GPU-0", nvlinks=list(LINKS)),
+        GpuReading(index=1, uuid="GPU-1", nvlinks=down),
+        GpuReading(index=2, uuid="GPU-2"),
+    ]
+    frame = frames.frame(Snapshot(node="n1", time=1_800_000_000.0, gpus=gpus), "b1", 1)
+    assert frame.gpus[0].HasField("nvlinks_inactive") and frame.gpus[0].nvlinks_inactive == 0
+    assert frame.gpus[1].nvlinks_inactive == 2
+    assert not frame.gpus[2].HasField("nvlinks_inactive")  # no links: not sent

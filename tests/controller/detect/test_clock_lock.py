@@ -1,5 +1,5 @@
 """Clocks held low on a busy GPU, from telemetry alone (controller/detect/clock_lock.py), and the
-conditions it reads (controller/fleet/conditions.py clock_state)."""
+conditions it reads (controller/fleet/conditions.py conditions)."""
 
 from __future__ import annotations
 
