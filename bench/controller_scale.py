@@ -50,7 +50,7 @@ from typing import Any
 from controller_scale_load import report, storms, target
 from controller_scale_load.disk_writer import DiskWriter
 from controller_scale_load.fleet import Fleet
-from controller_scale_load.templates import build_archetype, frame_message
+from controller_scale_load.templates import SIM_CPUS, build_archetype, frame_message
 from controller_scale_load.worker import WorkerSpec
 
 from controller.config import ControllerConfig, check_db
@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--archetypes", type=int, default=16, help="simulated nodes the others borrow frames from"
+    )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=SIM_CPUS,
+        help=f"logical CPUs each simulated host lists, one reading each per frame (default {SIM_CPUS}; "
+        "a DGX H100 has 224)",
     )
     parser.add_argument(
         "--shared-connection",
@@ -201,8 +208,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         or args.step_sizes != sorted(args.step_sizes)
     ):
         parser.error("--steps must be ascending fleet sizes >= 1")
-    if args.hold <= 0 or args.interval <= 0 or args.workers < 1 or args.archetypes < 1:
-        parser.error("--hold and --interval must be > 0, --workers and --archetypes >= 1")
+    if args.hold <= 0 or args.interval <= 0 or args.workers < 1 or args.archetypes < 1 or args.cpus < 1:
+        parser.error("--hold and --interval must be > 0, --workers, --archetypes and --cpus >= 1")
     if not 1 <= args.replicas <= 8 or args.workers < args.replicas:
         parser.error("--replicas must be 1..8, with at least as many --workers")
     if args.failover and (args.replicas != 2 or args.shared_connection):
@@ -241,7 +248,7 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    archetype = build_archetype(0, args.seed, time.time() - 100 * args.interval, args.interval)
+    archetype = build_archetype(0, args.seed, time.time() - 100 * args.interval, args.interval, args.cpus)
     now = time.time()
     sizes = [len(frame_message(archetype, "n", "b", seq=seq, floor=seq, now=now)) for seq in range(2, 8)]
     first = len(frame_message(archetype, "n", "b", seq=1, floor=1, now=now))
@@ -428,6 +435,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "interval",
                 "ramp",
                 "archetypes",
+                "cpus",
                 "shared_connection",
                 "disable_detector",
                 "detect_in_loop",
@@ -516,6 +524,7 @@ def _spec(index: int, args: argparse.Namespace, address: str) -> WorkerSpec:
         archetypes=args.archetypes,
         ramp_seconds=args.ramp,
         shared_channel=args.shared_connection,
+        cpus=args.cpus,
     )
 
 

@@ -27,6 +27,7 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 CYCLE = 6  # frames per archetype before its readings repeat (one BMC poll each cycle)
 FRAME_TAG = b"\x12"  # AgentMessage.frame: field 2, length-delimited
+SIM_CPUS = 32  # logical CPUs of a simulated host (the simulator's default; a DGX H100 has 224)
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,13 @@ def _body(frame: pb.TelemetryFrame) -> bytes:
     return frame.SerializeToString()
 
 
-def build_archetype(index: int, seed: int, start: float, interval: float) -> Archetype:
-    """Simulate archetype `index` from `start` on: its Hello, a first frame and CYCLE more."""
+def build_archetype(index: int, seed: int, start: float, interval: float, cpus: int = SIM_CPUS) -> Archetype:
+    """Simulate archetype `index` from `start` on: its Hello, a first frame and CYCLE more; its host
+    lists `cpus` logical CPUs, each with its own reading in every frame."""
     now = [start]
     name = f"archetype-{seed}-{index}"
     sim = SimNode(name, seed=seed * 1009 + index, clock=lambda: now[0])
-    host = SimHost(sim, seed=seed)
+    host = SimHost(sim, seed=seed, cpus=cpus)
     bmc = SimBmc(sim, seed=seed)
     hello = frames.hello(
         name, "boot", "bench", sim.inventory(), host=host.facts(), probes=[], started_at=start

@@ -34,7 +34,13 @@ import grpc
 
 from agent.stream.backoff import Backoff
 from agent.stream.client import CHANNEL_OPTIONS
-from controller_scale_load.templates import Archetype, build_archetype, frame_message, hello_message
+from controller_scale_load.templates import (
+    SIM_CPUS,
+    Archetype,
+    build_archetype,
+    frame_message,
+    hello_message,
+)
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 METHOD = "/gpufleet.v1.Telemetry/Stream"
@@ -54,6 +60,7 @@ class WorkerSpec:
     archetypes: int  # simulated nodes whose frames the others borrow
     ramp_seconds: float  # new nodes connect spread over this long
     shared_channel: bool  # one channel (one connection) for the worker's nodes instead of one each
+    cpus: int = SIM_CPUS  # logical CPUs each simulated host lists (templates.build_archetype)
 
 
 @dataclass
@@ -133,7 +140,8 @@ class Worker:
     async def main(self) -> None:
         start = time.time() - 2 * self.spec.interval
         self.archetypes = [
-            build_archetype(k, self.spec.seed, start, self.spec.interval) for k in range(self.spec.archetypes)
+            build_archetype(k, self.spec.seed, start, self.spec.interval, self.spec.cpus)
+            for k in range(self.spec.archetypes)
         ]
         if self.spec.shared_channel:
             self.channel = grpc.aio.insecure_channel(self.spec.target, options=CHANNEL_OPTIONS)
