@@ -1,0 +1,100 @@
+"""What each step of taking one frame in costs the controller's CPU, on the scale bench's frames (an
+8-GPU node as the agent sends it, controller_scale_load/templates.py), timed alone on an idle
+machine: the best of several repeats, in microseconds a frame. Prints a table; asserts nothing
+(tests/bench/test_ingest_steps.py runs a small step of it).
+
+    .venv/bin/python bench/ingest_steps.py [--cpus 32,224] [--number 2000] [--repeat 7]
+
+--cpus: the logical CPUs each frame's host lists, one reading each (a DGX H100 has 224). The steps
+are those of controller/ingest.py on the event loop (or in an ingest front): parse the message,
+check its times, screen its readings (fleet/plausible.py), the GPUs' conditions (fleet/conditions.py),
+the whole plan (fleet/state.py plan_changes, which screens and works out the conditions), the
+FrameWrite and its apply to the fleet, and the message to the detection process (pickled).
+controller_scale.py shows them under load, with gRPC and the store around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from controller_scale_load.templates import SIM_CPUS, build_archetype, frame_message
+
+from controller import ingest_checks
+from controller.detection.wire import encode
+from controller.fleet.conditions import update_held
+from controller.fleet.model import Fleet
+from controller.fleet.plausible import screen
+from controller.fleet.state import apply_frame, apply_hello, plan_changes, write_of
+from protos.gpufleet.v1 import telemetry_pb2 as pb
+
+SKEW_SECONDS = 300.0  # the controller's default limits.max_clock_skew_seconds
+
+
+def steps(cpus: int, number: int, repeat: int) -> dict[str, Any]:
+    """Each step's best time over `repeat` runs of `number` calls, in microseconds a frame."""
+    start = time.time() - 100.0
+    archetype = build_archetype(0, 1, start, 10.0, cpus)
+    now = time.time()
+    raw = frame_message(archetype, "bench-0", "boot", seq=3, floor=0, now=now - 1.0)
+    frame = pb.AgentMessage.FromString(raw).frame
+    fleet = Fleet()
+    node = apply_hello(fleet, pb.Hello(node="bench-0", boot_id="boot"), 0, now)
+    plan = plan_changes(node, frame, now)  # the node holds its readings from here on, as under load
+    apply_frame(fleet, write_of("bench-0", frame, plan), counters=False)
+    data = frame.SerializeToString()
+    timed: dict[str, Callable[[], object]] = {
+        "parse": lambda: pb.AgentMessage.FromString(raw),
+        "time checks": lambda: ingest_checks.frame_times(frame, now, SKEW_SECONDS),
+        "screen": lambda: screen(frame),
+        "conditions": lambda: [update_held({}, sample, now) for sample in frame.gpus],
+        "plan (screen, conditions)": lambda: plan_changes(node, frame, now),
+        "write and apply": lambda: apply_frame(fleet, write_of("bench-0", frame, plan), counters=False),
+        "to the detection process": lambda: encode(("frame", "bench-0", plan, data)),
+    }
+    micros = {
+        name: min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
+        for name, call in timed.items()
+    }
+    return {"cpus": cpus, "frame_bytes": len(raw), "us": micros}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    names = list(results[0]["us"])
+    width = max(map(len, names))
+    lines = [f"{'step':<{width}}  " + "  ".join(f"{r['cpus']:>5} CPUs" for r in results)]
+    lines.append(f"{'frame bytes':<{width}}  " + "  ".join(f"{r['frame_bytes']:>10}" for r in results))
+    for name in names:
+        lines.append(f"{name:<{width}}  " + "  ".join(f"{r['us'][name]:>7.1f} us" for r in results))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--cpus",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[SIM_CPUS, 224],
+        help="logical CPUs a host lists, comma separated (default: 32,224)",
+    )
+    parser.add_argument("--number", type=int, default=2000, help="calls a repeat")
+    parser.add_argument("--repeat", type=int, default=7, help="repeats; the best is kept")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    if not args.cpus or min(args.cpus) < 1 or args.number < 1 or args.repeat < 1:
+        parser.error("--cpus must be >= 1 each, --number and --repeat >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    results = [steps(cpus, args.number, args.repeat) for cpus in args.cpus]
+    print(json.dumps(results, indent=2) if args.json else table(results))
+
+
+if __name__ == "__main__":
+    main()
