@@ -44,11 +44,6 @@ class Port(NamedTuple):
     up: bool  # active, and its physical link up (or not reported)
     group: str  # its error counters' group in NodeState.trends
 
-    @classmethod
-    def of(cls, port: pb.InfinibandPortSample) -> Port:
-        rate = port.rate_gbps if port.HasField("rate_gbps") else None
-        return _port(_STATE(port), rate)
-
     @property
     def key(self) -> PortKey:
         return (self.device, self.port)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent.sources.sim import FaultSpec
 from controller.config import DetectConfig
-from controller.detect.infiniband_ports import PeerRates, Port, PortPeers
+from controller.detect.infiniband_ports import PeerRates, Port, PortPeers, read_ports
 from controller.fleet.finding import Finding
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -133,13 +133,18 @@ def test_a_flapping_link_is_found_and_one_link_down_is_not() -> None:
     assert f.evidence.detail == "mlx5_2/1: link went down 2 times in 120 s"
 
 
+def port(**fields: object) -> Port:
+    """mlx5_0/1 as a host reporting it alone is read."""
+    host = pb.HostSample()
+    host.infiniband.add(device="mlx5_0", port=1, **fields)
+    (read,) = read_ports(host)
+    return read
+
+
 def test_a_ports_peers_are_the_group_less_the_port_itself() -> None:
     """The group's ports are gathered once per pass; each port's peers are that less itself."""
-    up = [
-        Port.of(pb.InfinibandPortSample(device="mlx5_0", port=1, state="active", rate_gbps=r))
-        for r in (400, 200, 400)
-    ]
-    down = Port.of(pb.InfinibandPortSample(device="mlx5_0", port=1, state="down"))
+    up = [port(state="active", rate_gbps=r) for r in (400, 200, 400)]
+    down = port(state="down")
     peers = PortPeers(total=4, active=3, rates=[200.0, 400.0, 400.0])
     assert peers.without(up[1]) == (3, 2, PeerRates(400.0, 2))  # the slow one sees two 400s
     assert peers.without(up[0]) == (3, 2, PeerRates(300.0, 2))  # one of two equal rates goes
