@@ -55,6 +55,7 @@ from controller_scale_load.worker import WorkerSpec
 
 from controller.config import ControllerConfig, check_db
 from controller.db_url import is_postgres_url, redact_url
+from controller.event_loop import CHOICES
 
 DEFAULT_STEPS = "1000,2000,4000,8000,12500"
 
@@ -114,6 +115,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=ControllerConfig().listeners,
         metavar="N",
         help="the controller's listeners: N gRPC servers share the agents' port (the floor gets as many)",
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=CHOICES,
+        default="auto",
+        help="the controller's event_loop (and the floor's): auto is uvloop where installed",
     )
     parser.add_argument(
         "--ingest-fronts",
@@ -394,7 +401,7 @@ def transport_floor(nodes: int, args: argparse.Namespace, directory: Path) -> di
     """The same load of `nodes` against floor.py (a server that only acks), held --hold seconds: its
     CPU per frame is what gRPC's asyncio server spends receiving a frame and sending its ack."""
     progress(f"transport floor: {nodes} nodes against a bare gRPC server that only acks")
-    floor = target.start_floor(directory, args.listeners)
+    floor = target.start_floor(directory, args.listeners, args.event_loop)
     fleet: Fleet | None = None
     try:
         fleet = Fleet([_spec(i, args, floor.address) for i in range(args.workers)])
@@ -441,6 +448,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "detect_in_loop",
                 "ingest_fronts",
                 "listeners",
+                "event_loop",
                 "detect_processes",
                 "replicas",
                 "replica_sync",
@@ -470,6 +478,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         replicas=args.replicas,
         replica_sync_seconds=args.replica_sync,
         listeners=args.listeners,
+        event_loop=args.event_loop,
     )
     fleet: Fleet | None = None
     neighbour: DiskWriter | None = None

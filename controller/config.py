@@ -388,6 +388,9 @@ class ControllerConfig(_Config):
     max_message_bytes: int = 4 * 1024 * 1024
     stale_after_seconds: float = 60.0  # a node silent this long is shown stale
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The controller's and its fronts' event loop: auto (uvloop where installed, else asyncio's own),
+    # uvloop (an error without it) or asyncio. uvloop: less CPU a frame (controller/event_loop.py).
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Append every accepted Hello and frame to this file (JSON Lines, for `gpufleet analyze`);
     # "" records nothing. A write error loses recorded lines (counted), never telemetry.
     record: str = ""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from controller import event_loop
 from controller.app import ControllerApp
 from controller.config import ControllerConfig
 from controller.db_url import is_postgres_url, redact_url
@@ -333,10 +334,11 @@ async def _lead(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info(
-        "controller listening on %s (%s; store %s)",
+        "controller listening on %s (%s; store %s; %s event loop)",
         address,
         "plaintext" if tls is None else "mutual TLS: agents and operators present client certificates",
         redact_url(config.db),
+        event_loop.kind(loop),
     )
     _log_transport(tls, address, operator_address)
     probes = config.probes

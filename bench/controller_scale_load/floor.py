@@ -4,7 +4,7 @@ as the controller runs it. Under the same load, its CPU per frame is what receiv
 sending its ack costs in this process model before the controller does any work: the part of the
 controller's CPU per frame that no change to ingest can remove.
 
-    python bench/controller_scale_load/floor.py --ready-file PATH [--listeners N]
+    python bench/controller_scale_load/floor.py --ready-file PATH [--listeners N] [--event-loop LOOP]
 
 It listens on a free loopback port and writes {"address": "127.0.0.1:PORT"} to PATH once serving;
 SIGTERM stops it.
@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from controller import event_loop
 from controller.listeners import NO_BDP_PROBE, REUSEPORT, listen_on
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
@@ -74,8 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ready-file", required=True, type=Path)
     parser.add_argument("--listeners", type=int, default=1, help="servers on the port, as the controller's")
+    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto", help="as the controller")
     args = parser.parse_args()
-    asyncio.run(serve(args.ready_file, args.listeners))
+    event_loop.run(serve(args.ready_file, args.listeners), args.event_loop)
 
 
 if __name__ == "__main__":

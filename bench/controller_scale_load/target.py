@@ -109,6 +109,7 @@ def config(
     replica_ingest: bool = False,
     replica_sync_seconds: float = 10.0,
     listeners: int | None = None,
+    event_loop: str = "auto",
 ) -> dict[str, object]:
     """The controller's config: loopback ports, a store (an SQLite file in `directory`, or the
     postgresql:// URL `db`), room for `nodes`, no Kubernetes; the detection interval and the
@@ -116,13 +117,14 @@ def config(
     controller's detect.process: false), else in their process; with `fronts`, that many ingest
     fronts serve the agents' port and operators get a port of their own; detect_processes share out
     the detectors (detect.processes); `listeners` servers on the agents' port (None: the
-    controller's default)."""
+    controller's default); `event_loop` the controller's (auto, uvloop, asyncio)."""
     document: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "metrics_address": f"127.0.0.1:{free_port()}",
         "db": db if db is not None else str(directory / SQLITE_FILE),
         "limits": {"max_nodes": max(20_000, 2 * nodes)},
         "kubernetes": {"enabled": False},
+        "event_loop": event_loop,
     }
     detect: dict[str, object] = {}
     if detect_interval is not None:
@@ -159,6 +161,7 @@ def start(
     replicas: int = 1,
     replica_sync_seconds: float = 10.0,
     listeners: int | None = None,
+    event_loop: str = "auto",
 ) -> Controller:
     """`python -m controller controller` with its config, log and ready file in `directory`; its
     store an SQLite file there, or the postgresql:// URL `db`. With `replicas`, that many
@@ -175,6 +178,7 @@ def start(
         replica_ingest=replicas > 1,
         replica_sync_seconds=replica_sync_seconds,
         listeners=listeners,
+        event_loop=event_loop,
     )
     path, ready, log = (
         directory / "controller.yaml",
@@ -244,13 +248,14 @@ def stop_all(controller: Controller) -> None:
     stop(controller.process)
 
 
-def start_floor(directory: Path, listeners: int = 1) -> Controller:
+def start_floor(directory: Path, listeners: int = 1, event_loop: str = "auto") -> Controller:
     """The transport's floor (floor.py): a bare Telemetry server under the same load, `listeners`
-    of them on its port as the controller has. It has no /metrics and no store (its db names no
-    file: 0 bytes)."""
+    of them on its port as the controller has, on its event loop. It has no /metrics and no store
+    (its db names no file: 0 bytes)."""
     ready, log = directory / "floor.ready", directory / "floor.log"
     floor = str(Path(__file__).with_name("floor.py"))
     command = [sys.executable, floor, "--ready-file", str(ready), "--listeners", str(listeners)]
+    command += ["--event-loop", event_loop]
     process, address, _ = _launch(command, ready, log, "the floor server")
     return Controller(process, address, "", directory, directory / "floor-has-no-store")
 

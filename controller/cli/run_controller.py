@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import Any
 
 import yaml
 
+from controller import event_loop
 from controller.config import ConfigError, load
 from controller.errors import NotLeader
 from protos.logsafe import configure_logging
@@ -44,8 +44,9 @@ def run_controller(args: argparse.Namespace) -> int:
             write_ready_file(ready_file, address, operator_address)
 
     try:
-        asyncio.run(serve(config, on_ready=on_ready))
-    except (TransportError, ConfigError) as exc:  # ConfigError: a setting found unusable at start
+        event_loop.run(serve(config, on_ready=on_ready), config.event_loop)
+    # ConfigError: a setting found unusable at start; NoUvloop: event_loop uvloop, not installed
+    except (TransportError, ConfigError, event_loop.NoUvloop) as exc:
         print(f"gpufleet controller: {exc}", file=sys.stderr)
         return 2
     except NotLeader as exc:  # another controller leads the store now

@@ -24,6 +24,7 @@ from controller.detect.runner import PassReport
 from controller.detection.changes import FleetChanges
 from controller.detection.fleet_copy import send_fleet
 from controller.detection.wire import HEADER, decode, encode
+from controller.event_loop import write_transport
 from controller.fleet.model import Fleet
 from controller.pipe_sizes import widen
 
@@ -71,8 +72,7 @@ class DetectionProcess(FleetChanges):
         )
         self.starts += 1
         assert self._process.stdin is not None
-        transport = self._process.stdin.transport
-        assert isinstance(transport, asyncio.WriteTransport)
+        transport = write_transport(self._process.stdin.transport)  # asyncio's or uvloop's
         self._writer = BatchedWriter(transport)  # a frame's change and the next in one write
         self.pipe_bytes = widen(transport)  # every frame's change goes through it
         self._reader = asyncio.create_task(self._read(self._process))

@@ -23,9 +23,12 @@ from typing import Any
 
 import grpc
 
+from controller import event_loop
 from controller.batched_writes import BatchedWriter
+from controller.event_loop import write_transport
 from controller.fronts import wire
 from controller.fronts.planner import StreamPlanner
+from controller.pipe_sizes import widen
 from controller.security.tls import ServerTls
 from protos.logsafe import configure_logging
 
@@ -190,8 +193,9 @@ async def serve() -> None:
     front = Front()
     loop = asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: _Input(front), sys.stdin.buffer)
-    out, _ = await loop.connect_write_pipe(lambda: _Output(front), sys.stdout.buffer)
-    assert isinstance(out, asyncio.WriteTransport)
+    written, _ = await loop.connect_write_pipe(lambda: _Output(front), sys.stdout.buffer)
+    out = write_transport(written)
+    widen(out)  # under uvloop the controller's pipes are socket pairs: this end sets what it holds
     front._out = BatchedWriter(out)
     ready = asyncio.create_task(front.ready.wait())
     ended = asyncio.create_task(front.done.wait())
@@ -226,7 +230,7 @@ async def serve() -> None:
 def main() -> None:
     configure_logging("info")  # to stderr: the controller's own log
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        event_loop.run(serve(), os.environ.get(event_loop.ENV, "auto"))  # the controller's loop
 
 
 if __name__ == "__main__":

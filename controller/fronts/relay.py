@@ -18,15 +18,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import pickle
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
 from controller.batched_writes import BatchedWriter
+from controller.event_loop import ENV, kind, read_transport, write_transport
 from controller.fronts import wire
 from controller.fronts.planner import planned_parts, state_of
 from controller.ingest import PlannedFrame
@@ -128,12 +130,12 @@ class FrontProcess(asyncio.SubprocessProtocol):
         self._stdin: BatchedWriter | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self.transport = transport
-        stdin, stdout = transport.get_pipe_transport(0), transport.get_pipe_transport(1)
-        assert isinstance(stdin, asyncio.WriteTransport) and stdout is not None
-        self._stdin = BatchedWriter(stdin)
-        self.pipe_bytes = (widen(stdin), widen(stdout))  # the agents' bytes and the answers
+        self.transport = cast(asyncio.SubprocessTransport, transport)  # asyncio's or uvloop's class
+        stdin, stdout = self.transport.get_pipe_transport(0), self.transport.get_pipe_transport(1)
+        assert stdout is not None
+        writer = write_transport(stdin)  # asyncio's or uvloop's
+        self._stdin = BatchedWriter(writer)
+        self.pipe_bytes = (widen(writer), widen(stdout))  # the agents' bytes and the answers
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
         assert isinstance(data, bytes)
@@ -173,8 +175,8 @@ class FrontProcess(asyncio.SubprocessProtocol):
         """Take up or stop the front's records: the pipe is not read meanwhile, and records already
         read wait in `records` (at most one read's worth). Taking up again delivers those first,
         which may stop it again (the pipe then stays paused)."""
-        pipe = None if self.transport is None else self.transport.get_pipe_transport(1)
-        if isinstance(pipe, asyncio.ReadTransport) and not pipe.is_closing():
+        pipe = None if self.transport is None else read_transport(self.transport.get_pipe_transport(1))
+        if pipe is not None and not pipe.is_closing():
             if on:
                 pipe.resume_reading()
             else:
@@ -281,6 +283,7 @@ class Fronts:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=None,  # its log goes where the controller's goes
+            env={**os.environ, ENV: kind(loop)},  # it runs the controller's loop
         )
         settings = dataclasses.replace(self.settings, listen=listen)
         front.send(wire.pickled(wire.INIT, 0, settings))

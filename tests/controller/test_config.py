@@ -87,6 +87,7 @@ probes:
         ("listeners: 0\n", "listeners must be between 1 and 64"),
         ("listeners: 65\n", "listeners must be between 1 and 64"),
         ("log_level: loud\n", "log_level"),
+        ("event_loop: uv\n", "event_loop"),
         ("stale_after_seconds: soon\n", "stale_after_seconds"),
         ("detect: {margin: 5}\n", "detect.margin must be within 0..1"),
         ("detect: {min_peers: 1}\n", "min_peers must be >= 2"),

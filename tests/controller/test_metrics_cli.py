@@ -72,6 +72,7 @@ def test_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert process.wait(timeout=10) == 0
     log = (tmp_path / "controller.log").read_text()
     assert f"metrics on http://127.0.0.1:{port}/metrics" in log
+    assert "uvloop event loop" in log, log  # the default where uvloop is installed (a dependency)
     assert "Traceback" not in log, log
     with socket.socket() as probe:  # nothing listens there any more (the scrape may leave a TIME_WAIT)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

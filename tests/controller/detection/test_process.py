@@ -11,11 +11,12 @@ import signal
 import pytest
 
 from agent.sources.sim import FaultSpec
+from controller import event_loop
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.process import DetectionProcess, DetectionUnavailable
-from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
+from tests.controller.loops import LOOPS, pipe_capacity
 from tests.simfleet import SimFleet
 
 FAULTS = {
@@ -25,12 +26,8 @@ FAULTS = {
 }
 
 
-def wide_pipe() -> int:
-    """The capacity the controller asks for its processes' pipes, as far as this system allows."""
-    return min(PIPE_BYTES, int(PIPE_MAX.read_text()))
-
-
-def test_the_process_finds_what_the_detectors_find_here() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_process_finds_what_the_detectors_find_here(loop: str) -> None:
     async def go() -> None:
         sim = SimFleet(8, FAULTS)
         config = DetectConfig()
@@ -38,7 +35,7 @@ def test_the_process_finds_what_the_detectors_find_here() -> None:
         process = DetectionProcess(config, names)
         sim.step(10.0)  # some state before the process starts: it gets a copy
         await process.start(sim.fleet)
-        assert process.pipe_bytes == wide_pipe()  # every frame's change goes through it
+        assert process.pipe_bytes == pipe_capacity(loop)  # every frame's change goes through it
         try:
             sim.step(10.0, probes=True, mirror=process)
             for _ in range(4):
@@ -57,7 +54,7 @@ def test_the_process_finds_what_the_detectors_find_here() -> None:
             await process.stop()
         assert not process.running
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
 
 
 def test_a_dead_process_fails_its_pass_and_a_new_one_starts_from_the_fleet() -> None:

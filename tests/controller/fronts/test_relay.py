@@ -18,16 +18,17 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
+from controller import event_loop
 from controller.config import ProbeConfig
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
 from controller.metrics import controller_registry
-from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 from controller.server import server_options
 from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import Running, as_frame, as_hello, config, frame, hello, running_controller
+from tests.controller.loops import LOOPS, pipe_capacity
 from tests.security.tls_files import Pki, Refused, controller_config, stream_one_frame, tls_controller
 
 TIMEOUT = 10.0
@@ -84,7 +85,8 @@ def held_by(fronts: Fronts) -> list[int]:
     return [len(front.streams) for front in fronts.running]
 
 
-def test_streams_spread_over_the_fronts_and_commands_and_answers_go_through_each_ones_front() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_streams_spread_over_fronts_and_commands_and_answers_go_through_each_ones_front(loop: str) -> None:
     names = [f"n{i:02d}" for i in range(24)]
 
     async def go() -> None:
@@ -94,7 +96,7 @@ def test_streams_spread_over_the_fronts_and_commands_and_answers_go_through_each
             assert sum(held_by(running.fronts)) == len(names)
             assert min(held_by(running.fronts)) > 0, held_by(running.fronts)  # the kernel spread them
             assert running.app.connected_agents == len(names)
-            wide = min(PIPE_BYTES, int(PIPE_MAX.read_text()))
+            wide = pipe_capacity(loop)
             assert all(front.pipe_bytes == (wide, wide) for front in running.fronts.running)
             async with grpc.aio.insecure_channel(running.operators) as channel:
                 operators = operator_pb2_grpc.OperatorStub(channel)
@@ -111,7 +113,7 @@ def test_streams_spread_over_the_fronts_and_commands_and_answers_go_through_each
                     assert record.state == ("failed" if name == "n05" else "succeeded"), name
             assert running.app.fleet.acked[("n07", "b1")] == 2
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
 
 
 def test_a_front_that_dies_is_started_again_and_its_agents_reconnect_to_the_fronts() -> None:
@@ -189,7 +191,8 @@ def test_a_nodes_certificate_is_checked_on_what_the_fronts_tls_saw(tmp_path: Pat
     asyncio.run(go())
 
 
-def test_a_controller_behind_its_agents_holds_a_bounded_backlog_and_loses_nothing() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_controller_behind_its_agents_holds_a_bounded_backlog_and_loses_nothing(loop: str) -> None:
     """Ingest stalls: past high_water bytes waiting, the controller stops reading the front's pipe
     (its backlog stays bounded) and takes it up again once ingest catches up; every frame is acked,
     in order."""
@@ -232,4 +235,4 @@ def test_a_controller_behind_its_agents_holds_a_bounded_backlog_and_loses_nothin
                 await fronts.stop()
             assert peak[0] <= high_water + largest
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
