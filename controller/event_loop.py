@@ -8,7 +8,8 @@ of the loop (its turns, handles, futures' callbacks, pipe writes), which asyncio
 gRPC's transport costs the same on either (a bare server that only acks: 0.65-0.66 ms a frame).
 
 uvloop's transports are its own classes, not asyncio's (write_transport and read_transport check
-what the code uses instead), and its subprocess pipes are Unix socket pairs (pipe_sizes.widen)."""
+what the code uses instead). The controller's processes are not started by the loop's own
+subprocess functions but by children.py: uvloop's fork the controller with at-fork handlers."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import socket
 import stat
 from pathlib import Path
 
@@ -25,17 +24,12 @@ PIPE_MAX = Path("/proc/sys/fs/pipe-max-size")  # what an unprivileged process ma
 def widen(transport: asyncio.BaseTransport, size: int = PIPE_BYTES) -> int:
     """Ask for a pipe of `size` bytes (at most the system's pipe-max-size) under this pipe
     transport; a read transport then also reads that much at once. The capacity it has (0 where
-    neither a pipe nor a Unix socket). uvloop's subprocess pipes are Unix socket pairs: there the
-    send buffer is asked for (the kernel caps it at net.core.wmem_max), which bounds what the
-    socket holds in the direction this end writes."""
-    pipe = transport.get_extra_info("pipe") or transport.get_extra_info("socket")
+    not a pipe)."""
+    pipe = transport.get_extra_info("pipe")
     if pipe is None:
         return 0
     fd = pipe.fileno()
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISSOCK(mode):
-        return _widen_socket(fd, size)
-    if not stat.S_ISFIFO(mode):
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         return 0
     with contextlib.suppress(OSError, ValueError):
         size = min(size, int(PIPE_MAX.read_text()))
@@ -47,11 +41,3 @@ def widen(transport: asyncio.BaseTransport, size: int = PIPE_BYTES) -> int:
     if isinstance(transport, asyncio.ReadTransport) and hasattr(transport, "max_size"):
         transport.max_size = max(transport.max_size, got)  # asyncio's read size per turn (256 KiB)
     return int(got)
-
-
-def _widen_socket(fd: int, size: int) -> int:
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-        # Linux reports twice what it grants (the kernel's bookkeeping): the payload is about half.
-        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)) // 2

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from controller import children
 from controller.batched_writes import BatchedWriter
 from controller.config import DetectConfig
 from controller.detect.runner import PassReport
@@ -63,7 +64,7 @@ class DetectionProcess(FleetChanges):
     async def spawn(self) -> None:
         """A new process, holding nothing yet: fleet_copy.send_fleet gives it its copy."""
         await self.stop()
-        self._process = await asyncio.create_subprocess_exec(
+        self._process = await children.create_subprocess_exec(
             sys.executable,
             "-m",
             "controller.detection.worker",

@@ -28,7 +28,6 @@ from controller.batched_writes import BatchedWriter
 from controller.event_loop import write_transport
 from controller.fronts import wire
 from controller.fronts.planner import StreamPlanner
-from controller.pipe_sizes import widen
 from controller.security.tls import ServerTls
 from protos.logsafe import configure_logging
 
@@ -195,7 +194,6 @@ async def serve() -> None:
     await loop.connect_read_pipe(lambda: _Input(front), sys.stdin.buffer)
     written, _ = await loop.connect_write_pipe(lambda: _Output(front), sys.stdout.buffer)
     out = write_transport(written)
-    widen(out)  # under uvloop the controller's pipes are socket pairs: this end sets what it holds
     front._out = BatchedWriter(out)
     ready = asyncio.create_task(front.ready.wait())
     ended = asyncio.create_task(front.done.wait())

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import grpc
 
+from controller import children
 from controller.batched_writes import BatchedWriter
 from controller.event_loop import ENV, kind, read_transport, write_transport
 from controller.fronts import wire
@@ -274,16 +275,13 @@ class Fronts:
         return address
 
     async def _launch(self, index: int, listen: str) -> FrontProcess:
-        loop = asyncio.get_running_loop()
-        _, front = await loop.subprocess_exec(
+        _, front = await children.subprocess_exec(
             lambda: FrontProcess(self, index),
             sys.executable,
             "-m",
             "controller.fronts.front",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
             stderr=None,  # its log goes where the controller's goes
-            env={**os.environ, ENV: kind(loop)},  # it runs the controller's loop
+            env={**os.environ, ENV: kind()},  # it runs the controller's loop
         )
         settings = dataclasses.replace(self.settings, listen=listen)
         front.send(wire.pickled(wire.INIT, 0, settings))

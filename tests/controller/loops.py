@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from controller.pipe_sizes import PIPE_BYTES, PIPE_MAX
 
 LOOPS = ["asyncio", "uvloop"]
-WMEM_MAX = Path("/proc/sys/net/core/wmem_max")  # the most a Unix socket's send buffer may be asked
+# The pid of each fork an at-fork handler saw begin in this process: the controller starts its
+# processes without one (controller/children.py). There is no unregistering it.
+FORKS: list[int] = []
+os.register_at_fork(before=lambda: FORKS.append(os.getpid()))
 
 
-def pipe_capacity(loop: str) -> int:
-    """What the controller's pipes to its processes hold on `loop`: real pipes on asyncio's, Unix
-    socket pairs on uvloop's (their send buffer)."""
-    cap = PIPE_MAX if loop == "asyncio" else WMEM_MAX
-    return min(PIPE_BYTES, int(cap.read_text()))
+def pipe_capacity() -> int:
+    """What the controller's pipes to its processes hold (controller/children.py starts them with
+    pipes on either loop)."""
+    return min(PIPE_BYTES, int(PIPE_MAX.read_text()))

@@ -1,11 +1,10 @@
 """The controller's event loop (controller/event_loop.py): uvloop where installed unless asked
 otherwise, a clear error where asked for and missing, and the pieces that differ between the two
-loops (transport classes, subprocess pipes that are socket pairs under uvloop) handled on both."""
+loops (their transport classes) handled on both."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 
@@ -14,8 +13,7 @@ import yaml
 
 from controller import event_loop
 from controller.main import main
-from controller.pipe_sizes import PIPE_BYTES, widen
-from tests.controller.loops import LOOPS, pipe_capacity
+from controller.pipe_sizes import widen
 
 
 def hide_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,49 +55,9 @@ def test_write_transport_takes_either_loops_and_refuses_what_cannot_write() -> N
     assert event_loop.read_transport(None) is None
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-def test_a_child_process_pipes_are_widened_on_either_loop(loop: str) -> None:
-    """What the controller widens: its end of a child's stdin (a pipe on asyncio's loop, a Unix
-    socket on uvloop's) holds pipe_capacity bytes, and the child reads all that is sent, in order."""
-
-    async def go() -> tuple[int, bytes]:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert child.stdin is not None and child.stdout is not None
-        writer = event_loop.write_transport(child.stdin.transport)
-        got = widen(writer)
-        sent = bytes(range(256)) * 8192  # 2 MiB: more than the pipe holds
-        writer.write(sent)
-        child.stdin.close()
-        echoed = await child.stdout.read()
-        await child.wait()
-        assert echoed == sent
-        return got, echoed
-
-    got, _ = event_loop.run(go(), loop)
-    assert got == pipe_capacity(loop)
-
-
-def test_a_socket_is_widened_by_its_send_buffer_and_what_is_neither_is_left(tmp_path: Path) -> None:
-    async def go() -> tuple[int, int]:
-        loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair()
-        with ours, theirs:
-            transport, _ = await loop.connect_write_pipe(asyncio.Protocol, ours.makefile("wb"))
-            got = widen(transport)
-            asked = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-            transport.close()
-        return got, asked
-
-    got, asked = event_loop.run(go(), "uvloop")
-    assert got == pipe_capacity("uvloop") and asked >= 2 * min(got, PIPE_BYTES)
+def test_what_is_not_a_pipe_is_left(tmp_path: Path) -> None:
     with (tmp_path / "file").open("wb") as file:
-        assert widen(FileTransport(file)) == 0  # neither a pipe nor a socket
+        assert widen(FileTransport(file)) == 0
 
 
 class FileTransport(asyncio.BaseTransport):

@@ -16,7 +16,7 @@ from controller.config import DetectConfig
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import run_detectors
 from controller.detection.process import DetectionProcess, DetectionUnavailable
-from tests.controller.loops import LOOPS, pipe_capacity
+from tests.controller.loops import FORKS, LOOPS, pipe_capacity
 from tests.simfleet import SimFleet
 
 FAULTS = {
@@ -29,13 +29,14 @@ FAULTS = {
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_process_finds_what_the_detectors_find_here(loop: str) -> None:
     async def go() -> None:
+        forks = len(FORKS)
         sim = SimFleet(8, FAULTS)
         config = DetectConfig()
         names = config.enabled(sorted(discover()))
         process = DetectionProcess(config, names)
         sim.step(10.0)  # some state before the process starts: it gets a copy
         await process.start(sim.fleet)
-        assert process.pipe_bytes == pipe_capacity(loop)  # every frame's change goes through it
+        assert process.pipe_bytes == pipe_capacity()  # every frame's change goes through it
         try:
             sim.step(10.0, probes=True, mirror=process)
             for _ in range(4):
@@ -53,6 +54,7 @@ def test_the_process_finds_what_the_detectors_find_here(loop: str) -> None:
         finally:
             await process.stop()
         assert not process.running
+        assert len(FORKS) == forks  # started without a fork's handlers (controller/children.py)
 
     event_loop.run(go(), loop)
 

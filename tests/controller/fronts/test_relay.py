@@ -28,7 +28,7 @@ from controller.servicer import TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import Running, as_frame, as_hello, config, frame, hello, running_controller
-from tests.controller.loops import LOOPS, pipe_capacity
+from tests.controller.loops import FORKS, LOOPS, pipe_capacity
 from tests.security.tls_files import Pki, Refused, controller_config, stream_one_frame, tls_controller
 
 TIMEOUT = 10.0
@@ -91,12 +91,13 @@ def test_streams_spread_over_fronts_and_commands_and_answers_go_through_each_one
 
     async def go() -> None:
         cfg = config(probes=ProbeConfig(on_connect=False))
+        forks = len(FORKS)
         async with running_controller(cfg, fronts=2) as running, agents(running, names) as calls:
             assert running.fronts is not None
             assert sum(held_by(running.fronts)) == len(names)
             assert min(held_by(running.fronts)) > 0, held_by(running.fronts)  # the kernel spread them
             assert running.app.connected_agents == len(names)
-            wide = pipe_capacity(loop)
+            wide = pipe_capacity()
             assert all(front.pipe_bytes == (wide, wide) for front in running.fronts.running)
             async with grpc.aio.insecure_channel(running.operators) as channel:
                 operators = operator_pb2_grpc.OperatorStub(channel)
@@ -112,6 +113,7 @@ def test_streams_spread_over_fronts_and_commands_and_answers_go_through_each_one
                     assert record is not None and record.node == name
                     assert record.state == ("failed" if name == "n05" else "succeeded"), name
             assert running.app.fleet.acked[("n07", "b1")] == 2
+        assert len(FORKS) == forks  # the fronts started without a fork's handlers (controller/children.py)
 
     event_loop.run(go(), loop)
 

@@ -1,0 +1,118 @@
+"""The controller's own processes (controller/children.py): started by subprocess.Popen on either
+event loop, so that no at-fork handler runs in the controller (uvloop's own spawn runs Python's
+and gRPC's: a child crashed that way at a failover); their pipes are pipes, widened; a protocol
+sees their data, ends and exit in the order the loop's own transport gives them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from controller import children, event_loop
+from controller.pipe_sizes import widen
+from tests.controller.loops import FORKS, LOOPS, pipe_capacity
+
+ECHO = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read()); sys.exit(3)"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_child_reads_what_is_sent_through_a_widened_pipe_and_its_status_is_seen(loop: str) -> None:
+    async def go() -> tuple[int, bytes, int | None]:
+        child = await children.create_subprocess_exec(sys.executable, "-c", ECHO)
+        assert child.stdin is not None and child.stdout is not None
+        writer = event_loop.write_transport(child.stdin.transport)
+        got = widen(writer)
+        sent = bytes(range(256)) * 8192  # 2 MiB: more than the pipe holds
+        writer.write(sent)
+        child.stdin.close()
+        echoed = await child.stdout.read()
+        assert echoed == sent
+        return got, echoed, await asyncio.wait_for(child.wait(), 10)
+
+    got, _, status = event_loop.run(go(), loop)
+    assert got == pipe_capacity() and status == 3
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_no_at_fork_handler_runs_when_a_child_starts(loop: str) -> None:
+    """subprocess.Popen (vfork) runs none; the loop's own subprocess_exec under uvloop (libuv's
+    fork) runs them: what a busy gRPC's handler crashed a child with."""
+
+    async def go() -> None:
+        before = len(FORKS)
+        child = await children.create_subprocess_exec(sys.executable, "-c", "pass", stdin=None, stdout=None)
+        assert await asyncio.wait_for(child.wait(), 10) == 0
+        assert len(FORKS) == before, "an at-fork handler ran"
+        if event_loop.kind() == "uvloop":
+            own = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+            await own.wait()
+            assert len(FORKS) > before  # the hazard children.py avoids is real on this loop
+
+    event_loop.run(go(), loop)
+
+
+class Recorder(asyncio.SubprocessProtocol):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.data = b""
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.events.append("made")
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        assert isinstance(data, bytes)
+        self.data += data
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.events.append(f"pipe {fd} lost")
+
+    def process_exited(self) -> None:
+        self.events.append("exited")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.events.append("lost")
+        self.lost.set_result(None)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "thread"])
+def test_a_killed_child_is_seen_ended_and_its_protocol_told_in_order(
+    loop: str, pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)  # a thread waits for it instead
+
+    async def go() -> tuple[list[str], bytes, int | None]:
+        argv = ["-c", "import sys, time; print('up', flush=True); time.sleep(60)"]
+        transport, recorder = await children.subprocess_exec(Recorder, sys.executable, *argv)
+        while b"up\n" not in recorder.data:
+            await asyncio.sleep(0.01)
+        assert transport.get_returncode() is None and transport.get_pid() > 0
+        transport.kill()
+        await asyncio.wait_for(recorder.lost, 10)
+        transport.close()
+        return recorder.events, recorder.data, transport.get_returncode()
+
+    events, data, status = event_loop.run(go(), loop)
+    assert data == b"up\n" and status == -signal.SIGKILL
+    assert events[0] == "made" and events[-1] == "lost", events
+    assert sorted(events[1:-1]) == ["exited", "pipe 0 lost", "pipe 1 lost"], events
+
+
+def test_closing_a_running_childs_transport_ends_it() -> None:
+    async def go() -> int:
+        transport, recorder = await children.subprocess_exec(
+            Recorder, sys.executable, "-c", "import time; time.sleep(60)"
+        )
+        transport.close()
+        await asyncio.wait_for(recorder.lost, 10)
+        status = transport.get_returncode()
+        assert status is not None
+        return status
+
+    assert event_loop.run(go(), "uvloop") == -signal.SIGKILL
