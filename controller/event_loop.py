@@ -2,7 +2,7 @@
 
 `auto` (the default) is uvloop's loop, libuv in C, where uvloop is installed, and asyncio's own
 otherwise; `uvloop` asks for it (an error where it is not installed); `asyncio` for asyncio's own.
-At 2,000 nodes uvloop took the controller's main process from 1.72-1.89 to 1.61-1.67 ms of CPU a
+At 2,000 nodes uvloop took the controller's main process from 1.72-1.89 to 1.61-1.72 ms of CPU a
 frame (bench/results/2026-11-30_controller_scale_uvloop.txt): what the controller's own code asks
 of the loop (its turns, handles, futures' callbacks, pipe writes), which asyncio runs in Python.
 gRPC's transport costs the same on either (a bare server that only acks: 0.65-0.66 ms a frame).
