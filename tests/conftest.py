@@ -27,6 +27,11 @@ __all__ = ["IN_CI", "free_port", "require"]
 # reach (and patch the nodes of) whatever cluster the machine running it is set up for.
 for _name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_name, None)
+# No gRPC fork handlers in the test processes (read when gRPC starts, after this: nothing above
+# imports it). Starting PostgreSQL as its own user forks (no vfork with a uid change), and gRPC's
+# handlers, with its threads busy, crashed the child before it ran initdb (status -11). The
+# controller forks nothing with gRPC in it (controller/children.py).
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 # Tables are laid out for a pipe unless a test sets $COLUMNS itself: the width of the terminal the
 # suite was started from (or the 80 columns pytest-xdist gives its workers) must not change them.
 for _name in ("COLUMNS", "LINES"):
