@@ -116,12 +116,14 @@ class SubprocessTransport(asyncio.SubprocessTransport):
             self._call(self._lost)
 
     def _lost(self) -> None:
+        returncode = self._returncode
+        assert returncode is not None  # (_try_finish)
         try:
             self.protocol.connection_lost(None)
         finally:
             for waiter in self._waiters:
                 if not waiter.done():
-                    waiter.set_result(self._returncode if self._returncode is not None else -1)
+                    waiter.set_result(returncode)
             self._waiters = []
 
     async def _wait(self) -> int:

@@ -25,7 +25,6 @@ import grpc
 
 from controller import event_loop
 from controller.batched_writes import BatchedWriter
-from controller.event_loop import write_transport
 from controller.fronts import wire
 from controller.fronts.planner import StreamPlanner
 from controller.security.tls import ServerTls
@@ -193,7 +192,7 @@ async def serve() -> None:
     loop = asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: _Input(front), sys.stdin.buffer)
     written, _ = await loop.connect_write_pipe(lambda: _Output(front), sys.stdout.buffer)
-    out = write_transport(written)
+    out = event_loop.write_transport(written)
     front._out = BatchedWriter(out)
     ready = asyncio.create_task(front.ready.wait())
     ended = asyncio.create_task(front.done.wait())

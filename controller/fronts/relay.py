@@ -23,7 +23,7 @@ import pickle
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 import grpc
 
@@ -131,7 +131,8 @@ class FrontProcess(asyncio.SubprocessProtocol):
         self._stdin: BatchedWriter | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.SubprocessTransport, transport)  # asyncio's or uvloop's class
+        assert isinstance(transport, asyncio.SubprocessTransport)  # children.SubprocessTransport
+        self.transport = transport
         stdin, stdout = self.transport.get_pipe_transport(0), self.transport.get_pipe_transport(1)
         assert stdout is not None
         writer = write_transport(stdin)  # asyncio's or uvloop's
