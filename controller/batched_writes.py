@@ -1,30 +1,50 @@
-"""Writes to a pipe once per event-loop turn: what is sent in one turn goes in one write, one system
-call instead of one per message (the detection process's and the ingest fronts' pipes carry one
-message per frame and per ack)."""
+"""Writes to a pipe in batches: what is sent in one turn of the event loop (or within `delay`) goes in
+one write, one system call instead of one per message (the detection process's and the ingest fronts'
+pipes carry one message per frame and per ack)."""
 
 from __future__ import annotations
 
 import asyncio
 
+FLUSH_BYTES = 1024 * 1024  # this much waiting is written at once, whatever the delay
+
 
 class BatchedWriter:
-    def __init__(self, transport: asyncio.WriteTransport) -> None:
+    """`delay`: how long the first message of a batch waits for others to join its write; 0 (the
+    default), until the end of this turn of the loop. A batch of FLUSH_BYTES or more is written at
+    once."""
+
+    def __init__(self, transport: asyncio.WriteTransport, *, delay: float = 0.0) -> None:
         self.transport = transport
+        self.delay = delay
         self._parts: list[bytes] = []
+        self._pending = 0
+        self._due: asyncio.Handle | None = None
 
     def write(self, data: bytes) -> None:
-        if not self._parts:
-            asyncio.get_running_loop().call_soon(self.flush)
         self._parts.append(data)
+        self._pending += len(data)
+        if self._pending >= FLUSH_BYTES:
+            self.flush()
+        elif self._due is None:
+            loop = asyncio.get_running_loop()
+            if self.delay > 0:
+                self._due = loop.call_later(self.delay, self.flush)
+            else:
+                self._due = loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        parts, self._parts = self._parts, []
+        """Write what waits, now."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        parts, self._parts, self._pending = self._parts, [], 0
         if parts and not self.transport.is_closing():
             self.transport.write(b"".join(parts) if len(parts) > 1 else parts[0])
 
     def pending_bytes(self) -> int:
-        """What waits for this turn's write."""
-        return sum(map(len, self._parts))
+        """What waits for its write."""
+        return self._pending
 
     def close(self) -> None:
         """Write what waits, then close the transport."""

@@ -166,6 +166,8 @@ async def send_fleet(
         data = encode(entries.slice_message(order[start : start + NODES_PER_SLICE]))
         for process in processes:
             process.send(data)
+    for process in processes:
+        process.flush()  # the copy's end now, not after the changes' delay
 
 
 async def _yield(busy: Callable[[], bool], most: float) -> float:

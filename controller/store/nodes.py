@@ -38,8 +38,9 @@ def save_hello(conn: Conn, hello: pb.Hello, now: float) -> int:
 
 
 def save_hellos(conn: Conn, hellos: Sequence[tuple[pb.Hello, float]]) -> list[int]:
-    """save_hello for many (Hello, now), each of another node: the Hellos in one executemany, their
-    boots' ack positions read in one statement (per NAMES_PER_QUERY); in the order given."""
+    """save_hello for many (Hello, now): the Hellos in one executemany, their boots' ack positions
+    read in one statement (per NAMES_PER_QUERY); in the order given. A node named twice ends as one
+    after the other would leave it (the later Hello kept, the first first_seen)."""
     conn.executemany(
         "INSERT INTO nodes (name, hello, first_seen, last_seen) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (name) DO UPDATE SET hello = excluded.hello, last_seen = excluded.last_seen",

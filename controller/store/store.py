@@ -286,8 +286,16 @@ class Store:
         return await self._read("load", node_rows.node_names, apart=apart)
 
     async def save_hello(self, hello: pb.Hello, now: float) -> int:
-        """Record the node's Hello; return the acked seq of its boot (0 if new)."""
-        return await self._call("save_hello", lambda c: node_rows.save_hello(c, hello, now))
+        """Record the node's Hello; return the acked seq of its boot (0 if new). It may run twice
+        (all it does is in the database), and Hellos queued one after another are saved as one
+        (node_rows.save_hellos): when a fleet reconnects at once, a Hello in a batch of frames no
+        longer gave every job of that batch its own savepoint, and the Hellos their own statements."""
+        return await self._call(
+            "save_hello",
+            lambda c: node_rows.save_hello(c, hello, now),
+            replayable=True,
+            together=Together(node_rows.save_hellos, (hello, now)),
+        )
 
     async def save_frame(self, write: FrameWrite) -> None:
         """NotOwner (nothing written) when another replica took the node. A frame with nothing to

@@ -59,6 +59,34 @@ def test_the_process_finds_what_the_detectors_find_here(loop: str) -> None:
     event_loop.run(go(), loop)
 
 
+def test_changes_wait_to_be_written_together_and_a_pass_takes_them_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Changes sent over several turns of the loop wait in one batch (COALESCE_SECONDS, here an
+    hour); a pass request does not wait, and goes after them: its report has every one."""
+    monkeypatch.setattr("controller.detection.process.COALESCE_SECONDS", 3600.0)
+
+    async def go() -> None:
+        sim = SimFleet(4, {"node-01": [FaultSpec("power_cap", 0)]})
+        sim.step(10.0)
+        process = DetectionProcess(DetectConfig(), ["throttle"])
+        await process.start(sim.fleet)
+        try:
+            await asyncio.sleep(0.05)
+            assert process.waiting_bytes() == 0  # the copy is written at its end (send_fleet)
+            for _ in range(3):
+                sim.step(10.0, mirror=process)
+                await asyncio.sleep(0.01)
+            assert process._writer is not None and process._writer.pending_bytes() > 0
+            report = await asyncio.wait_for(process.run_pass(sim.now), 10)
+            assert {(f.node, f.cause) for f in report.findings} == {("node-01", "power_cap")}
+            assert process.waiting_bytes() == 0
+        finally:
+            await process.stop()
+
+    asyncio.run(go())
+
+
 def test_a_dead_process_fails_its_pass_and_a_new_one_starts_from_the_fleet() -> None:
     async def go() -> None:
         sim = SimFleet(4, {"node-01": [FaultSpec("power_cap", 0)]})

@@ -106,6 +106,82 @@ def test_frames_written_together_commit_without_a_savepoint_each(store_db: str) 
     run(go())
 
 
+# The database refuses to update node n2's row (the test's fault, on either backend).
+REFUSE_N2 = {
+    "sqlite": [
+        "CREATE TRIGGER refuse_n2 BEFORE UPDATE ON nodes WHEN NEW.name = 'n2' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION refuse_n2() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.name = 'n2' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER refuse_n2 BEFORE UPDATE ON nodes FOR EACH ROW EXECUTE FUNCTION refuse_n2()",
+    ],
+}
+
+
+def test_hellos_among_frames_commit_without_a_savepoint_each_and_are_saved_as_one(store_db: str) -> None:
+    """A fleet reconnecting at once: its Hellos queued among frames. No savepoint for any job (a
+    Hello gave each job of its batch one); the Hellos one after another read their boots' ack
+    positions in one statement; each gets what it would alone (an old boot's position, a new boot's
+    0, a node never seen 0), and the last of a node's Hellos is the one kept."""
+
+    async def go() -> None:
+        store = await _store_with_nodes(store_db)
+        await store.save_frame(write(7, "n1"))
+        later = hello("n2", "b2")
+        later.agent_version = "t2"
+        results, said = await _one_batch(
+            store,
+            lambda: [
+                store.save_hello(hello("n1"), 200.0),
+                store.save_hello(hello("n2"), 200.0),
+                store.save_hello(later, 201.0),
+                store.save_hello(hello("new"), 200.0),
+                store.save_frame(write(1, "n3")),
+                store.save_hello(hello("n3", "b9"), 202.0),
+            ],
+        )
+        assert results == [7, 0, 0, 0, None, 0]
+        assert _savepoints(said) == 0, said
+        assert sum(sql.upper().startswith("BEGIN") for sql in said) == 1, said
+        one_by_one = [sql for sql in said if "acked_seq FROM boots WHERE node = " in sql]
+        together = [sql for sql in said if "FROM boots WHERE node IN" in sql]
+        assert (len(one_by_one), len(together)) == (1, 1), said  # n3's Hello alone, after the frame
+        assert store.batches_run_again == 0
+        fleet, _ = await store.load()
+        assert fleet.nodes["n2"].hello.agent_version == "t2"
+        assert fleet.nodes["n2"].first_seen == 100.0 and fleet.nodes["n2"].last_seen == 201.0
+        assert set(fleet.nodes) == {*NODES, "new"}
+        store.close()
+
+    run(go())
+
+
+def test_a_hello_that_fails_among_others_is_refused_alone(store_db: str) -> None:
+    """The group's one statement fails: the batch runs again, each Hello in its savepoint, and only
+    the one the database refuses fails."""
+
+    async def go() -> None:
+        store = await _store_with_nodes(store_db)
+        for sql in REFUSE_N2["postgresql" if store_db.startswith("postgresql") else "sqlite"]:
+
+            def refuse(conn: Conn, sql: str = sql) -> None:
+                conn.execute(sql)
+
+            await store._thread.call(refuse)
+        results, said = await _one_batch(store, lambda: [store.save_hello(hello(n), 300.0) for n in NODES])
+        assert results[0] == 0 and results[2] == 0, results
+        assert isinstance(results[1], StoreUnavailable), results
+        assert store.batches_run_again == 1
+        assert _savepoints(said) == 3, said
+        fleet, _ = await store.load()
+        assert {n: s.last_seen for n, s in fleet.nodes.items()} == {"n1": 300.0, "n2": 100.0, "n3": 300.0}
+        store.close()
+
+    run(go())
+
+
 def _plain(seq: int, node: str) -> FrameWrite:
     """A frame with nothing to store but its ack position (its readings not due, no probe result)."""
     return FrameWrite(node, "b1", seq, 1000.0 + seq, state=False)
