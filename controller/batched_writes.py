@@ -29,9 +29,13 @@ class BatchedWriter:
         elif self._due is None:
             loop = asyncio.get_running_loop()
             if self.delay > 0:
-                self._due = loop.call_later(self.delay, self.flush)
+                self._due = loop.call_later(self.delay, self._when_due)
             else:
-                self._due = loop.call_soon(self.flush)
+                self._due = loop.call_soon(self._when_due)
+
+    def _when_due(self) -> None:
+        self._due = None  # run: nothing to cancel
+        self.flush()
 
     def flush(self) -> None:
         """Write what waits, now."""

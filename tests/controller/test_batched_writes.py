@@ -1,6 +1,7 @@
 """controller/batched_writes.py: what is written in one turn of the loop (or within the writer's
-delay) reaches the transport as one write; a batch past FLUSH_BYTES is written at once; flush() writes
-what waits and leaves no timer behind to write again; a closing transport is written nothing."""
+delay) reaches the transport as one write, on either event loop; a batch past FLUSH_BYTES is
+written at once; flush() writes what waits and leaves no timer behind to write again; a closing
+transport is written nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import asyncio
 
 import pytest
 
-from controller import batched_writes
+from controller import batched_writes, event_loop
 from controller.batched_writes import BatchedWriter
+from tests.controller.loops import LOOPS
 
 
 class Recording(asyncio.WriteTransport):
@@ -28,7 +30,8 @@ class Recording(asyncio.WriteTransport):
         self.closing = True
 
 
-def test_a_turns_writes_go_as_one_at_its_end() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_turns_writes_go_as_one_at_its_end(loop: str) -> None:
     async def go() -> None:
         transport = Recording()
         writer = BatchedWriter(transport)
@@ -41,10 +44,11 @@ def test_a_turns_writes_go_as_one_at_its_end() -> None:
         await asyncio.sleep(0)
         assert transport.writes == [b"abc", b"d"]
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
 
 
-def test_with_a_delay_writes_over_several_turns_wait_for_one_write() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_with_a_delay_writes_over_several_turns_wait_for_one_write(loop: str) -> None:
     async def go() -> None:
         transport = Recording()
         writer = BatchedWriter(transport, delay=0.2)
@@ -55,7 +59,7 @@ def test_with_a_delay_writes_over_several_turns_wait_for_one_write() -> None:
         await asyncio.sleep(0.3)
         assert transport.writes == [b"abc"]
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
 
 
 def test_a_big_batch_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +77,8 @@ def test_a_big_batch_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None
     asyncio.run(go())
 
 
-def test_flush_writes_now_and_its_timer_does_not_write_again() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_flush_writes_now_and_its_timer_does_not_write_again(loop: str) -> None:
     async def go() -> None:
         transport = Recording()
         writer = BatchedWriter(transport, delay=0.05)
@@ -88,7 +93,7 @@ def test_flush_writes_now_and_its_timer_does_not_write_again() -> None:
         writer.flush()  # nothing waits: nothing written
         assert transport.writes == [b"a", b"b"]
 
-    asyncio.run(go())
+    event_loop.run(go(), loop)
 
 
 def test_close_writes_what_waits_and_a_closing_transport_gets_nothing() -> None:
