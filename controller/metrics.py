@@ -353,6 +353,19 @@ class ControllerCollector(Collector):
                 ok.add_metric([name], 0 if name in report.failed else 1)
         yield took
         yield ok
+        pool = self.app.detection
+        if pool is not None:  # the detectors in processes of their own (detect.process)
+            yield GaugeMetricFamily(
+                PREFIX + "detection_waiting_bytes",
+                "Bytes of fleet changes sent to the detection processes that they have not read yet "
+                "(a process that reads nothing past 512 MiB is stopped and started again).",
+                value=pool.waiting_bytes(),
+            )
+            yield CounterMetricFamily(
+                PREFIX + "detection_process_starts",
+                "Detection processes started: beyond detect.processes, ones that died or were stopped.",
+                value=pool.starts,
+            )
 
     def _collector(self) -> Iterator[Metric]:
         policy = self.app.collector

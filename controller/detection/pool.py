@@ -58,6 +58,10 @@ class DetectionPool(FleetChanges):
     def starts(self) -> int:
         return sum(process.starts for process in self.processes)
 
+    def waiting_bytes(self) -> int:
+        """What the processes have not read yet of what was sent to them, together."""
+        return sum(process.waiting_bytes() for process in self.processes)
+
     async def start(self, fleet: Fleet, busy: Callable[[], bool] | None = None) -> None:
         """Start the processes that are not running, each with a copy of `fleet` as it is now (its
         slices waiting while `busy()`: fleet_copy.send_fleet)."""

@@ -404,6 +404,42 @@ def test_a_detection_pass_is_timed_and_its_finding_exported_until_resolved() -> 
     run(body)
 
 
+def test_the_detection_processes_backlog_and_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the detectors in a process: what it has not read yet (here the changes wait for the
+    pass: COALESCE_SECONDS an hour), and the processes started, a killed one started again."""
+    monkeypatch.setattr("controller.detection.process.COALESCE_SECONDS", 3600.0)
+
+    async def body() -> None:
+        async with scraped(Clock()) as (app, scrape):
+            page = await scrape.page()
+            assert page.value(P + "detection_waiting_bytes") is None  # the detectors on the loop
+            await app.start_detection_process()
+            assert app.detection is not None
+            try:
+                await app.ingest.hello(hello())
+                await app.ingest.frame("n1", frame(1))
+                page = await scrape.page()
+                assert (page.value(P + "detection_waiting_bytes") or 0) > 0  # the Hello and the frame
+                assert page.value(P + "detection_process_starts_total") == 1
+                assert page.types[P + "detection_process_starts"] == "counter"
+                await app.detection_pass()
+                page = await scrape.page()
+                assert page.value(P + "detection_waiting_bytes") == 0
+
+                process = app.detection.processes[0]._process
+                assert process is not None
+                process.kill()
+                await process.wait()
+                assert not app.detection.running
+                await app.detection_pass()  # starts a new one from the fleet
+                page = await scrape.page()
+                assert page.value(P + "detection_process_starts_total") == 2
+            finally:
+                await app.detection.stop()
+
+    run(body)
+
+
 def test_text_format_0_0_4_even_when_openmetrics_is_asked_for() -> None:
     async def body() -> None:
         async with scraped() as (_, scrape):
