@@ -225,6 +225,30 @@ def _detectors(layout: Layout) -> None:
         timeseries("Detector passes", [target(f"sum({rate(metric + '_count')})", "passes")], "cps"),
         12,
     )
+    layout.add(
+        timeseries(
+            "Detection process backlog",
+            [target("sum(gpufleet_controller_detection_waiting_bytes)", "not read yet")],
+            "bytes",
+            description="Fleet changes sent to the detection processes that they have not read yet; "
+            "a process that reads nothing past 512 MiB is stopped and started again.",
+        ),
+        12,
+    )
+    layout.add(
+        timeseries(
+            "Detection processes started",
+            [
+                target(
+                    "sum(increase(gpufleet_controller_detection_process_starts_total[$__rate_interval]))",
+                    "started",
+                )
+            ],
+            "short",
+            description="Beyond the first start of each, processes that died or were stopped.",
+        ),
+        12,
+    )
 
 
 def _probes(layout: Layout) -> None:

@@ -119,9 +119,12 @@ def controller_names() -> frozenset[str]:
     """Every series name the controller's collector exports, histogram and counter suffixes included."""
     from controller.app import ControllerApp
     from controller.config import ControllerConfig
+    from controller.detection.pool import DetectionPool
     from controller.metrics import controller_registry
 
     app = ControllerApp(ControllerConfig(db=":memory:"))
+    # As `gpufleet controller` runs it: the detectors in a process (not started here, none needed)
+    app.detection = DetectionPool(app.config.detect, app.detectors)
     try:
         names: set[str] = set()
         for family in controller_registry(app).collect():
