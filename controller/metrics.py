@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from controller.app import ControllerApp
+from controller.detection.process import MAX_BUFFERED_BYTES
 from controller.fleet.finding import SEVERITIES
 from controller.fleet.findings import by_node
 from controller.fleet.health import node_health
@@ -358,7 +359,8 @@ class ControllerCollector(Collector):
             yield GaugeMetricFamily(
                 PREFIX + "detection_waiting_bytes",
                 "Bytes of fleet changes sent to the detection processes that they have not read yet "
-                "(a process that reads nothing past 512 MiB is stopped and started again).",
+                f"(a process that reads nothing past {MAX_BUFFERED_BYTES >> 20} MiB is stopped and started "
+                "again).",
                 value=pool.waiting_bytes(),
             )
             yield CounterMetricFamily(

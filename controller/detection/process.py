@@ -37,7 +37,7 @@ STOP_TIMEOUT_SECONDS = 5.0
 # A change waits this long for others to join its write to the process (a pass request does not: it
 # goes at once, with what waits before it). Written each turn of the loop, a fleet's changes went one
 # write, and one wake-up of the process, per frame. At 2,000 nodes on 2 cores the process spent
-# 0.56-0.57 ms of CPU a frame that way, 0.46-0.49 with this (bench/controller_scale.py; results in
+# 0.50-0.57 ms of CPU a frame that way, 0.41-0.49 with this (bench/controller_scale.py; results in
 # bench/results/2026-12-01_controller_scale_hellos_and_pipe_batches.txt). A pass sees every change
 # sent before it asked, so what the delay holds back never makes a finding late.
 COALESCE_SECONDS = 0.05
