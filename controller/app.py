@@ -154,6 +154,7 @@ class ControllerApp:
         self.fronts: IngestFronts | None = None  # relaying the agents' streams (server.py sets it)
         self.last_pass: PassReport | None = None
         self.last_pass_time: float | None = None  # the clock time the last successful pass judged
+        self.lead_time: float | None = None  # the clock time this controller won the lead of its store
         self.pass_duration = SecondsHistogram(PASS_BUCKETS)  # wall seconds of successful passes
         self.failed_passes = 0
         self.collector = CollectorPolicy()  # serve() runs it (controller/gc_policy.py)
@@ -249,7 +250,7 @@ class ControllerApp:
         holder = self.holder
         try:
             epoch = await self.store.lead(holder, self.clock(), standby, election=self._election(holder))
-            won = self.clock()
+            won = self.lead_time = self.clock()
             self.takeover.won = True  # (before the standby's work ends: its port may serve on)
             log.info("leading the store %s: term %d", description, epoch)
         except BaseException:

@@ -332,6 +332,15 @@ class ControllerCollector(Collector):
         if self.app.last_pass_time is not None:
             stamp.add_metric([], self.app.last_pass_time)
         yield stamp
+        # GpufleetDetectionStalled counts from here while no pass has finished: a leader whose passes
+        # never finish (its detection process failing from the start) has no pass time to go stale.
+        led = GaugeMetricFamily(
+            PREFIX + "leading_since_timestamp_seconds",
+            "Unix time this controller won the lead of its store (before loading the fleet).",
+        )
+        if self.app.lead_time is not None:
+            led.add_metric([], self.app.lead_time)
+        yield led
         yield CounterMetricFamily(
             PREFIX + "detector_pass_failures_total",
             "Detection passes that failed (the store unavailable, for one).",

@@ -369,6 +369,8 @@ def test_a_detection_pass_is_timed_and_its_finding_exported_until_resolved() -> 
             page = await scrape.page()
             assert page.value(P + "detector_pass_duration_seconds_count") == 0
             assert page.series(P + "detector_pass_timestamp_seconds") == {}
+            # No pass yet: the stall alert counts from the lead (GpufleetDetectionStalled).
+            assert page.value(P + "leading_since_timestamp_seconds") == T0
 
             await app.ingest.hello(hello())
             pending = frame(1)
@@ -605,7 +607,13 @@ def test_a_standby_exports_its_ingest_and_process_families_not_the_leaders() -> 
     for name in ("replica_takeovers", "replica_claim_retries"):
         assert P + name in standby and P + name in leader, name
     # What detection, actions and operators make is the leader's: on a standby it would read 0.
-    for name in ("findings", "node_health", "detector_pass_duration_seconds", "probes_in_flight"):
+    for name in (
+        "findings",
+        "node_health",
+        "detector_pass_duration_seconds",
+        "probes_in_flight",
+        "leading_since_timestamp_seconds",
+    ):
         assert P + name in leader and P + name not in standby, name
     assert set(standby) < set(leader)
 
