@@ -83,8 +83,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cpus",
         type=int,
         default=SIM_CPUS,
-        help=f"logical CPUs each simulated host lists, one reading each per frame (default {SIM_CPUS}; "
-        "a DGX H100 has 224)",
+        help=f"logical CPUs each simulated host has, counted per governor in its frames (default "
+        f"{SIM_CPUS}; a DGX H100 has 224)",
+    )
+    parser.add_argument(
+        "--per-cpu",
+        action="store_true",
+        help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
     )
     parser.add_argument(
         "--shared-connection",
@@ -255,7 +260,9 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    archetype = build_archetype(0, args.seed, time.time() - 100 * args.interval, args.interval, args.cpus)
+    archetype = build_archetype(
+        0, args.seed, time.time() - 100 * args.interval, args.interval, args.cpus, per_cpu=args.per_cpu
+    )
     now = time.time()
     sizes = [len(frame_message(archetype, "n", "b", seq=seq, floor=seq, now=now)) for seq in range(2, 8)]
     first = len(frame_message(archetype, "n", "b", seq=1, floor=1, now=now))
@@ -443,6 +450,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "ramp",
                 "archetypes",
                 "cpus",
+                "per_cpu",
                 "shared_connection",
                 "disable_detector",
                 "detect_in_loop",
@@ -534,6 +542,7 @@ def _spec(index: int, args: argparse.Namespace, address: str) -> WorkerSpec:
         ramp_seconds=args.ramp,
         shared_channel=args.shared_connection,
         cpus=args.cpus,
+        per_cpu=args.per_cpu,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,7 +90,11 @@ def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
             sample.nvlink_errors_digest = nvlink_errors_digest(reading.nvlinks)  # type: ignore[attr-defined]
             sample.nvlinks_inactive = sum(not link.active for link in reading.nvlinks)  # type: ignore[attr-defined]
     if snapshot.host is not None:
-        fill(msg.host, snapshot.host)
+        host = snapshot.host
+        # Each CPU's reading stays with the agent's exporter (the controller reads none of them):
+        # the frame says how many CPUs run each governor (HostSample.cpu_governors).
+        fill(msg.host, dataclasses.replace(host, cpus=[]))
+        msg.host.cpu_governors.update(Counter(cpu.governor for cpu in host.cpus if cpu.governor))
     msg.probes.extend(probe_result(o) for o in snapshot.probes)
     for status in snapshot.collectors.values():
         fill(msg.collectors.add(), status)

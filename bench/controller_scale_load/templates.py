@@ -65,9 +65,12 @@ def _body(frame: pb.TelemetryFrame) -> bytes:
     return frame.SerializeToString()
 
 
-def build_archetype(index: int, seed: int, start: float, interval: float, cpus: int = SIM_CPUS) -> Archetype:
+def build_archetype(
+    index: int, seed: int, start: float, interval: float, cpus: int = SIM_CPUS, *, per_cpu: bool = False
+) -> Archetype:
     """Simulate archetype `index` from `start` on: its Hello, a first frame and CYCLE more; its host
-    lists `cpus` logical CPUs, each with its own reading in every frame."""
+    has `cpus` logical CPUs, counted per governor in every frame (HostSample.cpu_governors), or with
+    `per_cpu` each with its own reading instead, as agents before cpu_governors sent them."""
     now = [start]
     name = f"archetype-{seed}-{index}"
     sim = SimNode(name, seed=seed * 1009 + index, clock=lambda: now[0])
@@ -88,7 +91,12 @@ def build_archetype(index: int, seed: int, start: float, interval: float, cpus: 
             snapshot.bmc, snapshot.bmc_new = bmc.poll(), True
         if k == 0:
             snapshot.probes = ModelledProbes(sim).run([])
-        bodies.append(_body(frames.frame(snapshot, "boot", k + 1)))
+        frame = frames.frame(snapshot, "boot", k + 1)
+        if per_cpu:
+            frame.host.ClearField("cpu_governors")
+            for cpu in snapshot.host.cpus if snapshot.host is not None else ():
+                frames.fill(frame.host.cpus.add(), cpu)
+        bodies.append(_body(frame))
         has_bmc.append(k <= 1)
     return Archetype(hello, bodies[0], tuple(bodies[1:]), tuple(has_bmc[1:]), has_bmc[0])
 

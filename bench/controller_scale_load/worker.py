@@ -60,7 +60,8 @@ class WorkerSpec:
     archetypes: int  # simulated nodes whose frames the others borrow
     ramp_seconds: float  # new nodes connect spread over this long
     shared_channel: bool  # one channel (one connection) for the worker's nodes instead of one each
-    cpus: int = SIM_CPUS  # logical CPUs each simulated host lists (templates.build_archetype)
+    cpus: int = SIM_CPUS  # logical CPUs each simulated host has (templates.build_archetype)
+    per_cpu: bool = False  # frames with each CPU's reading, as older agents sent them
 
 
 @dataclass
@@ -139,9 +140,10 @@ class Worker:
 
     async def main(self) -> None:
         start = time.time() - 2 * self.spec.interval
+        spec = self.spec
         self.archetypes = [
-            build_archetype(k, self.spec.seed, start, self.spec.interval, self.spec.cpus)
-            for k in range(self.spec.archetypes)
+            build_archetype(k, spec.seed, start, spec.interval, spec.cpus, per_cpu=spec.per_cpu)
+            for k in range(spec.archetypes)
         ]
         if self.spec.shared_channel:
             self.channel = grpc.aio.insecure_channel(self.spec.target, options=CHANNEL_OPTIONS)

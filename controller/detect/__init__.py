@@ -19,7 +19,9 @@ DETECTED: dict[str, frozenset[str]] = {
     "nvlink_errors": frozenset(
         {"nvlinks.crc_errors_total", "nvlinks.replay_errors_total", "nvlinks.recovery_errors_total"}
     ),
-    "cpu_governor_powersave": frozenset({"cpu_governor", "cpus.governor", "cpu_frequency_hz"}),
+    "cpu_governor_powersave": frozenset(
+        {"cpu_governor", "cpu_governors", "cpus.governor", "cpu_frequency_hz"}
+    ),
     "host_tuning_drift": frozenset({"numa_balancing", "transparent_hugepage"}),
     "ib_link_degraded": frozenset(
         {

@@ -3,8 +3,9 @@
 Each node's setting is compared with the fleet majority of its peer group (fleet/majority.py), so a
 site that runs every node one way on purpose raises nothing:
 
-- cpu_governor_powersave: the node's governor (HostSample.cpu_governor, else the one most of its
-  CPUs run) is powersave while the group's majority is not. A group whose majority runs powersave
+- cpu_governor_powersave: the node's governor (the one most of its CPUs run, from
+  HostSample.cpu_governors; from an older agent HostSample.cpu_governor, its first CPU's, else its
+  CPUs' own readings) is powersave while the group's majority is not. A group whose majority runs powersave
   raises nothing: with intel_pstate, "powersave" is the dynamic default, not a frequency floor.
 - host_tuning_drift: numa_balancing or transparent_hugepage differs from the group's majority, one
   finding per node with each drifted setting as its own evidence. Severity warning when the node's
@@ -34,6 +35,7 @@ from controller.fleet.finding import Evidence, Finding
 from controller.fleet.majority import majority, values_of
 from controller.fleet.model import NodeState
 from controller.profiles.catalogue import SHIPPED_DIR, load_profile
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "host_tuning"
 
@@ -44,14 +46,27 @@ HARMFUL = {"numa_balancing": "on", "transparent_hugepage": "never"}
 
 
 def governor(node: NodeState) -> str | None:
-    """The node's cpufreq governor: the host's, else the one most CPUs run; None when not reported."""
+    """The node's cpufreq governor: the one most of its CPUs run (a tie: the first by name), else
+    the host's summary (an older agent's: its first CPU's); None when not reported."""
     host = node.host
     if host is None:
         return None
-    if host.HasField("cpu_governor") and host.cpu_governor:
-        return host.cpu_governor
-    counts = Counter(cpu.governor for cpu in host.cpus if cpu.governor)
-    return counts.most_common(1)[0][0] if counts else None
+    counts = governor_counts(host, per_cpu=False)
+    if not counts:
+        if host.HasField("cpu_governor") and host.cpu_governor:
+            return host.cpu_governor
+        counts = governor_counts(host)
+    return min(counts, key=lambda name: (-counts[name], name)) if counts else None
+
+
+def governor_counts(host: pb.HostSample, *, per_cpu: bool = True) -> dict[str, int]:
+    """How many of the host's CPUs run each governor: HostSample.cpu_governors (an agent's frames
+    since it was added; a name sent empty or with no CPUs is none), else (per_cpu) its CPUs' own
+    readings (an older agent's frames carry them)."""
+    counts = {name: n for name, n in host.cpu_governors.items() if name and n}
+    if counts or not per_cpu:
+        return counts
+    return dict(Counter(cpu.governor for cpu in host.cpus if cpu.governor))
 
 
 def numa_balancing(node: NodeState) -> str | None:
@@ -144,11 +159,14 @@ def powersave_finding(node: NodeState, others: list[float], norms: dict[str, Nor
     n = norms["cpu_governor"]
     if n.value == POWERSAVE:
         return None  # the group runs powersave on purpose (intel_pstate's dynamic default)
+    assert node.host is not None  # (it has a governor)
+    counts = governor_counts(node.host)
+    on = f" on {counts[POWERSAVE]} of {sum(counts.values())} CPUs" if POWERSAVE in counts else ""
     primary = Evidence(
         metric="cpu_governor",
         reasons=(POWERSAVE,),
         peers=n.total,
-        detail=f"CPU governor {POWERSAVE}; {n.says()}",
+        detail=f"CPU governor {POWERSAVE}{on}; {n.says()}",
         baseline_source=n.source,
     )
     supporting = []

@@ -56,7 +56,6 @@ TEXT = ["", "[/]", "[bold red]x", "\x1b]52;c;aGk=\x07", "\x1b[2J", "a\nb", "\x00
 
 floats = st.one_of(st.sampled_from(FLOATS), st.floats())
 texts = st.one_of(st.sampled_from(TEXT), st.text(max_size=40))
-MAPS = st.dictionaries(texts, texts, max_size=3)
 
 
 @functools.cache
@@ -93,7 +92,9 @@ def message(draw: st.DrawFn, desc: Descriptor, depth: int = 2) -> Message:
     for field in draw(some_fields(desc)):
         sub = field.message_type
         if sub is not None and sub.GetOptions().map_entry:
-            getattr(msg, field.name).update(draw(MAPS))
+            key, value = sub.fields_by_name["key"], sub.fields_by_name["value"]
+            entries = st.dictionaries(scalar(key.type), scalar(value.type), max_size=3)
+            getattr(msg, field.name).update(draw(entries))
         elif sub is not None:
             if sub.full_name == "google.protobuf.Timestamp":
                 items: list[Message] = [draw(timestamp())]

@@ -1163,6 +1163,26 @@ Global___NvLinkSample: _TypeAlias = NvLinkSample  # noqa: Y015
 class HostSample(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class CpuGovernorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CPU_UTILIZATION_RATIO_FIELD_NUMBER: _builtins.int
     LOAD1_FIELD_NUMBER: _builtins.int
     MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
@@ -1186,6 +1206,7 @@ class HostSample(_message.Message):
     DISKS_FIELD_NUMBER: _builtins.int
     INFINIBAND_FIELD_NUMBER: _builtins.int
     PCIE_AER_FIELD_NUMBER: _builtins.int
+    CPU_GOVERNORS_FIELD_NUMBER: _builtins.int
     cpu_utilization_ratio: _builtins.float
     load1: _builtins.float
     memory_used_bytes: _builtins.int
@@ -1209,7 +1230,12 @@ class HostSample(_message.Message):
     kernel: _builtins.str
     """/proc/sys/kernel/osrelease"""
     @_builtins.property
-    def cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___CpuCoreSample]: ...
+    def cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___CpuCoreSample]:
+        """Each logical CPU's reading: the agent's own exporter serves them (a DGX H100 has 224, a third
+        of a frame's bytes); its frames leave them out and send cpu_governors instead. An older agent's
+        frames carry them.
+        """
+
     @_builtins.property
     def network(self) -> _containers.RepeatedCompositeFieldContainer[Global___NetInterfaceSample]:
         """loopback left out"""
@@ -1225,6 +1251,10 @@ class HostSample(_message.Message):
     @_builtins.property
     def pcie_aer(self) -> _containers.RepeatedCompositeFieldContainer[Global___PcieAerSample]:
         """AER-capable PCI devices"""
+
+    @_builtins.property
+    def cpu_governors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """logical CPUs running each cpufreq governor"""
 
     def __init__(
         self,
@@ -1252,10 +1282,11 @@ class HostSample(_message.Message):
         disks: _abc.Iterable[Global___DiskSample] | None = ...,
         infiniband: _abc.Iterable[Global___InfinibandPortSample] | None = ...,
         pcie_aer: _abc.Iterable[Global___PcieAerSample] | None = ...,
+        cpu_governors: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "numa_balancing", b"numa_balancing", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "cpus", b"cpus", "disks", b"disks", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband", b"infiniband", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "network", b"network", "numa_balancing", b"numa_balancing", "pcie_aer", b"pcie_aer", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_governors", b"cpu_governors", "cpu_utilization_ratio", b"cpu_utilization_ratio", "cpus", b"cpus", "disks", b"disks", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband", b"infiniband", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "network", b"network", "numa_balancing", b"numa_balancing", "pcie_aer", b"pcie_aer", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_frequency_hz: _TypeAlias = _typing.Literal["cpu_frequency_hz"]  # noqa: Y015
     _WhichOneofArgType__cpu_frequency_hz: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz"]  # noqa: Y015

@@ -8,6 +8,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from agent.snapshot import Snapshot
 from agent.sources.host import (
     CpuCoreReading,
     DiskReading,
@@ -108,3 +109,12 @@ def test_a_simulated_hosts_reading_round_trips() -> None:
     reading = SimHost(node).read()
     assert reading.cpus and reading.infiniband and reading.pcie_aer and reading.network and reading.disks
     assert through_the_wire(reading) == reading
+
+
+def test_a_frame_counts_the_cpus_per_governor_and_carries_the_rest_of_the_host() -> None:
+    snapshot = Snapshot(node="n1", time=1_800_000_000.0, host=FULL)
+    frame = pb.TelemetryFrame.FromString(frames.frame(snapshot, "boot", 1).SerializeToString())
+    assert not frame.host.cpus  # each CPU's reading is the agent's exporter's alone
+    assert dict(frame.host.cpu_governors) == {"performance": 1, "powersave": 1}  # cpu1 has none
+    assert unfill(frame.host, HostReading) == dataclasses.replace(FULL, cpus=[])
+    assert FULL.cpus  # (the reading itself is left whole)

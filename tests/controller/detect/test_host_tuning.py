@@ -138,10 +138,51 @@ def test_a_small_group_falls_back_to_the_profile_and_flags_only_harmful_values()
     assert relaxed == set(findings)
 
 
-def test_the_governor_falls_back_to_the_cpus_when_the_host_field_is_missing() -> None:
+def test_the_governor_is_the_one_most_cpus_run_and_the_evidence_counts_them() -> None:
     fleet = HostSimFleet(6, {"node-02": [FaultSpec("cpu_governor_powersave")]})
     fleet.run(20)
-    for node in fleet.fleet.nodes.values():
+    host = fleet.fleet.nodes["node-02"].host
+    assert host is not None and dict(host.cpu_governors) == {"powersave": 32}
+    assert not host.cpus  # the frames carry the counts, not each CPU's reading
+    (f,) = found(fleet).values()
+    assert f.evidence.detail.startswith("CPU governor powersave on 32 of 32 CPUs; ")
+    # The summary names the first CPU's governor: the counts decide, both ways.
+    host.cpu_governor = "performance"
+    host.cpu_governors.clear()
+    host.cpu_governors.update({"performance": 2, "powersave": 30})
+    (f,) = found(fleet).values()
+    assert (f.node, f.cause) == ("node-02", "cpu_governor_powersave")
+    assert f.evidence.detail.startswith("CPU governor powersave on 30 of 32 CPUs; ")
+    other = fleet.fleet.nodes["node-03"].host
+    assert other is not None and dict(other.cpu_governors) == {"performance": 32}
+    other.cpu_governor = "powersave"
+    assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
+    # A tie goes to the first by name; a name sent empty or with no CPUs counts for none.
+    host.cpu_governors.clear()
+    host.cpu_governors.update({"powersave": 16, "performance": 16, "": 40, "schedutil": 0})
+    assert found(fleet) == {}
+
+
+def test_an_older_agents_summary_or_per_cpu_readings_give_the_governor() -> None:
+    fleet = HostSimFleet(6, {"node-02": [FaultSpec("cpu_governor_powersave")]})
+    fleet.run(20)
+    for node in fleet.fleet.nodes.values():  # frames as an agent before HostSample.cpu_governors
+        assert node.host is not None
+        governors = dict(node.host.cpu_governors)
+        node.host.ClearField("cpu_governors")
+        names = [name for name, count in governors.items() for _ in range(count)]
+        for cpu, name in enumerate(names):
+            node.host.cpus.add(cpu=cpu, governor=name)
+    (f,) = found(fleet).values()
+    assert (f.node, f.cause) == ("node-02", "cpu_governor_powersave")
+    assert f.evidence.detail.startswith("CPU governor powersave on 32 of 32 CPUs; ")
+    for node in fleet.fleet.nodes.values():  # no summary: the CPUs' own readings still say it
         assert node.host is not None
         node.host.ClearField("cpu_governor")
     assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
+    for node in fleet.fleet.nodes.values():  # the summary alone
+        assert node.host is not None
+        node.host.ClearField("cpus")
+        node.host.cpu_governor = "powersave" if node.name == "node-02" else "performance"
+    (f,) = found(fleet).values()
+    assert f.evidence.detail.startswith("CPU governor powersave; ")

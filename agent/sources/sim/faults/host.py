@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     "host",
     cause="cpu_governor_powersave",
     description="cpufreq governor left on powersave: every core near 1.2 GHz, host-bound work slower",
-    shows_in=("cpu_governor", "cpus.governor", "cpu_frequency_hz", "cpus.frequency_hz"),
+    shows_in=("cpu_governor", "cpu_governors", "cpus.governor", "cpu_frequency_hz", "cpus.frequency_hz"),
 )
 def _cpu_governor_powersave(host: SimHost, _: str | None, rng: random.Random) -> None:
     host.condition.governor = "powersave"
