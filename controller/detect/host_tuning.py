@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.detect.base import DetectContext, peer_groups, register
 from controller.fleet.finding import Evidence, Finding
+from controller.fleet.governors import governor as host_governor
+from controller.fleet.governors import governor_counts
 from controller.fleet.majority import majority, values_of
 from controller.fleet.model import NodeState
 from controller.profiles.catalogue import SHIPPED_DIR, load_profile
-from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "host_tuning"
 
@@ -46,27 +46,8 @@ HARMFUL = {"numa_balancing": "on", "transparent_hugepage": "never"}
 
 
 def governor(node: NodeState) -> str | None:
-    """The node's cpufreq governor: the one most of its CPUs run (a tie: the first by name), else
-    the host's summary (an older agent's: its first CPU's); None when not reported."""
-    host = node.host
-    if host is None:
-        return None
-    counts = governor_counts(host, per_cpu=False)
-    if not counts:
-        if host.HasField("cpu_governor") and host.cpu_governor:
-            return host.cpu_governor
-        counts = governor_counts(host)
-    return min(counts, key=lambda name: (-counts[name], name)) if counts else None
-
-
-def governor_counts(host: pb.HostSample, *, per_cpu: bool = True) -> dict[str, int]:
-    """How many of the host's CPUs run each governor: HostSample.cpu_governors (an agent's frames
-    since it was added; a name sent empty or with no CPUs is none), else (per_cpu) its CPUs' own
-    readings (an older agent's frames carry them)."""
-    counts = {name: n for name, n in host.cpu_governors.items() if name and n}
-    if counts or not per_cpu:
-        return counts
-    return dict(Counter(cpu.governor for cpu in host.cpus if cpu.governor))
+    """The node's cpufreq governor (fleet/governors.py); None when not reported."""
+    return None if node.host is None else host_governor(node.host)
 
 
 def numa_balancing(node: NodeState) -> str | None:

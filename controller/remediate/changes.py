@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from controller.fleet.governors import governors_text
 from controller.fleet.model import NodeState
 from controller.profiles import Profile, SettingView
 from controller.store.recommendations import Change
@@ -118,8 +119,8 @@ def host_change(host: pb.HostSample | None, path: str, view: SettingView) -> tup
     target = view.target_text()
     now = ""
     if host is not None:
-        if path == "cpu_governor" and host.HasField("cpu_governor"):
-            now = host.cpu_governor
+        if path == "cpu_governor":  # at the target only when every CPU runs it
+            now = governors_text(host)
         elif path == "sysctls.kernel.numa_balancing" and host.HasField("numa_balancing"):
             now = "1" if host.numa_balancing else "0"
         elif path == "transparent_hugepages.enabled" and host.HasField("transparent_hugepage"):

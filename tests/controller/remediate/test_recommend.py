@@ -138,6 +138,25 @@ def test_a_host_cause_sets_os_settings_checked_by_read_back_only() -> None:
     ]
 
 
+def test_the_governor_is_at_its_target_only_when_every_cpu_runs_it() -> None:
+    f = fleet()
+    host = f.nodes["n2"].host
+    assert host is not None
+    # The summary (the first CPU's) says performance; the counts say most CPUs run powersave.
+    host.cpu_governors.update({"performance": 2, "powersave": 30})
+    p = only(propose([finding("n2", None, "cpu_governor_powersave")], f, know()))
+    assert p.changes == [Change("os.cpu_governor", "powersave on 30, performance on 2", "performance")]
+    host.cpu_governors.clear()
+    host.cpu_governors["powersave"] = 32
+    p = only(propose([finding("n2", None, "cpu_governor_powersave")], f, know()))
+    assert p.changes == [Change("os.cpu_governor", "powersave", "performance")]
+    host.cpu_governors["powersave"] = 0  # none on powersave: the summary alone no longer decides
+    host.cpu_governors["performance"] = 32
+    host.cpu_governor = "powersave"
+    p = only(propose([finding("n2", None, "cpu_governor_powersave")], f, know()))
+    assert p.changes == []
+
+
 def test_a_cause_no_setting_fixes_recommends_drain_or_investigation_and_says_so() -> None:
     f = fleet()
     found = [
