@@ -3,10 +3,10 @@
 Each node's setting is compared with the fleet majority of its peer group (fleet/majority.py), so a
 site that runs every node one way on purpose raises nothing:
 
-- cpu_governor_powersave: the node's governor (the one most of its CPUs run, from
-  HostSample.cpu_governors; from an older agent HostSample.cpu_governor, its first CPU's, else its
-  CPUs' own readings) is powersave while the group's majority is not. A group whose majority runs powersave
-  raises nothing: with intel_pstate, "powersave" is the dynamic default, not a frequency floor.
+- cpu_governor_powersave: the node's governor (the one most of its CPUs run: fleet/governors.py)
+  is powersave while the group's majority is not; the evidence counts its CPUs on powersave. A group
+  whose majority runs powersave raises nothing: with intel_pstate, "powersave" is the dynamic
+  default, not a frequency floor.
 - host_tuning_drift: numa_balancing or transparent_hugepage differs from the group's majority, one
   finding per node with each drifted setting as its own evidence. Severity warning when the node's
   value hurts GPU jobs (NUMA balancing on, THP never), info otherwise (an odd node, harmless as set).
