@@ -55,9 +55,15 @@ def _summary(layout: Layout) -> None:
     layout.add(
         stat(
             "Since the last detector pass",
-            [target("time() - max(gpufleet_controller_detector_pass_timestamp_seconds)")],
+            [
+                target(
+                    "time() - max(gpufleet_controller_detector_pass_timestamp_seconds"
+                    " or gpufleet_controller_leading_since_timestamp_seconds)"
+                )
+            ],
             "s",
-            description="Should stay below the detect interval (10 s by default).",
+            description="Should stay below the detect interval (10 s by default). Before the leader's "
+            "first pass: since it took the lead.",
             steps=thresholds((None, "green"), (60, "red")),
         ),
         6,
