@@ -92,6 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
     )
     parser.add_argument(
+        "--per-link",
+        action="store_true",
+        help="frames with each NVLink's traffic and peer bus id, as agents before this sent them",
+    )
+    parser.add_argument(
         "--shared-connection",
         action="store_true",
         help="one connection per worker for all its streams (default: one per node, as real agents)",
@@ -261,7 +266,13 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
     except OSError:
         pass
     archetype = build_archetype(
-        0, args.seed, time.time() - 100 * args.interval, args.interval, args.cpus, per_cpu=args.per_cpu
+        0,
+        args.seed,
+        time.time() - 100 * args.interval,
+        args.interval,
+        args.cpus,
+        per_cpu=args.per_cpu,
+        per_link=args.per_link,
     )
     now = time.time()
     sizes = [len(frame_message(archetype, "n", "b", seq=seq, floor=seq, now=now)) for seq in range(2, 8)]
@@ -451,6 +462,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "archetypes",
                 "cpus",
                 "per_cpu",
+                "per_link",
                 "shared_connection",
                 "disable_detector",
                 "detect_in_loop",
@@ -543,6 +555,7 @@ def _spec(index: int, args: argparse.Namespace, address: str) -> WorkerSpec:
         shared_channel=args.shared_connection,
         cpus=args.cpus,
         per_cpu=args.per_cpu,
+        per_link=args.per_link,
     )
 
 

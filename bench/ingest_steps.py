@@ -3,15 +3,17 @@
 machine: the best of several repeats, in microseconds a frame. Prints a table; asserts nothing
 (tests/bench/test_ingest_steps.py runs a small step of it).
 
-    .venv/bin/python bench/ingest_steps.py [--cpus 32,224] [--per-cpu] [--number 2000] [--repeat 7]
+    .venv/bin/python bench/ingest_steps.py [--cpus 32,224] [--per-cpu] [--per-link] [--number N] [--repeat N]
 
 --cpus: the logical CPUs each frame's host has (a DGX H100 has 224). Its frames count them per
 governor; with --per-cpu they carry one reading each, as agents before HostSample.cpu_governors
-did. The steps are those of controller/ingest.py on the event loop (or in an ingest front): parse the message,
-check its times, screen its readings (fleet/plausible.py), the GPUs' conditions (fleet/conditions.py),
-the whole plan (fleet/state.py plan_changes, which screens and works out the conditions), the
-FrameWrite and its apply to the fleet, and the message to the detection process (pickled).
-controller_scale.py shows them under load, with gRPC and the store around them.
+did; with --per-link each NVLink carries its traffic and peer bus id, as agents did before frames
+left them out. The steps are those of controller/ingest.py on the event loop (or in an ingest
+front): parse the message, check its times, screen its readings (fleet/plausible.py), the GPUs'
+conditions (fleet/conditions.py), the whole plan (fleet/state.py plan_changes, which screens and
+works out the conditions), the FrameWrite and its apply to the fleet, and the message to the
+detection process (pickled). controller_scale.py shows them under load, with gRPC and the store
+around them.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 SKEW_SECONDS = 300.0  # the controller's default limits.max_clock_skew_seconds
 
 
-def steps(cpus: int, number: int, repeat: int, *, per_cpu: bool = False) -> dict[str, Any]:
+def steps(
+    cpus: int, number: int, repeat: int, *, per_cpu: bool = False, per_link: bool = False
+) -> dict[str, Any]:
     """Each step's best time over `repeat` runs of `number` calls, in microseconds a frame."""
     start = time.time() - 100.0
-    archetype = build_archetype(0, 1, start, 10.0, cpus, per_cpu=per_cpu)
+    archetype = build_archetype(0, 1, start, 10.0, cpus, per_cpu=per_cpu, per_link=per_link)
     now = time.time()
     raw = frame_message(archetype, "bench-0", "boot", seq=3, floor=0, now=now - 1.0)
     frame = pb.AgentMessage.FromString(raw).frame
@@ -87,6 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
     )
+    parser.add_argument(
+        "--per-link",
+        action="store_true",
+        help="frames with each NVLink's traffic and peer bus id, as agents before this sent them",
+    )
     parser.add_argument("--number", type=int, default=2000, help="calls a repeat")
     parser.add_argument("--repeat", type=int, default=7, help="repeats; the best is kept")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -98,7 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    results = [steps(cpus, args.number, args.repeat, per_cpu=args.per_cpu) for cpus in args.cpus]
+    results = [
+        steps(cpus, args.number, args.repeat, per_cpu=args.per_cpu, per_link=args.per_link)
+        for cpus in args.cpus
+    ]
     print(json.dumps(results, indent=2) if args.json else table(results))
 
 

@@ -333,14 +333,15 @@ def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -
 
 
 def text(document: dict[str, Any]) -> str:
-    meta, steps = document["machine"], document["steps"]
+    meta, steps, settings = document["machine"], document["steps"], document["settings"]
     lines = [
         f"controller_scale: {meta['cores']} cores ({meta['cpu']}); the load generator's "
         f"{document['settings']['workers']} processes share them (the controller's CPU and RSS: its "
         "process and its children, the detection process's included)",
         f"frames: {meta['frame_bytes']:.0f} bytes each on average ({meta['first_frame_bytes']} for a node's "
         f"first, with its probe round; {document['settings'].get('cpus', 32)} logical CPUs a host"
-        f"{', each CPU read in each frame' if document['settings'].get('per_cpu') else ''}), one per "
+        f"{', each CPU read in each frame' if settings.get('per_cpu') else ''}"
+        f"{', each NVLink with its traffic and peer' if settings.get('per_link') else ''}), one per "
         f"node every {document['settings']['interval']:g} s; "
         f"hold {document['settings']['hold']:g} s per step",
         store_line(document.get("store")),

@@ -66,11 +66,19 @@ def _body(frame: pb.TelemetryFrame) -> bytes:
 
 
 def build_archetype(
-    index: int, seed: int, start: float, interval: float, cpus: int = SIM_CPUS, *, per_cpu: bool = False
+    index: int,
+    seed: int,
+    start: float,
+    interval: float,
+    cpus: int = SIM_CPUS,
+    *,
+    per_cpu: bool = False,
+    per_link: bool = False,
 ) -> Archetype:
     """Simulate archetype `index` from `start` on: its Hello, a first frame and CYCLE more; its host
     has `cpus` logical CPUs, counted per governor in every frame (HostSample.cpu_governors), or with
-    `per_cpu` each with its own reading instead, as agents before cpu_governors sent them."""
+    `per_cpu` each with its own reading instead, as agents before cpu_governors sent them. With
+    `per_link` each NVLink carries its traffic and peer too, as agents before this sent them."""
     now = [start]
     name = f"archetype-{seed}-{index}"
     sim = SimNode(name, seed=seed * 1009 + index, clock=lambda: now[0])
@@ -92,6 +100,11 @@ def build_archetype(
         if k == 0:
             snapshot.probes = ModelledProbes(sim).run([])
         frame = frames.frame(snapshot, "boot", k + 1)
+        if per_link:
+            for wire, reading in zip(frame.gpus, snapshot.gpus, strict=True):
+                del wire.nvlinks[:]
+                for link in reading.nvlinks:
+                    frames.fill(wire.nvlinks.add(), link)
         if per_cpu:
             frame.host.ClearField("cpu_governors")
             for cpu in snapshot.host.cpus if snapshot.host is not None else ():

@@ -62,6 +62,7 @@ class WorkerSpec:
     shared_channel: bool  # one channel (one connection) for the worker's nodes instead of one each
     cpus: int = SIM_CPUS  # logical CPUs each simulated host has (templates.build_archetype)
     per_cpu: bool = False  # frames with each CPU's reading, as older agents sent them
+    per_link: bool = False  # frames with each NVLink's traffic and peer, as older agents sent them
 
 
 @dataclass
@@ -142,7 +143,9 @@ class Worker:
         start = time.time() - 2 * self.spec.interval
         spec = self.spec
         self.archetypes = [
-            build_archetype(k, spec.seed, start, spec.interval, spec.cpus, per_cpu=spec.per_cpu)
+            build_archetype(
+                k, spec.seed, start, spec.interval, spec.cpus, per_cpu=spec.per_cpu, per_link=spec.per_link
+            )
             for k in range(spec.archetypes)
         ]
         if self.spec.shared_channel:

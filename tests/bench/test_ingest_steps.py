@@ -1,6 +1,6 @@
 """A small step of bench/ingest_steps.py, so that it cannot rot: each step of taking a frame in is
 timed for hosts of 8 and 64 CPUs, in frames as agents send them and as older ones did (each CPU's
-reading); its times are figures, not asserted."""
+reading, each NVLink's traffic and peer); its times are figures, not asserted."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ def test_each_step_is_timed_for_each_host_size() -> None:
     assert abs(large["frame_bytes"] - small["frame_bytes"]) <= 2
     per_cpu = bench_json("ingest_steps", "--cpus", "8,64", "--per-cpu", "--number", "20", "--repeat", "1")
     assert per_cpu[1]["frame_bytes"] > per_cpu[0]["frame_bytes"] > small["frame_bytes"]  # a reading each
-    for result in document + per_cpu:
+    per_link = bench_json("ingest_steps", "--cpus", "8", "--per-link", "--number", "20", "--repeat", "1")
+    # Each of a frame's 144 NVLinks with its traffic and peer, as older agents sent them: 36 bytes more.
+    assert per_link[0]["frame_bytes"] - small["frame_bytes"] >= 144 * 30
+    for result in document + per_cpu + per_link:
         assert set(result["us"]) >= {"parse", "screen", "plan (screen, conditions)"}
         assert all(us > 0 for us in result["us"].values())

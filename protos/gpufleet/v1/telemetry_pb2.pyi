@@ -1113,6 +1113,10 @@ class NvLinkSample(_message.Message):
     replay_errors_total: _builtins.int
     recovery_errors_total: _builtins.int
     remote_pci_bus_id: _builtins.str
+    """The link's peer and traffic: the agent's frames leave them out (three quarters of a link's bytes,
+    and the controller reads none of them; the GPU's traffic goes as GpuSample.nvlink_tx/rx_bytes_total).
+    An older agent's frames carry them.
+    """
     tx_bytes_total: _builtins.int
     rx_bytes_total: _builtins.int
     def __init__(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import typing
 from typing import Any
@@ -269,6 +270,39 @@ def test_a_full_snapshot_round_trips() -> None:
         assert wire_probe.HasField("gpu") == (outcome.gpu is not None)
         assert wire_probe.simulated and dict(wire_probe.params) == outcome.params
     assert [(c.name, c.success) for c in again.collectors] == [("gpu", True), ("host", True)]
+
+
+def test_links_go_without_their_traffic_and_peer_and_the_reading_is_left_whole() -> None:
+    links = [
+        NvLinkReading(
+            n, n != 3, 4, 10 + n, 20 + n, 30 + n, f"00000000:{n + 5:02x}:00.0", 10**15 + n, 10**14 + n
+        )
+        for n in range(18)
+    ]
+    reading = GpuReading(
+        index=0,
+        uuid="GPU-0",
+        nvlinks=links,
+        nvlink_tx_bytes_total=7 * 10**15,
+        nvlink_rx_bytes_total=6 * 10**15,
+    )
+    kept = copy.deepcopy(reading)
+    wire = pb.TelemetryFrame.FromString(
+        frames.frame(Snapshot("n1", NOW, gpus=[reading]), "b", 1).SerializeToString()
+    )
+    (gpu,) = wire.gpus
+    # Each link's number, state, version and error totals: all that the controller reads of it.
+    assert [
+        (n.link, n.active, n.version, n.crc_errors_total, n.replay_errors_total, n.recovery_errors_total)
+        for n in gpu.nvlinks
+    ] == [(n, n != 3, 4, 10 + n, 20 + n, 30 + n) for n in range(18)]
+    # Its traffic and peer stay with the agent; the GPU's traffic goes as its totals.
+    assert not any(n.HasField("tx_bytes_total") or n.HasField("rx_bytes_total") for n in gpu.nvlinks)
+    assert not any(n.remote_pci_bus_id for n in gpu.nvlinks)
+    assert (gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total) == (7 * 10**15, 6 * 10**15)
+    assert gpu.nvlinks_inactive == 1 and gpu.nvlink_errors_digest == frames.nvlink_errors_digest(links)
+    assert reading == kept  # the exporter and `--once --json` read it after the frame is built
+    assert len(gpu.SerializeToString()) < 18 * 14 + 64
 
 
 def test_hello_round_trips_with_inventory_and_host() -> None:

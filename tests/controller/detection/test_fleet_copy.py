@@ -157,7 +157,7 @@ def test_changes_made_while_the_copy_is_sent_reach_the_process(monkeypatch: pyte
 
 
 def test_a_fleet_far_over_the_hung_pipe_limit_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
-    sim = SimFleet(32, FAULTS)
+    sim = SimFleet(48, FAULTS)  # 2.6 MB of fleet (frames leave each NVLink's traffic with the agent)
     sim.step(10.0, probes=True)
     limit = 256 * 1024
     # In one message, what the pipe could not take was taken as a hung process's: stopped.
