@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from controller.detect.base import DetectContext, peer_groups, register
+from controller.detect.per_node import per_node
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.governors import governor as host_governor
 from controller.fleet.governors import governor_counts
-from controller.fleet.majority import majority, values_of
+from controller.fleet.majority import majority
 from controller.fleet.model import NodeState
 from controller.profiles.catalogue import SHIPPED_DIR, load_profile
 
@@ -87,10 +88,26 @@ def tuned() -> dict[str, str]:
     return values
 
 
-SETTINGS: dict[str, Callable[[NodeState], str | None]] = {
-    "numa_balancing": numa_balancing,
-    "transparent_hugepage": transparent_hugepage,
-}
+SETTINGS = ("numa_balancing", "transparent_hugepage")  # drift from the group's majority
+
+
+class Read(NamedTuple):
+    """What the detector reads of a node's host sample, read once per sample (detect/per_node.py):
+    a pass reads the governor of each node three times over (its group's norm, the busy nodes'
+    frequencies, its own finding)."""
+
+    cpu_governor: str | None
+    numa_balancing: str | None
+    transparent_hugepage: str | None
+    cpu_frequency: float | None
+
+
+def read(node: NodeState) -> Read:
+    return Read(governor(node), numa_balancing(node), transparent_hugepage(node), cpu_frequency(node))
+
+
+def _host(node: NodeState) -> tuple[object, ...]:
+    return (node.host,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,22 +137,33 @@ def _ghz(hz: float) -> str:
     return f"{hz / 1e9:.2f} GHz"
 
 
-def group_norms(group: list[NodeState], min_peers: int) -> dict[str, Norm]:
+def group_norms(group: list[NodeState], reads: dict[str, Read], min_peers: int) -> dict[str, Norm]:
     """The group's norm of the governor and of each setting, worked out once per group (per node,
-    it cost the group's size squared)."""
-    readers = {"cpu_governor": governor, **SETTINGS}
-    return {name: norm(values_of(group, read), min_peers) for name, read in readers.items()}
+    it cost the group's size squared); `reads`: each node's Read."""
+    return {name: norm(_values(group, reads, name), min_peers) for name in ("cpu_governor", *SETTINGS)}
 
 
-def busy_frequencies(group: list[NodeState]) -> list[float]:
+def _values(group: list[NodeState], reads: dict[str, Read], name: str) -> dict[str, str]:
+    """node -> its value of setting `name`, for the group's nodes that report it."""
+    out: dict[str, str] = {}
+    for node in group:
+        value = getattr(reads[node.name], name)
+        if value is not None:
+            out[node.name] = value
+    return out
+
+
+def busy_frequencies(group: list[NodeState], reads: dict[str, Read]) -> list[float]:
     """The CPU frequencies of the group's nodes not on powersave (once per group)."""
-    return [f for f in (cpu_frequency(p) for p in group if governor(p) != POWERSAVE) if f is not None]
+    of_group = (reads[node.name] for node in group)
+    return [r.cpu_frequency for r in of_group if r.cpu_governor != POWERSAVE and r.cpu_frequency is not None]
 
 
-def powersave_finding(node: NodeState, others: list[float], norms: dict[str, Norm]) -> Finding | None:
-    """`others`: busy_frequencies of the node's group; `norms`: group_norms."""
-    own = governor(node)
-    if own != POWERSAVE:
+def powersave_finding(
+    node: NodeState, own: Read, others: list[float], norms: dict[str, Norm]
+) -> Finding | None:
+    """`own`: the node's Read; `others`: busy_frequencies of the node's group; `norms`: group_norms."""
+    if own.cpu_governor != POWERSAVE:
         return None
     n = norms["cpu_governor"]
     if n.value == POWERSAVE:
@@ -151,7 +179,7 @@ def powersave_finding(node: NodeState, others: list[float], norms: dict[str, Nor
         baseline_source=n.source,
     )
     supporting = []
-    freq = cpu_frequency(node)
+    freq = own.cpu_frequency
     if freq is not None and others:
         median = statistics.median(others)
         supporting.append(
@@ -170,10 +198,11 @@ def powersave_finding(node: NodeState, others: list[float], norms: dict[str, Nor
     return Finding(node.name, None, "cpu_governor_powersave", "warning", summary, primary, supporting, [NAME])
 
 
-def drift_finding(node: NodeState, norms: dict[str, Norm]) -> Finding | None:
+def drift_finding(node: NodeState, values: Read, norms: dict[str, Norm]) -> Finding | None:
+    """`values`: the node's Read."""
     drifted: list[tuple[str, Evidence]] = []
-    for setting, read in SETTINGS.items():
-        own = read(node)
+    for setting in SETTINGS:
+        own = getattr(values, setting)
         if own is None or own == tuned().get(setting):
             continue
         n = norms[setting]
@@ -207,10 +236,12 @@ def drift_finding(node: NodeState, norms: dict[str, Norm]) -> Finding | None:
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
     findings = []
+    reads = per_node(ctx.fleet, NAME, _host, read)
     for group in peer_groups(ctx).values():
-        norms, others = group_norms(group, ctx.config.min_peers), busy_frequencies(group)
+        norms, others = group_norms(group, reads, ctx.config.min_peers), busy_frequencies(group, reads)
         for node in group:
-            for found in (powersave_finding(node, others, norms), drift_finding(node, norms)):
+            own = reads[node.name]
+            for found in (powersave_finding(node, own, others, norms), drift_finding(node, own, norms)):
                 if found is not None:
                     findings.append(found)
     return findings

@@ -8,13 +8,10 @@ value held by more than half its nodes, has no majority to differ from.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
 from controller.fleet.model import NodeState
 from controller.fleet.peers import node_group
-
-T = TypeVar("T")
 
 
 def majority(values: dict[str, str]) -> tuple[str | None, int, int]:
@@ -34,14 +31,4 @@ def groups(nodes: Iterable[NodeState]) -> dict[str, list[NodeState]]:
     out: dict[str, list[NodeState]] = {}
     for node in nodes:
         out.setdefault(node_group(node), []).append(node)
-    return out
-
-
-def values_of(nodes: Iterable[NodeState], read: Callable[[NodeState], T | None]) -> dict[str, T]:
-    """node name -> read(node), for the nodes where it reads something (not None)."""
-    out: dict[str, T] = {}
-    for node in nodes:
-        value = read(node)
-        if value is not None:
-            out[node.name] = value
     return out

@@ -8,6 +8,8 @@ import pytest
 from agent.sources.sim import FaultSpec
 from controller.config import DetectConfig
 from controller.fleet.finding import Finding
+from controller.fleet.model import NodeState
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.hostsim import HostSimFleet
 
 HOST_AND_BMC = ("host_tuning", "infiniband", "bmc_health")
@@ -15,6 +17,16 @@ HOST_AND_BMC = ("host_tuning", "infiniband", "bmc_health")
 
 def found(fleet: HostSimFleet, detector: str = "host_tuning") -> dict[tuple[str, str], Finding]:
     return {(f.node, f.cause): f for f in fleet.detect(detector)}
+
+
+def new_host(node: NodeState) -> pb.HostSample:
+    """A copy of the node's host sample, put in its place to be edited: as ingest does, a sample is
+    replaced, never changed in place (what a pass read of the one it replaces is kept)."""
+    assert node.host is not None
+    host = pb.HostSample()
+    host.CopyFrom(node.host)
+    node.host = host
+    return host
 
 
 def test_a_healthy_fleet_raises_no_host_network_or_bmc_cause_over_an_hour() -> None:
@@ -141,48 +153,57 @@ def test_a_small_group_falls_back_to_the_profile_and_flags_only_harmful_values()
 def test_the_governor_is_the_one_most_cpus_run_and_the_evidence_counts_them() -> None:
     fleet = HostSimFleet(6, {"node-02": [FaultSpec("cpu_governor_powersave")]})
     fleet.run(20)
-    host = fleet.fleet.nodes["node-02"].host
-    assert host is not None and dict(host.cpu_governors) == {"powersave": 32}
-    assert not host.cpus  # the frames carry the counts, not each CPU's reading
+    node = fleet.fleet.nodes["node-02"]
+    assert node.host is not None and dict(node.host.cpu_governors) == {"powersave": 32}
+    assert not node.host.cpus  # the frames carry the counts, not each CPU's reading
     (f,) = found(fleet).values()
     assert f.evidence.detail.startswith("CPU governor powersave on 32 of 32 CPUs; ")
     # The summary names the first CPU's governor: the counts decide, both ways.
+    host = new_host(node)
     host.cpu_governor = "performance"
     host.cpu_governors.clear()
     host.cpu_governors.update({"performance": 2, "powersave": 30})
     (f,) = found(fleet).values()
     assert (f.node, f.cause) == ("node-02", "cpu_governor_powersave")
     assert f.evidence.detail.startswith("CPU governor powersave on 30 of 32 CPUs; ")
-    other = fleet.fleet.nodes["node-03"].host
-    assert other is not None and dict(other.cpu_governors) == {"performance": 32}
+    other = new_host(fleet.fleet.nodes["node-03"])
+    assert dict(other.cpu_governors) == {"performance": 32}
     other.cpu_governor = "powersave"
     assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
     # A tie goes to the first by name; a name sent empty or with no CPUs counts for none.
+    host = new_host(node)
     host.cpu_governors.clear()
     host.cpu_governors.update({"powersave": 16, "performance": 16, "": 40, "schedutil": 0})
     assert found(fleet) == {}
+    for governors in ({"powersave": 0}, {"": 32}):  # one governor alone, but on no CPU or unnamed: none
+        host = new_host(node)
+        host.ClearField("cpu_governor")
+        host.cpu_governors.clear()
+        host.cpu_governors.update(governors)
+        assert found(fleet) == {}, governors
+    new_host(node).cpu_governor = "powersave"  # ... and the summary is read then
+    assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
 
 
 def test_an_older_agents_summary_or_per_cpu_readings_give_the_governor() -> None:
     fleet = HostSimFleet(6, {"node-02": [FaultSpec("cpu_governor_powersave")]})
     fleet.run(20)
     for node in fleet.fleet.nodes.values():  # frames as an agent before HostSample.cpu_governors
-        assert node.host is not None
-        governors = dict(node.host.cpu_governors)
-        node.host.ClearField("cpu_governors")
+        host = new_host(node)
+        governors = dict(host.cpu_governors)
+        host.ClearField("cpu_governors")
         names = [name for name, count in governors.items() for _ in range(count)]
         for cpu, name in enumerate(names):
-            node.host.cpus.add(cpu=cpu, governor=name)
+            host.cpus.add(cpu=cpu, governor=name)
     (f,) = found(fleet).values()
     assert (f.node, f.cause) == ("node-02", "cpu_governor_powersave")
     assert f.evidence.detail.startswith("CPU governor powersave on 32 of 32 CPUs; ")
     for node in fleet.fleet.nodes.values():  # no summary: the CPUs' own readings still say it
-        assert node.host is not None
-        node.host.ClearField("cpu_governor")
+        new_host(node).ClearField("cpu_governor")
     assert list(found(fleet)) == [("node-02", "cpu_governor_powersave")]
     for node in fleet.fleet.nodes.values():  # the summary alone
-        assert node.host is not None
-        node.host.ClearField("cpus")
-        node.host.cpu_governor = "powersave" if node.name == "node-02" else "performance"
+        host = new_host(node)
+        host.ClearField("cpus")
+        host.cpu_governor = "powersave" if node.name == "node-02" else "performance"
     (f,) = found(fleet).values()
     assert f.evidence.detail.startswith("CPU governor powersave; ")
