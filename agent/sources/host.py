@@ -82,7 +82,7 @@ class HostReading:
     load1: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
-    cpu_governor: str | None = None  # cpu0's, as the summary; per core in `cpus`
+    cpu_governor: str | None = None  # the one most cores run (summary_governor); per core in `cpus`
     cpu_frequency_hz: float | None = None  # mean over cores
     uptime_seconds: float | None = None
     load5: float | None = None
@@ -121,3 +121,14 @@ class HostReader(Protocol):
     def last_errors(self) -> list[str]:
         """Problems of the latest read() that left fields unset (files the kernel would not write)."""
         ...
+
+
+def summary_governor(cpus: list[CpuCoreReading]) -> str | None:
+    """HostReading.cpu_governor: the governor most of the cores run (a tie: the first by name), as
+    the controller reads a host's (controller/fleet/governors.py); None when no core reports one.
+    Not the first core's: a host with cpu0 alone on performance is a powersave host."""
+    counts: dict[str, int] = {}
+    for cpu in cpus:
+        if cpu.governor:
+            counts[cpu.governor] = counts.get(cpu.governor, 0) + 1
+    return min(counts, key=lambda name: (-counts[name], name)) if counts else None

@@ -26,6 +26,7 @@ from agent.sources.host import (
     HostFacts,
     HostReading,
     NetInterfaceReading,
+    summary_governor,
 )
 from agent.sources.linux import sysfs as host_sys
 from agent.sources.linux.proc import (
@@ -203,8 +204,7 @@ class HostSource:
             key = f"cpu{cpu}"
             busy = utilization(before[key], now[key]) if key in before and key in now else None
             reading.cpus.append(CpuCoreReading(cpu, busy, hz, governor))
-        governors = [c.governor for c in reading.cpus if c.governor]
-        reading.cpu_governor = governors[0] if governors else None
+        reading.cpu_governor = summary_governor(reading.cpus)
         freqs = [c.frequency_hz for c in reading.cpus if c.frequency_hz is not None]
         reading.cpu_frequency_hz = round(sum(freqs) / len(freqs), 1) if freqs else None
         return found

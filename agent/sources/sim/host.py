@@ -29,6 +29,7 @@ from agent.sources.host import (
     InfinibandPortReading,
     NetInterfaceReading,
     PcieAerReading,
+    summary_governor,
 )
 from agent.sources.sim.faults import FAULTS
 from agent.sources.sim.gpu import bounded_gauss
@@ -230,7 +231,7 @@ class SimHost:
             transparent_hugepage=self.condition.transparent_hugepage or p.transparent_hugepage,
             numa_balancing=numa_balancing,
             kernel=p.kernel,
-            cpu_governor=cores[0].governor,  # cpu0's, as the Linux source reports it
+            cpu_governor=summary_governor(cores),  # as the Linux source reports it
             cpu_frequency_hz=round(sum(freqs) / len(freqs), 1),
             uptime_seconds=round(now - self._booted, 2),
             cpus=cores,

@@ -107,6 +107,21 @@ def test_each_read_sees_the_files_as_they_are_now(host_root: Path) -> None:
     assert reading.uptime_seconds == 350745.5
 
 
+def test_the_summary_governor_is_the_one_most_cores_run(host_root: Path) -> None:
+    # No proc/stat in this tree: the cores are those sysfs lists. cpu0 alone on performance is a
+    # powersave host (the summary was cpu0's); a tie goes to the first by name.
+    for cpu, governor in enumerate(["performance", "powersave", "powersave", "", "schedutil"]):
+        write(host_root, f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", f"{governor}\n")
+    source = HostSource(host_root)
+    reading = source.read()
+    assert [c.governor for c in reading.cpus] == ["performance", "powersave", "powersave", "", "schedutil"]
+    assert reading.cpu_governor == "powersave"
+    write(host_root, "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor", "schedutil\n")
+    assert source.read().cpu_governor == "schedutil"  # schedutil 2, performance 1, powersave 1
+    write(host_root, "sys/devices/system/cpu/cpu2/cpufreq/scaling_governor", "performance\n")
+    assert source.read().cpu_governor == "performance"  # 2 and 2: the first by name
+
+
 def test_an_empty_root_gives_blank_facts_and_a_failed_read(tmp_path: Path) -> None:
     source = HostSource(tmp_path)
     facts = source.facts()
