@@ -22,11 +22,12 @@ from agent.probes.kernels import infos
 from agent.snapshot import Snapshot
 from agent.sources.bmc import BmcSample
 from agent.sources.gpu import Inventory, NvLinkReading
-from agent.sources.host import HostFacts
+from agent.sources.host import HostFacts, InfinibandPortReading
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 _LINK_TOTALS = struct.Struct("<IQQQ")  # link, crc, replay, recovery
+_PORT_NUMBERS = struct.Struct("<IdQQQQ")  # port, rate (-1: unread), link downed, symbol, receive, recovery
 
 # What of each NVLink's reading stays with the agent (its own reading, as `gpufleet agent --once
 # --json` shows it): the controller reads a link's number, state, version and error totals only. The
@@ -105,12 +106,31 @@ def frame(snapshot: Snapshot, boot_id: str, seq: int) -> pb.TelemetryFrame:
         # the frame says how many CPUs run each governor (HostSample.cpu_governors).
         fill(msg.host, dataclasses.replace(host, cpus=[]))
         msg.host.cpu_governors.update(Counter(cpu.governor for cpu in host.cpus if cpu.governor))
+        if host.infiniband:
+            msg.host.infiniband_digest = infiniband_digest(host.infiniband)
     msg.probes.extend(probe_result(o) for o in snapshot.probes)
     for status in snapshot.collectors.values():
         fill(msg.collectors.add(), status)
     if snapshot.bmc is not None and snapshot.bmc_new:
         msg.bmc.CopyFrom(bmc_sample(snapshot.bmc))
     return msg
+
+
+def infiniband_digest(ports: Sequence[InfinibandPortReading]) -> int:
+    """HostSample.infiniband_digest: 8 bytes of BLAKE2b over each port's names, state, rate and
+    error totals (unread totals as 0, as the controller reads an unset one), in order; never 0."""
+    digest = hashlib.blake2b(digest_size=8)
+    for p in ports:
+        digest.update(f"{p.device}\0{p.link_layer}\0{p.state}\0{p.physical_state}\0".encode())
+        totals = (
+            p.link_downed_total,
+            p.symbol_error_total,
+            p.port_rcv_errors_total,
+            p.link_error_recovery_total,
+        )
+        rate = -1.0 if p.rate_gbps is None else p.rate_gbps
+        digest.update(_PORT_NUMBERS.pack(p.port, rate, *(total or 0 for total in totals)))
+    return int.from_bytes(digest.digest(), "little") or 1
 
 
 def nvlink_errors_digest(links: Sequence[NvLinkReading]) -> int:

@@ -48,6 +48,12 @@ def links_seen(sample: pb.GpuSample) -> object:
     return sample.nvlink_errors_digest or link_read(sample)
 
 
+def ports_seen(host: pb.HostSample) -> object:
+    """What finds a host's InfiniBand error counters unchanged since a reading: the digest of its
+    ports its agent sends (HostSample.infiniband_digest), else their _IB_READ (an older agent's)."""
+    return host.infiniband_digest or tuple(map(_IB_READ, host.infiniband))
+
+
 def gpu_key(gpu: int, counter: str) -> str:
     return f"gpu{gpu}.{counter}"
 
@@ -103,11 +109,10 @@ class Trends:
     groups: dict[str, _Group] = field(default_factory=dict)
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # counter key -> (group, position)
     xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
-    # The host's InfiniBand ports as observe_host last took them (_IB_READ of each) and their groups,
-    # each holding that reading as its newest; None: not kept (nor pickled). A cache.
-    ib_seen: tuple[tuple[tuple[object, ...], ...], tuple[_Group, ...]] | None = field(
-        default=None, compare=False
-    )
+    # The host's InfiniBand ports as observe_host last took them (ports_seen: their digest, or _IB_READ
+    # of each) and their groups, each holding that reading as its newest; None: not kept (nor
+    # pickled). A cache.
+    ib_seen: tuple[object, tuple[_Group, ...]] | None = field(default=None, compare=False)
 
     def __getstate__(self) -> tuple[float, dict[str, _Group], deque[XidSeen]]:
         """Pickled without `where` (a detection process's copy of the fleet: some 490 entries a node,
@@ -236,14 +241,17 @@ class Trends:
     def observe_host(self, host: pb.HostSample, time: float) -> None:
         """The host's InfiniBand port counters, a group per port. A reading of the ports equal to the
         one taken last (the usual case: error counters stay put, the same ports) only moves each
-        group's window, as observe_group would with totals equal to the newest."""
-        read = tuple(map(_IB_READ, host.infiniband))
+        group's window, as observe_group would with totals equal to the newest. It is known equal by
+        its digest (HostSample.infiniband_digest) when the agent sends one, without reading the
+        ports; else by reading them."""
+        key = ports_seen(host)
         seen = self.ib_seen
-        if seen is not None and seen[0] == read and all(time >= g.last for g in seen[1]):
+        if seen is not None and seen[0] == key and all(time >= g.last for g in seen[1]):
             for g in seen[1]:
                 self._advance(g, time)
             return
         groups = []
+        read = key if isinstance(key, tuple) else tuple(map(_IB_READ, host.infiniband))
         for device, port, *counters in read:
             name = ib_group(device, port)
             self.observe_group(name, _ib_names(device, port), time, tuple(map(float, counters)))
@@ -251,7 +259,7 @@ class Trends:
         # Kept only when every port's reading was taken as its group's newest, once: not a reading
         # older than a group's (ignored there), nor a port listed twice (its last reading counts).
         taken = all(g.last == time for g in groups) and len(set(map(id, groups))) == len(groups)
-        self.ib_seen = (read, tuple(groups)) if taken else None
+        self.ib_seen = (key, tuple(groups)) if taken else None
 
 
 @lru_cache(maxsize=4096)

@@ -1211,6 +1211,7 @@ class HostSample(_message.Message):
     INFINIBAND_FIELD_NUMBER: _builtins.int
     PCIE_AER_FIELD_NUMBER: _builtins.int
     CPU_GOVERNORS_FIELD_NUMBER: _builtins.int
+    INFINIBAND_DIGEST_FIELD_NUMBER: _builtins.int
     cpu_utilization_ratio: _builtins.float
     load1: _builtins.float
     memory_used_bytes: _builtins.int
@@ -1233,6 +1234,14 @@ class HostSample(_message.Message):
     """kernel.numa_balancing"""
     kernel: _builtins.str
     """/proc/sys/kernel/osrelease"""
+    infiniband_digest: _builtins.int
+    """A digest of every InfiniBand port's device, port, link layer, state, physical state, rate and
+    error totals (link downed, symbol, receive errors, link error recovery) as read, never 0: it
+    changes whenever any of them does, so a controller reads the ports (ten or so a host) only when
+    it changes. Their traffic and discards are not in it. Unset (an older agent, or no ports):
+    read them each time.
+    26..49: room
+    """
     @_builtins.property
     def cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___CpuCoreSample]:
         """Each logical CPU's reading: the agent's own exporter serves them (a DGX H100 has 224, a third
@@ -1287,10 +1296,11 @@ class HostSample(_message.Message):
         infiniband: _abc.Iterable[Global___InfinibandPortSample] | None = ...,
         pcie_aer: _abc.Iterable[Global___PcieAerSample] | None = ...,
         cpu_governors: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        infiniband_digest: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "numa_balancing", b"numa_balancing", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_infiniband_digest", b"_infiniband_digest", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_utilization_ratio", b"cpu_utilization_ratio", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband_digest", b"infiniband_digest", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "numa_balancing", b"numa_balancing", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_governors", b"cpu_governors", "cpu_utilization_ratio", b"cpu_utilization_ratio", "cpus", b"cpus", "disks", b"disks", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband", b"infiniband", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "network", b"network", "numa_balancing", b"numa_balancing", "pcie_aer", b"pcie_aer", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz", "_cpu_governor", b"_cpu_governor", "_cpu_utilization_ratio", b"_cpu_utilization_ratio", "_hugepage_size_bytes", b"_hugepage_size_bytes", "_hugepages_free", b"_hugepages_free", "_hugepages_total", b"_hugepages_total", "_infiniband_digest", b"_infiniband_digest", "_kernel", b"_kernel", "_load1", b"_load1", "_load15", b"_load15", "_load5", b"_load5", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_numa_balancing", b"_numa_balancing", "_swap_total_bytes", b"_swap_total_bytes", "_swap_used_bytes", b"_swap_used_bytes", "_transparent_hugepage", b"_transparent_hugepage", "_uptime_seconds", b"_uptime_seconds", "cpu_frequency_hz", b"cpu_frequency_hz", "cpu_governor", b"cpu_governor", "cpu_governors", b"cpu_governors", "cpu_utilization_ratio", b"cpu_utilization_ratio", "cpus", b"cpus", "disks", b"disks", "hugepage_size_bytes", b"hugepage_size_bytes", "hugepages_free", b"hugepages_free", "hugepages_total", b"hugepages_total", "infiniband", b"infiniband", "infiniband_digest", b"infiniband_digest", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "network", b"network", "numa_balancing", b"numa_balancing", "pcie_aer", b"pcie_aer", "swap_total_bytes", b"swap_total_bytes", "swap_used_bytes", b"swap_used_bytes", "transparent_hugepage", b"transparent_hugepage", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_frequency_hz: _TypeAlias = _typing.Literal["cpu_frequency_hz"]  # noqa: Y015
     _WhichOneofArgType__cpu_frequency_hz: _TypeAlias = _typing.Literal["_cpu_frequency_hz", b"_cpu_frequency_hz"]  # noqa: Y015
@@ -1304,6 +1314,8 @@ class HostSample(_message.Message):
     _WhichOneofArgType__hugepages_free: _TypeAlias = _typing.Literal["_hugepages_free", b"_hugepages_free"]  # noqa: Y015
     _WhichOneofReturnType__hugepages_total: _TypeAlias = _typing.Literal["hugepages_total"]  # noqa: Y015
     _WhichOneofArgType__hugepages_total: _TypeAlias = _typing.Literal["_hugepages_total", b"_hugepages_total"]  # noqa: Y015
+    _WhichOneofReturnType__infiniband_digest: _TypeAlias = _typing.Literal["infiniband_digest"]  # noqa: Y015
+    _WhichOneofArgType__infiniband_digest: _TypeAlias = _typing.Literal["_infiniband_digest", b"_infiniband_digest"]  # noqa: Y015
     _WhichOneofReturnType__kernel: _TypeAlias = _typing.Literal["kernel"]  # noqa: Y015
     _WhichOneofArgType__kernel: _TypeAlias = _typing.Literal["_kernel", b"_kernel"]  # noqa: Y015
     _WhichOneofReturnType__load1: _TypeAlias = _typing.Literal["load1"]  # noqa: Y015
@@ -1340,6 +1352,8 @@ class HostSample(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__hugepages_free) -> _WhichOneofReturnType__hugepages_free | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__hugepages_total) -> _WhichOneofReturnType__hugepages_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__infiniband_digest) -> _WhichOneofReturnType__infiniband_digest | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kernel) -> _WhichOneofReturnType__kernel | None: ...
     @_typing.overload

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from agent.snapshot import Snapshot
 from agent.sources.bmc import BmcSample
+from agent.sources.host import InfinibandPortReading
 from agent.sources.sim import FaultSpec, SimHost, SimNode
 from agent.sources.sim.bmc import SimBmc
 from agent.stream import frames
@@ -24,6 +25,7 @@ from controller.detect.base import DetectContext, discover
 from controller.fleet.finding import Finding
 from controller.fleet.model import Fleet
 from controller.fleet.state import apply_frame, apply_hello, plan_frame
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
 class HostSimFleet:
@@ -89,3 +91,29 @@ class HostSimFleet:
     def detect(self, detector: str, config: DetectConfig | None = None) -> list[Finding]:
         ctx = DetectContext(self.fleet, config or DetectConfig(), self.now)
         return discover()[detector](ctx)
+
+
+def digested(host: pb.HostSample) -> pb.HostSample:
+    """`host` with the ports' digest its agent would send for its ports as they now are
+    (HostSample.infiniband_digest, agent/stream/frames.py): for a test that edits a copy of a
+    node's host sample into its next reading."""
+    ports = [
+        InfinibandPortReading(
+            p.device,
+            p.port,
+            p.link_layer,
+            p.state,
+            p.physical_state,
+            p.rate_gbps if p.HasField("rate_gbps") else None,
+            p.link_downed_total if p.HasField("link_downed_total") else None,
+            p.symbol_error_total if p.HasField("symbol_error_total") else None,
+            p.port_rcv_errors_total if p.HasField("port_rcv_errors_total") else None,
+            p.link_error_recovery_total if p.HasField("link_error_recovery_total") else None,
+        )
+        for p in host.infiniband
+    ]
+    if ports:
+        host.infiniband_digest = frames.infiniband_digest(ports)
+    else:
+        host.ClearField("infiniband_digest")
+    return host

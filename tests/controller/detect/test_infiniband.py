@@ -9,7 +9,7 @@ from controller.detect.infiniband_ports import PeerRates, Port, PortPeers, read_
 from controller.fleet.finding import Finding
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.detect.hostsim import HostSimFleet
+from tests.controller.detect.hostsim import HostSimFleet, digested
 
 
 def ib(fleet: HostSimFleet, config: DetectConfig | None = None) -> dict[str, Finding]:
@@ -90,7 +90,7 @@ def bump(node: NodeState, time: float, counter: str, by: int, device: str = "mlx
     for port in host.infiniband:
         if port.device == device:
             setattr(port, counter, getattr(port, counter) + by)
-    node.host, node.host_time = host, time
+    node.host, node.host_time = digested(host), time
     node.trends.observe_host(host, time)
 
 

@@ -13,7 +13,7 @@ from controller.detect import infiniband_ports
 from controller.detect.infiniband import RATE_TOLERANCE
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.detect.hostsim import HostSimFleet
+from tests.controller.detect.hostsim import HostSimFleet, digested
 
 
 def replace_host(node: NodeState, change: dict[str, dict[str, object]]) -> None:
@@ -28,7 +28,13 @@ def replace_host(node: NodeState, change: dict[str, dict[str, object]]) -> None:
                 port.ClearField("rate_gbps")
             else:
                 setattr(port, attribute, value)
-    node.host = host
+    node.host = digested(host)
+
+
+def host_of(holder: NodeState | pb.HostSample | None) -> pb.HostSample:
+    sample = holder.host if isinstance(holder, NodeState) else holder
+    assert sample is not None
+    return sample
 
 
 def one_by_one(fleet: HostSimFleet) -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
@@ -130,6 +136,42 @@ def test_ports_are_read_again_only_from_a_new_host_sample_and_a_forgotten_node_i
     assert fleet.detect("infiniband") == []
     _, kept = fleet.fleet.derived[infiniband_ports.KEPT]
     assert sorted(kept) == ["node-00", "node-01", "node-03"]  # type: ignore[call-overload]
+
+
+def test_a_new_host_sample_is_read_only_when_its_ports_digest_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet = HostSimFleet(4)
+    fleet.run(20)
+    assert fleet.detect("infiniband") == []
+    read: list[str] = []
+    real = infiniband_ports.read_ports
+
+    def counted(host: pb.HostSample | None) -> infiniband_ports.Ports:
+        read.append(next(n.name for n in fleet.fleet.nodes.values() if n.host is host))
+        return real(host)
+
+    monkeypatch.setattr(infiniband_ports, "read_ports", counted)
+    before = {n.name: host_of(n) for n in fleet.fleet.nodes.values()}
+    fleet.run(20)  # every node's next frames: new host samples, the ports' state and errors as they were
+    for node in fleet.fleet.nodes.values():
+        assert node.host is not before[node.name]
+        assert host_of(node).infiniband_digest == host_of(before[node.name]).infiniband_digest != 0
+    assert fleet.detect("infiniband") == [] and read == []
+    # The agent's digest is what says so: a new sample sent under the same digest is the same ports.
+    node = fleet.fleet.nodes["node-02"]
+    digest = host_of(node).infiniband_digest
+    replace_host(node, {"mlx5_1": {"state": "down", "physical_state": "disabled"}})
+    host_of(node).infiniband_digest = digest
+    assert fleet.detect("infiniband") == [] and read == []
+    replace_host(node, {})  # the digest of the ports as they now read: read
+    [finding] = fleet.detect("infiniband")
+    assert (finding.node, finding.evidence.reasons[0]) == ("node-02", "mlx5_1/1") and read == ["node-02"]
+    old = pb.HostSample()  # an older agent's sample, without a digest: read each time
+    old.CopyFrom(host_of(node))
+    old.ClearField("infiniband_digest")
+    node.host = old
+    assert len(fleet.detect("infiniband")) == 1 and read == ["node-02", "node-02"]
 
 
 def test_equal_port_states_read_from_different_samples_are_one_port() -> None:
