@@ -50,7 +50,7 @@ from typing import Any
 from controller_scale_load import report, storms, target
 from controller_scale_load.disk_writer import DiskWriter
 from controller_scale_load.fleet import Fleet
-from controller_scale_load.templates import SIM_CPUS, build_archetype, frame_message
+from controller_scale_load.templates import SIM_CPUS, add_older_agent_options, build_archetype, frame_message
 from controller_scale_load.worker import WorkerSpec
 
 from controller.config import ControllerConfig, check_db
@@ -86,16 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"logical CPUs each simulated host has, counted per governor in its frames (default "
         f"{SIM_CPUS}; a DGX H100 has 224)",
     )
-    parser.add_argument(
-        "--per-cpu",
-        action="store_true",
-        help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
-    )
-    parser.add_argument(
-        "--per-link",
-        action="store_true",
-        help="frames with each NVLink's traffic and peer bus id, as agents before this sent them",
-    )
+    add_older_agent_options(parser)
     parser.add_argument(
         "--shared-connection",
         action="store_true",

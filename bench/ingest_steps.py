@@ -25,7 +25,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from controller_scale_load.templates import SIM_CPUS, build_archetype, frame_message
+from controller_scale_load.templates import SIM_CPUS, add_older_agent_options, build_archetype, frame_message
 
 from controller import ingest_checks
 from controller.detection.wire import encode
@@ -86,16 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[SIM_CPUS, 224],
         help="logical CPUs a host has, comma separated (default: 32,224)",
     )
-    parser.add_argument(
-        "--per-cpu",
-        action="store_true",
-        help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
-    )
-    parser.add_argument(
-        "--per-link",
-        action="store_true",
-        help="frames with each NVLink's traffic and peer bus id, as agents before this sent them",
-    )
+    add_older_agent_options(parser)
     parser.add_argument("--number", type=int, default=2000, help="calls a repeat")
     parser.add_argument("--repeat", type=int, default=7, help="repeats; the best is kept")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")

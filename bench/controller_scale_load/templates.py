@@ -14,6 +14,7 @@ the cycle's start; the controller treats that as a counter reset (controller/fle
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -63,6 +64,20 @@ def _body(frame: pb.TelemetryFrame) -> bytes:
     for name in ("node", "boot_id", "seq", "spool_floor_seq", "time"):
         frame.ClearField(name)
     return frame.SerializeToString()
+
+
+def add_older_agent_options(parser: argparse.ArgumentParser) -> None:
+    """--per-cpu and --per-link: frames as older agents sent them (build_archetype's per_cpu, per_link)."""
+    parser.add_argument(
+        "--per-cpu",
+        action="store_true",
+        help="frames with each CPU's reading, as agents before HostSample.cpu_governors sent them",
+    )
+    parser.add_argument(
+        "--per-link",
+        action="store_true",
+        help="frames with each NVLink's traffic and peer bus id, as agents before this sent them",
+    )
 
 
 def build_archetype(
