@@ -2,8 +2,9 @@
 was worked out from, and worked out again only when that version moved.
 
 The probe results' readers (probe_index, probe_groups, probe_schedule's LAST_PROBED) keep theirs
-under `probes_version`: a Hello, expiry, a replica taking nodes in, the store's load and the
-detection process's copy bump Fleet.probe_version; apply_frame only adds results, and carries
+under `probes_version`: a Hello that says otherwise of its node's GPUs or probes (apply_hello),
+expiry, a replica taking nodes in, the store's load and the detection process's copy bump
+Fleet.probe_version; apply_frame only adds results, and carries
 them into what was current before it did (`carried`, then `keep` under the new version), so a
 result arriving does not have the next reader walk every stored one.
 """

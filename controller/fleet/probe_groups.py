@@ -8,8 +8,9 @@ Finding every result's group each pass was half of probe_outlier's judgement at 
 (712,500 results), and under load a result arrives between nearly every two passes. So the grouping
 lives in Fleet.derived under the fleet's (probe_version, len(probes)), as probe_index.py's does:
 apply_frame carries new results into it (`probed`), and anything else that changes the results or
-what their groups read (a Hello, expiry, a replica taking nodes in, the store's load, a detection
-process's copy) bumps the version, so the next reader groups every result again.
+what their groups read (a Hello saying otherwise of its node's GPUs or probes, expiry, a replica
+taking nodes in, the store's load, a detection process's copy) bumps the version, so the next reader
+groups every result again.
 
 Within a group the results keep Fleet.probes' order (a replaced result keeps its key's place, a new
 key comes last), as grouping them afresh would: the first slow result of a GPU is the evidence.

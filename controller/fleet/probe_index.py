@@ -4,9 +4,9 @@
 a walk of Fleet.probes for them cost 42.5 ms of the event loop per call at 12,500 nodes (712,500
 results). The index (node -> its results' keys) lives in Fleet.derived under the fleet's
 (probe_version, len(probes)), as probe_schedule's LAST_PROBED does: apply_frame carries new
-results into it (`probed`), and anything else that changes the results (a Hello, expiry, a replica
-taking nodes in, the store's load, the detection process's copy) bumps the version, so the next
-reader builds it again from the results themselves.
+results into it (`probed`), and anything else that changes the results (a Hello saying otherwise
+of its node's GPUs or probes, expiry, a replica taking nodes in, the store's load, the detection
+process's copy) bumps the version, so the next reader builds it again from the results themselves.
 """
 
 from __future__ import annotations

@@ -26,6 +26,19 @@ def probe_infos(hello: pb.Hello) -> dict[str, pb.ProbeInfo]:
     return out
 
 
+def same_probe_facts(before: pb.Hello, after: pb.Hello) -> bool:
+    """Whether two Hellos of a node say the same of everything the probe results' readers read from
+    one (the GPUs of its inventory: their models, indices and count; its probes and their facts), as
+    an agent restarted or reconnected on an unchanged machine does: what was worked out from the
+    results (fleet/derived.py) then stands. The whole inventory is compared, not only what the
+    readers read, so any change of it counts."""
+    return (
+        before.inventory == after.inventory
+        and before.probe_infos == after.probe_infos
+        and before.probes == after.probes
+    )
+
+
 def node_level_probes(hello: pb.Hello) -> frozenset[str]:
     """The node's probes that give one result per node, using every GPU at once."""
     return frozenset(name for name, info in probe_infos(hello).items() if info.node_level)

@@ -60,8 +60,9 @@ def jitter_offset(node: str, interval: float, jitter_ratio: float) -> float:
 
 def last_probed(fleet: Fleet, attempts: Mapping[ProbeTarget, float]) -> dict[ProbeTarget, float]:
     """When each target was last probed: its newest stored result or the last command asking for it.
-    The results' part is worked out again only when a result (or a Hello) came in since
-    (Fleet.probe_version): a scheduling pass runs every few seconds over every stored result."""
+    The results' part is worked out again only when a result (or a Hello saying otherwise of its
+    node's GPUs or probes) came in since (Fleet.probe_version): a scheduling pass runs every few
+    seconds over every stored result."""
 
     def build() -> dict[ProbeTarget, float]:
         results: dict[ProbeTarget, float] = {}

@@ -26,6 +26,7 @@ from controller.fleet.model import (
     ProbeRecord,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
+from controller.fleet.probe_info import same_probe_facts
 from controller.fleet.series import Series
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -179,13 +180,19 @@ def _count_implausible(fleet: Fleet, node: NodeState, counts: dict[str, int]) ->
 
 
 def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeState:
-    fleet.probe_version += 1  # its probe facts and inventory may differ from the last Hello's
+    """What the probe results' readers worked out (Fleet.probe_version) stands when the node's last
+    Hello said the same of its GPUs and probes: a fleet reconnecting at once, or an agent restarted
+    now and then somewhere in a large one, no longer has the next pass group and judge every stored
+    result afresh."""
     node = fleet.nodes.get(hello.node)
     if node is None:
+        fleet.probe_version += 1
         node = NodeState(hello.node, hello, now, now)
         fleet.nodes[hello.node] = node
         fleet.members += 1
     else:
+        if not same_probe_facts(node.hello, hello):
+            fleet.probe_version += 1
         node.hello, node.last_seen = hello, now
     node.last_heard = max(node.last_heard, now)
     present = {g.index for g in hello.inventory.gpus}

@@ -26,3 +26,12 @@ def test_fresh_passes_follow_a_frame_of_every_node() -> None:
     plain = bench_json("detection_passes", "--nodes", "16", "--processes", "1", "--passes", "1")
     [row] = plain["rows"]
     assert not row["fresh"] and row["frames_s"] == 0
+
+
+def test_passes_after_hellos_follow_the_nodes_saying_hello_again() -> None:
+    document = bench_json(
+        "detection_passes", "--nodes", "16", "--processes", "1", "--passes", "2", "--hellos", "4"
+    )
+    [row] = document["rows"]
+    assert row["hellos"] == 4 and not row["fresh"]
+    assert row["frames_s"] > 0 and row["pass_s"] > 0  # the processes took the Hellos in before it

@@ -21,6 +21,7 @@ from controller.fleet.finding import Finding
 from controller.fleet.model import ProbeKey, ProbeRecord
 from controller.fleet.probe_groups import PeerGroups
 from controller.fleet.state import apply_hello
+from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.test_probe_outlier_baselines import small_group
 from tests.simfleet import SimFleet
 
@@ -54,11 +55,20 @@ def test_the_judgement_is_reused_until_a_probe_result_a_hello_or_the_config_chan
     assert outliers(sim) == [("node-02", 3, "hbm_degraded")] and len(calls) == 2
     assert outliers(sim, DetectConfig(throttle_window_seconds=5.0, margin=0.5)) == []  # another config
     assert len(calls) == 3
-    apply_hello(sim.fleet, sim.fleet.nodes["node-04"].hello, 0, sim.now)  # a reconnect
+    assert outliers(sim) == [("node-02", 3, "hbm_degraded")] and len(calls) == 4  # the config again
+    again = pb.Hello()
+    again.CopyFrom(sim.fleet.nodes["node-04"].hello)
+    again.boot_id = "restarted"  # the agent restarted; its GPUs and probes the same
+    apply_hello(sim.fleet, again, 0, sim.now)
+    assert outliers(sim) == [("node-02", 3, "hbm_degraded")] and len(calls) == 4
+    changed = pb.Hello()
+    changed.CopyFrom(again)
+    changed.probe_infos.add(name="stream", unit="GB/s", higher_is_better=True)  # a probe it offers now
+    apply_hello(sim.fleet, changed, 0, sim.now)
     outliers(sim)
-    assert len(calls) == 4
+    assert len(calls) == 5
     forget(sim.fleet, ["node-02"])
-    assert outliers(sim) == [] and len(calls) == 5
+    assert outliers(sim) == [] and len(calls) == 6
 
 
 def test_a_pass_gives_the_event_loop_a_turn_between_detectors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,6 +57,37 @@ def test_a_result_moving_to_another_group_or_a_new_hello_groups_every_result_aga
     assert GROUPED not in sim.fleet.derived
     assert kept(sim.fleet) == afresh(sim.fleet)
     before = grouped(sim.fleet)
-    apply_hello(sim.fleet, sim.hello("node-01"), 0, sim.now)  # its probe facts may differ
+    hello = sim.hello("node-01")
+    hello.inventory.gpus[2].name = "NVIDIA H200"  # its GPU 2's results now have other peers
+    apply_hello(sim.fleet, hello, 0, sim.now)
     assert grouped(sim.fleet) is not before
     assert kept(sim.fleet) == afresh(sim.fleet)
+    assert any(group[0] == "NVIDIA H200" for group in grouped(sim.fleet))
+
+
+def test_a_hello_saying_the_same_of_gpus_and_probes_keeps_the_grouping() -> None:
+    """A restarted or reconnecting agent on an unchanged machine: a new boot, the same inventory and
+    probes. A changed inventory or probe facts group every result again."""
+    sim = SimFleet(6)
+    sim.step(3600.0, probes=True)
+    before = grouped(sim.fleet)
+    hello = sim.hello("node-01")
+    hello.boot_id, hello.agent_version = "boot-again", "newer"
+    hello.started_at.FromSeconds(int(sim.now) + 5)
+    apply_hello(sim.fleet, hello, 0, sim.now)
+    assert grouped(sim.fleet) is before
+    assert kept(sim.fleet) == afresh(sim.fleet)
+    for change in ("probe", "direction", "gpu gone", "serial"):
+        hello = sim.hello("node-01")
+        if change == "probe":
+            hello.probes.append("nccl")
+        elif change == "direction":
+            hello.probe_infos.add(name="gemm", unit="TFLOP/s", higher_is_better=False)
+        elif change == "gpu gone":
+            del hello.inventory.gpus[-1]
+        else:
+            hello.inventory.gpus[0].serial = "replaced-board"
+        before = grouped(sim.fleet)
+        apply_hello(sim.fleet, hello, 0, sim.now)
+        assert grouped(sim.fleet) is not before, change
+        assert kept(sim.fleet) == afresh(sim.fleet), change
