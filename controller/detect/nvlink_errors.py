@@ -51,7 +51,7 @@ def rises(trends: Trends, key: str) -> int:
     """Readings within the window in which the counter went up (Trends keeps one change point per
     reading that changed any counter of the key's group; points[0] holds the totals as the window
     starts)."""
-    found = trends.where.get(key)
+    found = trends.found(key)
     if found is None:
         return 0
     group, position = found

@@ -81,7 +81,9 @@ class _Group:
     """Counters read together (one GPU's NVLinks, one IB port): one change point per reading that
     changed any of them, so a quiet GPU costs one tuple comparison per frame."""
 
-    points: deque[tuple[float, tuple[float, ...]]]  # (time first seen, totals), oldest first
+    # (time first seen, totals), oldest first: a list, not a deque (a group holds one point nearly
+    # always, and a deque's first block is ~700 bytes: some 18 KB a node, 26 groups)
+    points: list[tuple[float, tuple[float, ...]]]
     last: float  # time of the newest reading
     names: tuple[str, ...]  # the counter keys, in the order of the totals
     # The newest accepted reading as its caller read it (one GPU's links: their digest as the agent
@@ -107,7 +109,11 @@ class XidSeen:
 class Trends:
     window_seconds: float = WINDOW_SECONDS
     groups: dict[str, _Group] = field(default_factory=dict)
-    where: dict[str, tuple[str, int]] = field(default_factory=dict)  # counter key -> (group, position)
+    # Counter key -> (group, position): built from the groups' names at the first look-up of a
+    # counter (`found`), kept up to date from then; None until then. Only a node whose counters rose
+    # is ever looked up (the detectors ask `changed` first), and some 490 entries a node were the
+    # largest part of a detection process's copy of the fleet (about 40 KB a node).
+    where: dict[str, tuple[str, int]] | None = field(default=None, compare=False)
     xids: deque[XidSeen] = field(default_factory=lambda: deque(maxlen=MAX_XIDS))
     # The host's InfiniBand ports as observe_host last took them (ports_seen: their digest, or _IB_READ
     # of each) and their groups, each holding that reading as its newest; None: not kept (nor
@@ -116,17 +122,24 @@ class Trends:
 
     def __getstate__(self) -> tuple[float, dict[str, _Group], deque[XidSeen]]:
         """Pickled without `where` (a detection process's copy of the fleet: some 490 entries a node,
-        a fifth of its trends' bytes), which the groups' names give again on load."""
+        a fifth of its trends' bytes), which the groups' names give again when first asked."""
         return self.window_seconds, self.groups, self.xids
 
     def __setstate__(self, state: tuple[float, dict[str, _Group], deque[XidSeen]]) -> None:
         self.window_seconds, self.groups, self.xids = state
         self.ib_seen = None
-        self.where = {
-            name: (group, position)
-            for group, g in self.groups.items()
-            for position, name in enumerate(g.names)
-        }
+        self.where = None
+
+    def found(self, key: str) -> tuple[str, int] | None:
+        """The counter's (group, position), None for an unknown counter."""
+        where = self.where
+        if where is None:
+            where = self.where = {
+                name: (group, position)
+                for group, g in self.groups.items()
+                for position, name in enumerate(g.names)
+            }
+        return where.get(key)
 
     def observe(self, key: str, time: float, total: float) -> None:
         """One counter's reading (a group of its own)."""
@@ -144,11 +157,13 @@ class Trends:
         caller read it, kept for observe_read's comparison."""
         g = self.groups.get(group)
         if g is None or g.names != names:  # new, or the set of counters changed (a link appeared)
-            for name in g.names if g is not None else ():
-                self.where.pop(name, None)
-            self.groups[group] = _Group(deque([(time, totals)]), time, names, seen)
-            for position, name in enumerate(names):
-                self.where[name] = (group, position)
+            self.groups[group] = _Group([(time, totals)], time, names, seen)
+            where = self.where
+            if where is not None:
+                for name in g.names if g is not None else ():
+                    where.pop(name, None)
+                for position, name in enumerate(names):
+                    where[name] = (group, position)
             return
         if time < g.last:
             return  # an older reading (a replayed spool): the window already moved past it
@@ -180,7 +195,7 @@ class Trends:
         g.last = time
         start = time - self.window_seconds
         while len(g.points) >= 2 and g.points[1][0] <= start:
-            g.points.popleft()  # points[0] stays the totals as the window starts
+            del g.points[0]  # points[0] stays the totals as the window starts
 
     def changed(self, group: str) -> bool:
         """Whether any counter of the group changed within the window: a quiet group (the usual
@@ -190,7 +205,7 @@ class Trends:
 
     def increase(self, key: str) -> float:
         """How much the counter rose over the window (0 for an unknown counter)."""
-        found = self.where.get(key)
+        found = self.found(key)
         if found is None:
             return 0.0
         g, position = self.groups[found[0]], found[1]
@@ -198,7 +213,7 @@ class Trends:
 
     def span(self, key: str) -> float:
         """Seconds of readings the window holds for the counter (0 with a single reading)."""
-        found = self.where.get(key)
+        found = self.found(key)
         if found is None:
             return 0.0
         g = self.groups[found[0]]

@@ -65,8 +65,8 @@ def test_renumbered_links_with_the_same_totals_are_new_counters() -> None:
     trends.observe_gpu(sample(QUIET), T0)
     renumbered = {n + 1: totals for n, totals in QUIET.items()}  # links 1..18, same totals
     trends.observe_gpu(sample(renumbered), T0 + 10)
-    assert nvlink_key(3, 18, "crc_errors_total") in trends.where
-    assert nvlink_key(3, 0, "crc_errors_total") not in trends.where
+    assert trends.found(nvlink_key(3, 18, "crc_errors_total")) == (nvlink_group(3), 17 * 3)
+    assert trends.found(nvlink_key(3, 0, "crc_errors_total")) is None
     assert trends.span(nvlink_key(3, 18, "crc_errors_total")) == 0  # a new series: no history yet
 
 
@@ -75,7 +75,8 @@ def test_a_link_gone_changes_the_group() -> None:
     trends.observe_gpu(sample(QUIET), T0)
     fewer = {n: t for n, t in QUIET.items() if n != 17}
     trends.observe_gpu(sample(fewer), T0 + 10)
-    assert nvlink_key(3, 17, "crc_errors_total") not in trends.where
+    assert trends.found(nvlink_key(3, 17, "crc_errors_total")) is None
+    assert trends.found(nvlink_key(3, 16, "crc_errors_total")) == (nvlink_group(3), 16 * 3)
     assert len(trends.groups[nvlink_group(3)].names) == 17 * 3
 
 
@@ -96,7 +97,7 @@ def test_a_reset_starts_the_window_over_and_an_older_reading_is_ignored() -> Non
 
 def test_a_pickled_copy_leaves_out_what_it_can_rebuild_and_goes_on_as_the_original() -> None:
     """A detection process's copy of the fleet pickles each node's trends: the counter index
-    (`where`) is rebuilt from the groups on load, and a group's last link reading (`seen`, a
+    (`where`) is rebuilt from the groups when first asked, and a group's last link reading (`seen`, a
     cache) is left out. The copy answers as the original, and goes on as it does: an unchanged
     reading moves the window, a changed one is seen."""
     trends = Trends()
@@ -105,8 +106,12 @@ def test_a_pickled_copy_leaves_out_what_it_can_rebuild_and_goes_on_as_the_origin
     rising[11] = (5, 4, 1)
     trends.observe_gpu(sample(rising, tx=1), T0 + 10)
     trends.observe("ib.mlx5_0/1.symbol_error_total", T0 + 10, 3.0)
+    trends.found("")  # the original's index built
     copy = pickle.loads(pickle.dumps(trends))
-    assert copy == trends and copy.where == trends.where and len(copy.where) == 18 * 3 + 2 + 1
+    assert copy == trends and copy.where is None
+    copy.found("")
+    assert trends.where is not None and len(trends.where) == 18 * 3 + 2 + 1
+    assert copy.where == trends.where
     assert copy.groups[nvlink_group(3)].seen is None and trends.groups[nvlink_group(3)].seen is not None
     whole = pickle.dumps((trends.window_seconds, trends.groups, trends.where, trends.xids))
     assert len(pickle.dumps(trends)) < 0.9 * len(whole)  # (the names are pickled once either way)
@@ -164,3 +169,29 @@ def test_an_agent_that_stops_or_starts_sending_the_digest_is_read_as_it_sends() 
     for both in (trends, copy):  # the copy reads the links, finds them the newest, and keeps it
         both.observe_gpu(digested(QUIET, 9, tx=99), T0 + 100)
     assert copy.groups[nvlink_group(3)].seen == 9 and copy == trends
+
+
+def test_the_counters_places_are_worked_out_at_the_first_look_up_and_kept_up_to_date() -> None:
+    """Trends.where (counter -> its group and place) is built only once a counter is looked up: most
+    nodes' never are. From then on each new or renumbered group updates it, as building it again
+    from the groups would give; a copy (pickled) builds it again when asked."""
+    trends = Trends()
+    trends.observe_gpu(sample(QUIET), T0)
+    trends.observe_gpu(sample(QUIET), T0 + 10)
+    assert trends.where is None
+    assert trends.increase(nvlink_key(3, 5, "crc_errors_total")) == 0
+    assert trends.where is not None
+    renumbered = {n + 1: totals for n, totals in QUIET.items()}
+    trends.observe_gpu(sample(renumbered), T0 + 20)  # links 1..18 now: a new group of names
+    trends.observe("gpu9.other_total", T0 + 20, 1.0)  # a group of its own
+    built = dict(trends.where)
+    trends.where = None
+    trends.found("")  # built again from the groups alone
+    assert built == trends.where
+    assert trends.found(nvlink_key(3, 0, "crc_errors_total")) is None
+    assert trends.found("gpu9.other_total") == ("gpu9.other_total", 0)
+    copy = pickle.loads(pickle.dumps(trends))
+    assert copy.where is None and copy.found(nvlink_key(3, 18, "replay_errors_total")) == (
+        nvlink_group(3),
+        17 * 3 + 1,
+    )
