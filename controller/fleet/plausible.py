@@ -36,11 +36,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from operator import attrgetter, le
+from operator import attrgetter
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from controller.fleet.bounds_test import bounds_test
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -141,7 +142,6 @@ def screen(msg: Message) -> tuple[int, list[str]]:
 
 Screener = Callable[[Message, list[str]], int]
 Check = tuple[str, float, float, bool, bool]  # field, low, high, is a float, has presence
-BULK_CHECKS = 8  # a type with this many checks is tested in bulk first (a GPU: 37); fewer, one by one
 BULK_ITEMS = 8  # a repeated field with this many items is tested a column at a time first, if it can be
 _FLOAT_MAX = sys.float_info.max
 
@@ -167,10 +167,11 @@ def _checks(descriptor: Descriptor) -> tuple[Check, ...]:
 
 @cache
 def _screener(descriptor: Descriptor) -> Screener:
-    """The check of one message type: every singular number field with a rule read in one C call
-    (attrgetter) and tested against its bounds in two more; only a message with a value out of
-    bounds is looked at field by field. A long repeated field of a type with checks alone (a host's
-    CPUs: 224 on a DGX H100) is tested a column at a time first (_all_within)."""
+    """The check of one message type: every singular number field with a rule and every part of a
+    whole read in one C call (attrgetter) and tested in one more, a test compiled for the type
+    (bounds_test.py); only a message it fails is looked at field by field. A long repeated field of
+    a type with checks alone (a host's CPUs: 224 on a DGX H100) is tested a column at a time first
+    (_all_within)."""
     rules = _rules(descriptor)
     checks = _checks(descriptor)
     walks = [
@@ -178,19 +179,16 @@ def _screener(descriptor: Descriptor) -> Screener:
         for f in sorted(descriptor.fields, key=lambda f: f.number)
         if f.name in rules.walk and f.message_type is not None
     ]
+    inners: list[Screener | None] = [None] * len(walks)  # each walked type's check, once first needed
     type_name = rules.type_name
     presence = {f.name: f.has_presence for f in descriptor.fields}
-    # Parts of a whole: every one read in one call, and a part's and its whole's presence asked only
-    # when the part reads above the whole (an unset field reads 0, which is above no whole).
+    # Parts of a whole: read with the checked fields, and a part's and its whole's presence asked
+    # only when the part reads above the whole (an unset field reads 0, which is above no whole).
     within_names = tuple(dict.fromkeys(name for pair in rules.within for name in pair))
-    read_within = _reader(within_names)
-    within = tuple(
-        (within_names.index(part), within_names.index(whole), part, whole, presence[part], presence[whole])
-        for part, whole in rules.within
-    )
-    read = _reader(tuple(c[0] for c in checks))
-    lows, highs = tuple(c[1] for c in checks), tuple(c[2] for c in checks)
-    many = len(checks) >= BULK_CHECKS
+    within = tuple((part, whole, presence[part], presence[whole]) for part, whole in rules.within)
+    read = _reader(tuple(c[0] for c in checks) + within_names)
+    fine = _compiled(checks, rules.within, within_names)
+    tested = bool(checks or within)
 
     def clear_one(msg: Message, rule: Check, value: float, labels: list[str]) -> int:
         """Clear one value out of bounds unless unset (the default is no reading); 1 if non-finite."""
@@ -205,24 +203,34 @@ def _screener(descriptor: Descriptor) -> Screener:
 
     def clear(msg: Message, values: tuple[float, ...], labels: list[str]) -> int:
         non_finite = 0
-        for rule, value in zip(checks, values, strict=True):
+        for rule, value in zip(checks, values, strict=False):  # (the parts of a whole follow)
             if not rule[1] <= value <= rule[2]:
                 non_finite += clear_one(msg, rule, value, labels)
         return non_finite
 
+    def clear_parts(msg: Message, labels: list[str]) -> None:
+        amounts = dict(zip(within_names, _reader(within_names)(msg), strict=True))
+        for part, whole, part_presence, whole_presence in within:
+            if (
+                amounts[part] > amounts[whole]
+                and (not part_presence or msg.HasField(part))
+                and (not whole_presence or msg.HasField(whole))
+            ):
+                msg.ClearField(part)
+                labels.append(f"{type_name}.{part}")
+
     def check(msg: Message, labels: list[str]) -> int:
         non_finite = 0
-        if many:
+        if tested:
             values = read(msg)
-            if not (all(map(le, lows, values)) and all(map(le, values, highs))):
+            if fine(values):
+                values = ()  # nothing to clear: the parts of a whole need no second look
+            else:
                 non_finite = clear(msg, values, labels)
-        else:
-            for rule in checks:
-                value = getattr(msg, rule[0])
-                if not rule[1] <= value <= rule[2]:
-                    non_finite += clear_one(msg, rule, value, labels)
-        for name, repeated, child, all_within in walks:
-            inner = _screener(child)
+        for position, (name, repeated, child, all_within) in enumerate(walks):
+            inner = inners[position]
+            if inner is None:
+                inner = inners[position] = _screener(child)
             if repeated:
                 items: Sequence[Message] = getattr(msg, name)
                 if all_within is not None and len(items) >= BULK_ITEMS:
@@ -233,19 +241,23 @@ def _screener(descriptor: Descriptor) -> Screener:
                     non_finite += inner(item, labels)
             elif msg.HasField(name):
                 non_finite += inner(getattr(msg, name), labels)
-        if within:
-            amounts = read_within(msg)
-            for at_part, at_whole, part, whole, part_presence, whole_presence in within:
-                if (
-                    amounts[at_part] > amounts[at_whole]
-                    and (not part_presence or msg.HasField(part))
-                    and (not whole_presence or msg.HasField(whole))
-                ):
-                    msg.ClearField(part)
-                    labels.append(f"{type_name}.{part}")
+        if tested and values and within:
+            clear_parts(msg, labels)  # read again: after any value cleared above
         return non_finite
 
     return check
+
+
+def _compiled(
+    checks: tuple[Check, ...], within: tuple[tuple[str, str], ...], within_names: tuple[str, ...]
+) -> Callable[[tuple[float, ...]], bool]:
+    """The test of the values _screener reads (the checked fields', then the parts' and wholes')."""
+    at = len(checks)
+    return bounds_test(
+        at + len(within_names),
+        [(low, high, is_float) for _, low, high, is_float, _ in checks],
+        [(at + within_names.index(part), at + within_names.index(whole)) for part, whole in within],
+    )
 
 
 def _all_within(descriptor: Descriptor) -> Callable[[Sequence[Message]], bool] | None:
