@@ -13,6 +13,7 @@ from controller import ingest_checks as checks
 from controller.errors import InvalidMessage, RefusedFrame, SequenceGap
 from controller.fleet.adopt import adopt
 from controller.fleet.model import Fleet, GpuState, NodeState, ProbeKey
+from controller.fleet.repeated import each
 from controller.fleet.series import Series
 from controller.fleet.state import FramePlan, apply_frame, apply_hello, plan_changes, write_of
 from controller.metrics_record import LAG_BUCKETS, SecondsHistogram
@@ -248,7 +249,7 @@ class Ingest:
                 frame.seq,
             )
         if planned is None:
-            if len({g.index for g in frame.gpus}) != len(frame.gpus):
+            if len({g.index for g in each(frame.gpus)}) != len(frame.gpus):
                 raise RefusedFrame(f"frame {frame.seq}: a GPU index appears twice", frame.boot_id, frame.seq)
             checks.frame_times(frame, self.clock(), self.max_clock_skew_seconds)
         # Only this (node, boot)'s position moves: the node is the stream's, the boot the frame's.

@@ -27,6 +27,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from controller.errors import InvalidMessage, RefusedFrame
+from controller.fleet.repeated import each
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 MAX_SEQ = 2**48
@@ -147,7 +148,7 @@ def _checker(desc: Descriptor) -> TimesFine:
                 return False
         for name, repeated in stamps:
             if repeated:
-                if not all(fine(stamp, latest) for stamp in getattr(msg, name)):
+                if not all(fine(stamp, latest) for stamp in each(getattr(msg, name))):
                     return False
             elif msg.HasField(name) and not fine(getattr(msg, name), latest):
                 return False
@@ -155,7 +156,7 @@ def _checker(desc: Descriptor) -> TimesFine:
             inner = _checker(child)
             if repeated:
                 items = getattr(msg, name)
-                if items and not all(inner(item, latest) for item in items):
+                if items and not all(inner(item, latest) for item in each(items)):
                     return False
             elif msg.HasField(name) and not inner(getattr(msg, name), latest):
                 return False

@@ -42,6 +42,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from controller.fleet.bounds_test import bounds_test
+from controller.fleet.repeated import each
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 
@@ -232,11 +233,9 @@ def _screener(descriptor: Descriptor) -> Screener:
             if inner is None:
                 inner = inners[position] = _screener(child)
             if repeated:
-                items: Sequence[Message] = getattr(msg, name)
-                if all_within is not None and len(items) >= BULK_ITEMS:
-                    items = list(items)  # each item's wrapper made once, for the columns and any look
-                    if all_within(items):
-                        continue
+                items = each(getattr(msg, name))  # each item wrapped once: for the columns, any look
+                if all_within is not None and len(items) >= BULK_ITEMS and all_within(items):
+                    continue
                 for item in items:
                     non_finite += inner(item, labels)
             elif msg.HasField(name):

@@ -27,6 +27,7 @@ from controller.fleet.model import (
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
 from controller.fleet.probe_info import same_probe_facts
+from controller.fleet.repeated import each
 from controller.fleet.series import Series
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -72,7 +73,7 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
     probes: list[tuple[int, float]] = []
     dropped = 0
     implausible: Counter[str] = Counter()
-    for position, result in enumerate(frame.probes):
+    for position, result in enumerate(each(frame.probes)):
         if result.error or not math.isfinite(result.value) or result.value <= 0:
             dropped += 0 if result.error else 1
             continue
@@ -82,14 +83,15 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
             continue
         implausible.update(screen(result)[1])  # the value is finite (checked above): NaN elsewhere
         probes.append((position, when))
-    readings: list[Message] = [*frame.gpus]
+    samples = each(frame.gpus)
+    readings: list[Message] = [*samples]
     readings += [getattr(frame, part) for part in ("host", "bmc") if frame.HasField(part)]
     for reading in readings:  # NaN/Inf and impossible values stored as missing, in one walk each
         n, labels = screen(reading)
         dropped += n
         implausible.update(labels)
     gpus: list[tuple[int, dict[str, float]]] = []
-    for position, sample in enumerate(frame.gpus):
+    for position, sample in enumerate(samples):
         previous = node.gpus.get(sample.index)
         if previous is not None and previous.time > at:
             continue

@@ -19,6 +19,7 @@ from functools import lru_cache
 from itertools import chain
 from operator import attrgetter
 
+from controller.fleet.repeated import each
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 WINDOW_SECONDS = 600.0  # rates and increases are over this much of the newest readings
@@ -247,7 +248,7 @@ class Trends:
                 self._advance(g, time)  # as observe_links does with a reading equal to the newest
             elif links:
                 self.observe_links(index, time, sample)
-        for event in sample.xid_events:
+        for event in each(sample.xid_events):
             at = event.unix_time_seconds or time
             self.xids.append(XidSeen(at, index, event.code))
         while self.xids and self.xids[0].time < time - XID_KEEP_SECONDS:
