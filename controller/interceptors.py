@@ -4,7 +4,7 @@ anything unexpected is logged with its traceback and answered INTERNAL, never a 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -59,15 +59,16 @@ def _refused_metadata(exc: Exception) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-async def guarded_stream(
-    inner: Callable[[Any, Any], AsyncIterator[Any]], requests: Any, context: Any, method: str
-) -> AsyncIterator[Any]:
-    """`inner`'s responses; an error it raises ends the stream with its status (also for streams
-    relayed by an ingest front, whose context stands in for gRPC's: controller/fronts/relay.py)."""
+async def guarded(
+    inner: Callable[[Any, Any], Awaitable[None]], requests: Any, context: Any, method: str
+) -> None:
+    """`inner`, a streaming handler on gRPC's reader/writer API, run; an error it raises ends the
+    stream with its status (also for streams relayed by an ingest front, whose context stands in for
+    gRPC's: controller/fronts/relay.py). gRPC's own errors (an abort, a write on a call the client
+    left) go on to gRPC, which ends the call as it does for any handler."""
     try:
-        async for response in inner(requests, context):
-            yield response
-    except grpc.aio.AbortError:
+        await inner(requests, context)
+    except grpc.aio.BaseError:
         raise
     except Exception as exc:  # noqa: BLE001 - mapped to a status, logged if unexpected
         await _abort(context, method, exc)
@@ -99,13 +100,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg] # 
                 unary, handler.request_deserializer, handler.response_serializer
             )
         if handler.stream_stream:
-            inner_stream: Any = handler.stream_stream
+            inner_stream: Any = handler.stream_stream  # the Telemetry stream, on the reader/writer API
 
-            async def stream(
-                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                async for response in guarded_stream(inner_stream, requests, context, method):
-                    yield response  # gRPC serves an async generator function, not one that returns one
+            async def stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+                await guarded(inner_stream, requests, context, method)
 
             return grpc.stream_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer

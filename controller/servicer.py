@@ -1,7 +1,15 @@
 """Telemetry service: one bidirectional stream per agent, translated to ingest calls.
 
-The response side is a queue, so acks and commands (on connect, from the probe scheduler or from
-operators, issued through app.commands) interleave freely with reading.
+On gRPC's reader/writer API (context.read, context.write), not its iterators: the stream's reader
+task reads each frame, ingests it and writes its ack itself; the handler writes everything else the
+controller sends on the stream (the Hello's ack position first, then commands: on connect, from the
+probe scheduler, or from operators through app.commands), queued in the stream's outbox. Writes go
+one at a time (StreamWrites), as gRPC allows. Per frame that is the reader's turn alone: with the
+iterators, each frame also passed two async generators in and, as its ack, a queue and three
+generators out, with a task of its own to shield its ingest
+(bench/results/2026-12-02_stream_reader_writer.txt).
+An ingest front's relay (fronts/relay.py) serves its streams through a context that reads and
+writes the same way.
 
 One command stream per node, the newest: when a second stream says Hello with a node name that
 already has one, the new stream wins and the old one is closed with ABORTED ("replaced by a newer
@@ -14,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import grpc
@@ -31,6 +39,7 @@ from protos.gpufleet.v1 import telemetry_pb2_grpc
 log = logging.getLogger("gpufleet.controller.stream")
 _WAKE = pb.ControllerMessage()  # in an outbox: the stream's reader ended or it was replaced (never sent)
 SERVICE = "gpufleet.v1.Telemetry"
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # what context.read returns at the end; not in grpc-stubs
 
 
 class Received(NamedTuple):
@@ -46,8 +55,34 @@ def received(data: bytes) -> Received:
     return Received(pb.AgentMessage.FromString(data), data)
 
 
-# A front's planned frames come ready parsed (fronts/relay.py); tests feed AgentMessages alone.
+# What a stream's context.read gives: gRPC's, a Received; a front's relay, its planned frames ready
+# parsed (fronts/relay.py) and other messages as AgentMessages.
 AgentMessage = pb.AgentMessage | PlannedFrame | Received
+
+
+@dataclass(slots=True, eq=False)
+class StreamWrites:
+    """A stream's writes, one at a time (gRPC allows one outstanding write). Once `closed` (the
+    handler ended) or `replaced` (a newer stream of the node), nothing more is written."""
+
+    context: Any  # grpc.aio.ServicerContext, or a front's RelayContext
+    replaced: asyncio.Event
+    closed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, message: pb.ControllerMessage) -> None:
+        async with self.lock:
+            if not self.closed and not self.replaced.is_set():
+                await self.context.write(message)
+
+
+@dataclass(slots=True, eq=False)
+class Reading:
+    """Whether the stream's reader is ingesting a frame: a stream that ends then lets it finish the
+    frame (then it writes nothing and stops) instead of cancelling it, since a frame cancelled between
+    the store's write and memory's update would leave the next Hello acking a frame memory never saw."""
+
+    ingesting: bool = False
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
@@ -57,16 +92,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self.app = app
         self.agents = agents
 
-    async def Stream(
-        self, request_iterator: AsyncIterator[AgentMessage], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.ControllerMessage]:
+    async def Stream(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
+        """The stream, read and written through `context` (gRPC's iterator, `request_iterator`, is
+        left unused)."""
         if not self.agents:
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "agents must connect to the agent port with a client certificate",
             )
-        request_iterator = _decoded(request_iterator)
-        first = _unwrapped(await anext(aiter(request_iterator), None))
+        first = _unwrapped(await next_message(context))
         if first is None:
             return
         if not isinstance(first, pb.AgentMessage) or first.WhichOneof("msg") != "hello":
@@ -84,19 +118,26 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         # Accepted: the agent starts sending frames once it sees this (agent/stream/client.py).
         await context.send_initial_metadata(())
         self.app.connection_log.connected(hello.node, hello.boot_id, context.peer(), acked)
+        await self._serve(context, hello, acked)
+
+    async def _serve(self, context: Any, hello: pb.Hello, acked: int) -> None:
+        """The accepted stream of `hello`'s node, whose boot's ack position is `acked`."""
         outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
-        if acked:
-            outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
         self.app.connected(hello.node)
         # Commands for the node go to this stream now; an older stream of the node is told to close.
         stream = self.app.commands.open_stream(hello, outbox, context.peer())
-        reader = asyncio.create_task(self._read(request_iterator, hello.node, outbox))
-        replaced = asyncio.create_task(stream.replaced.wait())
-        # Either ending puts a wake-up in the outbox, so the loop below awaits the outbox alone (no
-        # task per message sent: a fleet's acks are most of the controller's messages).
-        for task in (reader, replaced):
-            task.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
+        writes, reading = StreamWrites(context, stream.replaced), Reading()
+        replaced = asyncio.create_task(stream.replaced.wait(), name=f"stream {hello.node} replaced")
+        reader: asyncio.Task[None] | None = None
+        # Either ending puts a wake-up in the outbox, so the loop below awaits the outbox alone.
+        replaced.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
         try:
+            if acked:  # the Hello's ack position, before any frame's ack or command
+                await writes.send(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
+            reader = asyncio.create_task(
+                self._read(context, hello.node, writes, reading), name=f"stream {hello.node} reader"
+            )
+            reader.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
             await self.app.probe_on_connect(hello)
             while True:
                 message = await outbox.get()
@@ -105,68 +146,87 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 if stream.replaced.is_set():  # (the channel logged it) unsent messages go with it
                     await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
                 if message is not _WAKE:
-                    yield message
+                    await writes.send(message)
                     continue
                 if not reader.done():
                     continue
                 while not outbox.empty():  # what was queued before the reader ended
                     message = outbox.get_nowait()
                     if message is not _WAKE:
-                        yield message
+                        await writes.send(message)
                 reader.result()  # raises the error that ended the stream, if any
                 return
         finally:
-            reader.cancel()
+            writes.closed = True
+            if reader is not None:
+                _stop(reader, reading)
             replaced.cancel()
             self.app.commands.close_stream(stream)
             self.app.disconnected(hello.node)
             self.app.connection_log.disconnected(hello.node)
 
-    async def _read(
-        self, requests: AsyncIterator[AgentMessage], node: str, outbox: asyncio.Queue[pb.ControllerMessage]
-    ) -> None:
-        async for item in requests:
+    async def _read(self, context: Any, node: str, writes: StreamWrites, reading: Reading) -> None:
+        """The stream's messages after its Hello, until the agent half-closes it: each frame ingested,
+        then acked (unless the stream ended meanwhile)."""
+        raw: bytes | None
+        while (item := await next_message(context)) is not None:
             if isinstance(item, PlannedFrame):
-                await self._frame(node, item.frame, outbox, item)
-                continue
-            msg, raw = item if isinstance(item, Received) else (item, None)
-            kind = msg.WhichOneof("msg")
-            if kind == "frame":
-                await self._frame(node, msg.frame, outbox, raw=None if raw is None else frame_bytes(raw))
-            elif kind == "command_result":
-                self.app.commands.answered(node, msg.command_result)
-            elif kind == "command_started":
-                self.app.commands.started(node, msg.command_started.command_id)
-            elif kind == "hello":
-                raise InvalidMessage("Hello is allowed only as the first message of a stream")
+                frame, plan, raw = item.frame, item.plan, item.raw
             else:
-                raise InvalidMessage("empty or unknown agent message")
+                msg, received_as = item if isinstance(item, Received) else (item, None)
+                kind = msg.WhichOneof("msg")
+                if kind == "command_result":
+                    self.app.commands.answered(node, msg.command_result)
+                    continue
+                if kind == "command_started":
+                    self.app.commands.started(node, msg.command_started.command_id)
+                    continue
+                if kind == "hello":
+                    raise InvalidMessage("Hello is allowed only as the first message of a stream")
+                if kind != "frame":
+                    raise InvalidMessage("empty or unknown agent message")
+                frame, plan = msg.frame, None
+                raw = None if received_as is None else frame_bytes(received_as)
+            reading.ingesting = True
+            try:
+                seq = await self.app.ingest.frame(node, frame, plan, raw)
+            finally:
+                reading.ingesting = False
+            if writes.closed:
+                return
+            await writes.send(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
+            self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
 
-    async def _frame(
-        self,
-        node: str,
-        frame: pb.TelemetryFrame,
-        outbox: asyncio.Queue[pb.ControllerMessage],
-        planned: PlannedFrame | None = None,
-        *,
-        raw: bytes | None = None,
-    ) -> None:
-        """`raw`: the frame's own bytes as received (None: not at hand)."""
-        ingest = self.app.ingest
-        work = (
-            ingest.frame(node, frame, None, raw)
-            if planned is None
-            else ingest.frame(node, frame, planned.plan, planned.raw)
-        )
-        # Shielded: a stream that ends mid-ingest (the agent reconnecting) must not cancel it between
-        # the store's write and memory's update (the next Hello would then ack a frame memory never saw).
-        seq = await asyncio.shield(work)
-        outbox.put_nowait(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
-        self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
+
+async def next_message(context: Any) -> AgentMessage | None:
+    """The stream's next message; None once the agent half-closed it. Bytes that do not parse are the
+    client's error (INVALID_ARGUMENT), not an internal one."""
+    try:
+        item = await context.read()
+    except DecodeError as exc:
+        raise InvalidMessage(f"malformed AgentMessage: {exc}") from None
+    return None if item is EOF else item
 
 
 def _unwrapped(item: AgentMessage | None) -> pb.AgentMessage | PlannedFrame | None:
     return item.message if isinstance(item, Received) else item
+
+
+def _stop(reader: asyncio.Task[None], reading: Reading) -> None:
+    """The stream ended: its reader cancelled, unless it is ingesting a frame (Reading)."""
+    if reader.done():
+        return
+    if reading.ingesting:
+        reader.add_done_callback(_settled)
+    else:
+        reader.cancel()
+
+
+def _settled(reader: asyncio.Task[None]) -> None:
+    """A frame's ingest finished after its stream ended: an error it raised has no stream left to end
+    (the agent sends the frame again)."""
+    if not reader.cancelled() and reader.exception() is not None:
+        log.info("a frame ingested after its stream ended failed: %s", reader.exception())
 
 
 def add_telemetry(servicer: TelemetryServicer, server: grpc.aio.Server) -> None:
@@ -182,13 +242,3 @@ def add_telemetry(servicer: TelemetryServicer, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     # As the generated code does (gRPC matches the method in its core); not in grpc's stubs.
     server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]
-
-
-async def _decoded(requests: AsyncIterator[AgentMessage]) -> AsyncIterator[AgentMessage]:
-    """The stream's messages; bytes that do not parse are the client's error (INVALID_ARGUMENT),
-    not an internal one."""
-    try:
-        async for msg in requests:
-            yield msg
-    except DecodeError as exc:
-        raise InvalidMessage(f"malformed AgentMessage: {exc}") from None

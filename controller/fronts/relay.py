@@ -22,7 +22,6 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -33,9 +32,9 @@ from controller.event_loop import ENV, kind, read_transport, write_transport
 from controller.fronts import wire
 from controller.fronts.planner import planned_parts, state_of
 from controller.ingest import PlannedFrame
-from controller.interceptors import guarded_stream
+from controller.interceptors import guarded
 from controller.pipe_sizes import widen
-from controller.servicer import AgentMessage, TelemetryServicer
+from controller.servicer import EOF, AgentMessage, TelemetryServicer
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 log = logging.getLogger("gpufleet.controller.fronts")
@@ -47,12 +46,45 @@ METHOD = "/gpufleet.v1.Telemetry/Stream"
 
 
 class RelayContext:
-    """What TelemetryServicer.Stream and the error mapping use of a gRPC servicer context."""
+    """What TelemetryServicer.Stream and the error mapping use of a gRPC servicer context: the
+    stream's messages as the front relayed them (`queue`, None once the agent half-closed it) read,
+    its answers written to the front."""
 
-    def __init__(self, front: FrontProcess, sid: int, peer: str, auth: dict[str, list[bytes]]) -> None:
+    def __init__(
+        self,
+        front: FrontProcess,
+        sid: int,
+        peer: str,
+        auth: dict[str, list[bytes]],
+        queue: asyncio.Queue[tuple[int, bytes] | None],
+    ) -> None:
         self.front, self.sid, self._peer, self._auth = front, sid, peer, auth
+        self.queue = queue
         self.closed = False
+        self.ended = False  # the agent half-closed the stream
         self.hello: pb.Hello | None = None  # the stream's first message, when a Hello
+
+    async def read(self) -> AgentMessage | object:
+        """The next message, or EOF (as gRPC's): bytes that do not parse raise DecodeError (the
+        servicer answers INVALID_ARGUMENT); the frames the front planned come as PlannedFrames."""
+        item = None if self.ended else await self.queue.get()
+        if item is None:
+            self.ended = True
+            return EOF
+        kind, raw = item
+        self.front.consumed(len(raw))
+        if kind == wire.PLANNED:
+            plan, frame = planned_parts(raw)
+            self.front.fronts.planned += 1
+            return PlannedFrame(pb.TelemetryFrame.FromString(frame), plan, frame)
+        message = pb.AgentMessage.FromString(raw)
+        if self.hello is None and message.WhichOneof("msg") == "hello":
+            self.hello = message.hello
+        return message
+
+    async def write(self, message: pb.ControllerMessage) -> None:
+        if not self.closed:
+            self.front.send(wire.record(wire.SEND, self.sid, message.SerializeToString()))
 
     def peer(self) -> str:
         return self._peer
@@ -86,26 +118,6 @@ class RelayContext:
         if not self.closed:
             self.closed = True
             self.front.send(wire.close_record(self.sid, code, details, metadata))
-
-
-async def _messages(
-    front: FrontProcess, queue: asyncio.Queue[tuple[int, bytes] | None], context: RelayContext
-) -> AsyncIterator[AgentMessage]:
-    """The agent's messages as the front relayed them (bytes that do not parse raise DecodeError,
-    which the servicer answers INVALID_ARGUMENT), and the frames it planned, until it half-closed
-    (None)."""
-    while (item := await queue.get()) is not None:
-        kind, raw = item
-        front.consumed(len(raw))
-        if kind == wire.PLANNED:
-            plan, frame = planned_parts(raw)
-            front.fronts.planned += 1
-            yield PlannedFrame(pb.TelemetryFrame.FromString(frame), plan, frame)
-            continue
-        message = pb.AgentMessage.FromString(raw)
-        if context.hello is None and message.WhichOneof("msg") == "hello":
-            context.hello = message.hello
-        yield message
 
 
 class FrontProcess(asyncio.SubprocessProtocol):
@@ -201,7 +213,7 @@ class FrontProcess(asyncio.SubprocessProtocol):
         elif kind == wire.OPEN:
             peer, auth = wire.unpickled(payload)
             queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
-            task = asyncio.create_task(self._serve(sid, queue, RelayContext(self, sid, peer, auth)))
+            task = asyncio.create_task(self._serve(sid, queue, RelayContext(self, sid, peer, auth, queue)))
             self.streams[sid] = (queue, task)
         elif kind == wire.END:
             entry = self.streams.get(sid)
@@ -216,11 +228,8 @@ class FrontProcess(asyncio.SubprocessProtocol):
     async def _serve(
         self, sid: int, queue: asyncio.Queue[tuple[int, bytes] | None], context: RelayContext
     ) -> None:
-        servicer = self.fronts.servicer
-        messages = _messages(self, queue, context)
         try:
-            async for answer in guarded_stream(servicer.Stream, messages, context, METHOD):
-                self.send(wire.record(wire.SEND, sid, answer.SerializeToString()))
+            await guarded(self.fronts.servicer.Stream, None, context, METHOD)
             context.close(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
             pass  # the context sent the status

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import message_factory
@@ -36,7 +36,7 @@ from controller.config import DetectConfig
 from controller.errors import ControllerError
 from controller.ingest_checks import EARLIEST
 from controller.operator_api import OperatorServicer
-from controller.servicer import AgentMessage, TelemetryServicer, _decoded
+from controller.servicer import EOF, Reading, StreamWrites, TelemetryServicer
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import Clock, config
@@ -211,10 +211,9 @@ class Harness:
             frame = self.sim.frame(name, probes=probes)
             assert await self.app.ingest.frame(name, frame) == frame.seq
 
-    async def read(self, messages: AsyncIterator[pb.AgentMessage]) -> None:
+    async def read(self, context: OneMessage) -> None:
         """The servicer's read loop on FUZZ's stream, as after its Hello."""
-        outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
-        await self.servicer._read(_decoded_by_servicer(messages), FUZZ, outbox)
+        await self.servicer._read(context, FUZZ, StreamWrites(context, asyncio.Event()), Reading())
 
     async def feed(self, kind: str, item: Any, boot: str) -> None:
         if kind == "hello":
@@ -230,16 +229,16 @@ class Harness:
                 frame.time.FromSeconds(int(self.clock.now) - 1)
                 frame.seq = self.app.fleet.acked.get((FUZZ, frame.boot_id), 0) + 1
                 frame.spool_floor_seq = 0
-            await self.read(_one(pb.AgentMessage(frame=frame)))
+            await self.read(OneMessage(lambda: pb.AgentMessage(frame=frame)))
         elif kind == "jump":
             frame = pb.TelemetryFrame()
             frame.CopyFrom(self.template)
             frame.node, frame.boot_id, frame.seq, frame.spool_floor_seq = FUZZ, boot, item, item
-            await self.read(_one(pb.AgentMessage(frame=frame)))
+            await self.read(OneMessage(lambda: pb.AgentMessage(frame=frame)))
         elif kind == "agent":
-            await self.read(_one(item))
+            await self.read(OneMessage(lambda: item))
         else:
-            await self.read(_parsed(item))
+            await self.read(OneMessage(lambda: pb.AgentMessage.FromString(item)))
 
     async def check(self, batch: list[tuple[str, Any, str]]) -> None:
         for kind, item, boot in batch:
@@ -266,19 +265,25 @@ class Harness:
         assert poisoned == [], f"findings on healthy nodes after fuzzed input: {poisoned}"
 
 
-async def _one(msg: Message) -> AsyncIterator[pb.AgentMessage]:
-    assert isinstance(msg, pb.AgentMessage)
-    yield msg
+class OneMessage:
+    """A stream's context as the servicer reads it after the Hello: one message, then the end.
+    `make` gives the message, as gRPC's deserializer would (bytes that do not parse raise
+    DecodeError from read, as on a real stream)."""
 
+    def __init__(self, make: Callable[[], Message]) -> None:
+        self.make: Callable[[], Message] | None = make
+        self.written: list[pb.ControllerMessage] = []
 
-async def _parsed(data: bytes) -> AsyncIterator[pb.AgentMessage]:
-    """Bytes off the wire, parsed the way gRPC's deserializer does (a DecodeError surfaces while the
-    servicer iterates, as it does on a real stream)."""
-    yield pb.AgentMessage.FromString(data)
+    async def read(self) -> object:
+        make, self.make = self.make, None
+        if make is None:
+            return EOF
+        message = make()
+        assert isinstance(message, pb.AgentMessage)
+        return message
 
-
-def _decoded_by_servicer(messages: AsyncIterator[pb.AgentMessage]) -> AsyncIterator[AgentMessage]:
-    return _decoded(messages)  # the servicer's decode path: DecodeError -> InvalidMessage
+    async def write(self, message: pb.ControllerMessage) -> None:
+        self.written.append(message)
 
 
 def run_fuzz(check: Callable[[Harness, list[tuple[str, Any, str]]], Any]) -> None:
