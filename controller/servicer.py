@@ -167,35 +167,44 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
 
     async def _read(self, context: Any, node: str, writes: StreamWrites, reading: Reading) -> None:
         """The stream's messages after its Hello, until the agent half-closes it: each frame ingested,
-        then acked (unless the stream ended meanwhile)."""
-        raw: bytes | None
+        then acked (unless the stream ended meanwhile). Nothing of a message stays referenced while the
+        next is awaited (ten seconds for an agent's frames): its bytes and their parse, held by every
+        stream, were tens of kilobytes a node."""
         while (item := await next_message(context)) is not None:
-            if isinstance(item, PlannedFrame):
-                frame, plan, raw = item.frame, item.plan, item.raw
-            else:
-                msg, received_as = item if isinstance(item, Received) else (item, None)
-                kind = msg.WhichOneof("msg")
-                if kind == "command_result":
-                    self.app.commands.answered(node, msg.command_result)
-                    continue
-                if kind == "command_started":
-                    self.app.commands.started(node, msg.command_started.command_id)
-                    continue
-                if kind == "hello":
-                    raise InvalidMessage("Hello is allowed only as the first message of a stream")
-                if kind != "frame":
-                    raise InvalidMessage("empty or unknown agent message")
-                frame, plan = msg.frame, None
-                raw = None if received_as is None else frame_bytes(received_as)
-            reading.ingesting = True
-            try:
-                seq = await self.app.ingest.frame(node, frame, plan, raw)
-            finally:
-                reading.ingesting = False
-            if writes.closed:
+            if not await self._take(item, node, writes, reading):
                 return
-            await writes.send(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
-            self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
+            del item
+
+    async def _take(self, item: AgentMessage, node: str, writes: StreamWrites, reading: Reading) -> bool:
+        """One message of the stream handled; False when the stream ended meanwhile (its reader stops)."""
+        raw: bytes | None
+        if isinstance(item, PlannedFrame):
+            frame, plan, raw = item.frame, item.plan, item.raw
+        else:
+            msg, received_as = item if isinstance(item, Received) else (item, None)
+            kind = msg.WhichOneof("msg")
+            if kind == "command_result":
+                self.app.commands.answered(node, msg.command_result)
+                return True
+            if kind == "command_started":
+                self.app.commands.started(node, msg.command_started.command_id)
+                return True
+            if kind == "hello":
+                raise InvalidMessage("Hello is allowed only as the first message of a stream")
+            if kind != "frame":
+                raise InvalidMessage("empty or unknown agent message")
+            frame, plan = msg.frame, None
+            raw = None if received_as is None else frame_bytes(received_as)
+        reading.ingesting = True
+        try:
+            seq = await self.app.ingest.frame(node, frame, plan, raw)
+        finally:
+            reading.ingesting = False
+        if writes.closed:
+            return False
+        await writes.send(pb.ControllerMessage(ack=pb.Ack(boot_id=frame.boot_id, seq=seq)))
+        self.app.probing.frame_results(node, frame)  # stored first: a waiter sees them stored
+        return True
 
 
 async def next_message(context: Any) -> AgentMessage | None:

@@ -421,6 +421,26 @@ def test_a_stream_that_ends_mid_ingest_leaves_store_and_memory_agreeing() -> Non
     serve(body)
 
 
+def test_a_stream_holds_nothing_of_a_message_while_it_waits_for_the_next() -> None:
+    """An agent's frames come about ten seconds apart: meanwhile its stream's reader keeps no reference
+    to the last one (its bytes, their parse), which every stream of the fleet would hold."""
+
+    async def body(running: Running, stub: Stub) -> None:
+        call = stub.Stream(None)
+        await call.write(as_hello(hello()))
+        await call.write(as_frame(frame(1)))
+        assert await ack(call) == ("b1", 1)
+        [reader] = [t for t in stream_tasks() if t.get_name() == "stream n1 reader"]
+        coro: Any = reader.get_coro()
+        await until(lambda: getattr(coro.cr_await, "__qualname__", "") == "next_message")
+        held = [type(v).__name__ for v in coro.cr_frame.f_locals.values()]
+        assert not set(held) & {"AgentMessage", "Received", "PlannedFrame", "TelemetryFrame", "bytes"}, held
+        await call.done_writing()
+        assert await call.read() == EOF
+
+    serve(body)
+
+
 def test_commands_and_acks_written_from_both_sides_all_arrive() -> None:
     """Acks are written by the stream's reader, commands by its handler, one write at a time: issued
     while frames stream, every command and every ack reaches the agent, in the order each side wrote."""
