@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -32,6 +31,7 @@ from protos.logsafe import configure_logging
 
 log = logging.getLogger("gpufleet.controller.front")
 STREAM_METHOD = "/gpufleet.v1.Telemetry/Stream"
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # what context.read returns at the end; not in grpc-stubs
 OPERATORS_ELSEWHERE = (
     "this port is served by the controller's ingest fronts, for agents only: operators connect to "
     "the controller's operator_listen address"
@@ -75,21 +75,22 @@ class Front:
 
     # One agent stream
 
-    async def relay(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
+    async def relay(self, requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """One agent stream, on gRPC's reader/writer API (`requests`, its iterator, left unused):
+        the agent's messages read by a pump of their own, the controller's answers written here.
+        Neither holds a message while it waits for the next."""
         self._next += 1
         sid = self._next
         stream = self.streams[sid] = _Stream()
         auth = {key: list(values) for key, values in (context.auth_context() or {}).items()}
         self.send(wire.pickled(wire.OPEN, sid, (context.peer(), auth)))
         ended = [False]  # END sent: the controller knows this stream is over
-        pump = asyncio.create_task(self._pump(requests, sid, stream, ended))
+        pump = asyncio.create_task(self._pump(context, sid, stream, ended))
         try:
             while True:
                 kind, payload = await stream.answers.get()
                 if kind == wire.SEND:
-                    yield payload
+                    await context.write(payload)
                 elif kind == wire.ACCEPT:
                     # Frames are planned from the node's state as the controller sent it, which only
                     # holds if nothing but the Hello went before (agents wait for this answer).
@@ -102,6 +103,7 @@ class Front:
                     if code == wire.OK:
                         return
                     await context.abort(wire.status_code(code), details, trailing_metadata=metadata)
+                del payload
         finally:
             pump.cancel()
             del self.streams[sid]
@@ -109,17 +111,18 @@ class Front:
                 self.send(wire.record(wire.END, sid, b"cancelled"))
 
     async def _pump(
-        self, requests: AsyncIterator[bytes], sid: int, stream: _Stream, ended: list[bool]
+        self, context: grpc.aio.ServicerContext[Any, Any], sid: int, stream: _Stream, ended: list[bool]
     ) -> None:
         why = b""
         try:
-            async for raw in requests:
+            while (raw := await context.read()) is not EOF:
                 stream.relayed += 1
                 planned = None if stream.planner is None else stream.planner.plan(raw)
                 if planned is None:
                     self.send(wire.record(wire.MSG, sid, raw))
                 else:
                     self.send(wire.record(wire.PLANNED, sid, planned))
+                del raw, planned
                 if not self._writable.is_set():  # the controller is behind: stop reading this agent
                     await self._writable.wait()
         except asyncio.CancelledError:
