@@ -13,8 +13,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
-
 from controller.app import ControllerApp
 from controller.config import ControllerConfig, DetectConfig
 from controller.fleet.finding import Evidence, Finding
@@ -28,7 +26,6 @@ from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 T = TypeVar("T")
-EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # missing from grpc-stubs
 T0 = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
 # Findings open the first pass they are raised and resolve the first clean one (the hysteresis of

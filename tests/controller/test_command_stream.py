@@ -19,10 +19,11 @@ from agent.sources.sim import SimNode
 from agent.sources.sim.host import SimHost
 from agent.sources.sim.probes import ModelledProbes
 from controller.config import ProbeConfig
+from controller.servicer import EOF
 from controller.store.store import Store
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
-from tests.controller.harness import EOF, config, hello, running_controller
+from tests.controller.harness import config, hello, running_controller
 from tests.controller.test_probe_node import (
     TIMEOUT,
     agents_running,

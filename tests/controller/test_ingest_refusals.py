@@ -16,11 +16,11 @@ import pytest
 from controller.cli.jsonify import message_to_dict
 from controller.config import LimitsConfig
 from controller.ingest_checks import EARLIEST, MAX_FLOOR_JUMP
+from controller.servicer import EOF
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.refusal import REFUSED_FRAME, refused_frame, refused_frame_value
 from tests.controller.harness import (
-    EOF,
     T0,
     Running,
     as_frame,

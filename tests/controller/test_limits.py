@@ -16,10 +16,10 @@ from controller.app import ControllerApp
 from controller.config import DetectConfig, LimitsConfig
 from controller.errors import ResourceExhausted
 from controller.remediate.audit import Auditor
+from controller.servicer import EOF
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 from tests.controller.harness import (
-    EOF,
     T0,
     Clock,
     add_findings,

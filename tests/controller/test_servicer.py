@@ -17,11 +17,11 @@ import grpc
 import pytest
 
 from controller.errors import StoreUnavailable
+from controller.servicer import EOF
 from controller.store.store import Store
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 from tests.controller.harness import (
-    EOF,
     Running,
     as_frame,
     as_hello,

@@ -17,9 +17,10 @@ import grpc
 
 from agent.stream.client import CHANNEL_OPTIONS
 from controller.listeners import NO_BDP_PROBE
+from controller.servicer import EOF
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
-from tests.controller.harness import EOF, T0, config, frame, hello, running_controller
+from tests.controller.harness import T0, config, frame, hello, running_controller
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PING, ACK = 0x6, 0x1

@@ -20,11 +20,11 @@ import grpc
 
 from controller.app import ControllerApp
 from controller.config import BreakerConfig, ProbeConfig, TuningConfig
+from controller.servicer import EOF
 from controller.store.recommendations import Recommendation
 from protos.gpufleet.v1 import bmc_pb2, operator_pb2, operator_pb2_grpc, telemetry_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import (
-    EOF,
     Running,
     add_findings,
     as_hello,
