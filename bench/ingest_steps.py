@@ -14,6 +14,13 @@ conditions (fleet/conditions.py), the whole plan (fleet/state.py plan_changes, w
 works out the conditions), the FrameWrite and its apply to the fleet, and the message to the
 detection process (pickled). controller_scale.py shows them under load, with gRPC and the store
 around them.
+
+Those times are of one frame taken again and again, its node's state and the frame's parse warm in
+the caches. Under load each frame is new and its node's state was last touched thousands of frames
+ago: the second table (--nodes N, default 2,000) takes each node's next frame in turn over a fleet of
+N nodes, every message parsed afresh, and times the same path with each step's CPU (thread time),
+in microseconds a frame. It reads 2-3x the first; the controller's own steps under the scale bench's
+load cost more again (bench/results/2026-12-02_ingest_in_server.txt).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from controller.fleet.state import apply_frame, apply_hello, plan_changes, write
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 SKEW_SECONDS = 300.0  # the controller's default limits.max_clock_skew_seconds
+ARCHETYPES = 16  # the fleet's nodes borrow frames from this many simulated nodes, as the scale bench's
+FLEET_STEPS = ("parse", "checks", "plan", "write and apply", "to the detection process")
 
 
 def steps(
@@ -68,6 +77,49 @@ def steps(
     return {"cpus": cpus, "frame_bytes": len(raw), "us": micros}
 
 
+def over_fleet(
+    cpus: int, nodes: int, rounds: int, *, per_cpu: bool = False, per_link: bool = False
+) -> dict[str, float]:
+    """Each step's CPU (thread time) in microseconds a frame, taking each of `nodes` nodes' next frame
+    in turn, `rounds` times over (after one round untimed), every message parsed afresh."""
+    start = time.time() - 100.0
+    archetypes = [
+        build_archetype(i, ARCHETYPES, start, 10.0, cpus, per_cpu=per_cpu, per_link=per_link)
+        for i in range(min(ARCHETYPES, nodes))
+    ]
+    now = time.time()
+    fleet = Fleet()
+    queue: list[tuple[Any, bytes]] = []
+    for number in range(nodes):
+        name, archetype = f"bench-{number:05d}", archetypes[number % len(archetypes)]
+        node = apply_hello(fleet, pb.Hello(node=name, boot_id="boot"), 0, now)
+        queue.append((node, frame_message(archetype, name, "boot", seq=2, floor=0, now=now - 1.0)))
+    spent = dict.fromkeys(FLEET_STEPS, 0)
+    clock = time.thread_time_ns
+    for round_number in range(rounds + 1):
+        for node, raw in queue:
+            t0 = clock()
+            frame = pb.AgentMessage.FromString(raw).frame
+            t1 = clock()
+            if len({gpu.index for gpu in frame.gpus}) != len(frame.gpus):
+                raise AssertionError("a GPU index appears twice in the bench's frame")
+            ingest_checks.frame_times(frame, now, SKEW_SECONDS)
+            t2 = clock()
+            plan = plan_changes(node, frame, now)
+            t3 = clock()
+            apply_frame(fleet, write_of(node.name, frame, plan), counters=False)
+            t4 = clock()
+            encode(("frame", node.name, plan, raw))
+            t5 = clock()
+            if round_number:  # the first round fills every node's state, as its first frames did
+                for name, began, ended in zip(
+                    FLEET_STEPS, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5), strict=True
+                ):
+                    spent[name] += ended - began
+    frames = nodes * rounds
+    return {name: total / frames / 1e3 for name, total in spent.items()}
+
+
 def table(results: list[dict[str, Any]]) -> str:
     names = list(results[0]["us"])
     width = max(map(len, names))
@@ -75,6 +127,11 @@ def table(results: list[dict[str, Any]]) -> str:
     lines.append(f"{'frame bytes':<{width}}  " + "  ".join(f"{r['frame_bytes']:>10}" for r in results))
     for name in names:
         lines.append(f"{name:<{width}}  " + "  ".join(f"{r['us'][name]:>7.1f} us" for r in results))
+    fleets = [r["fleet"] for r in results if r.get("fleet")]
+    if fleets:
+        lines += ["", f"over a fleet of {fleets[0]['nodes']} nodes, each frame new (thread CPU time)"]
+        for name in [*FLEET_STEPS, "total"]:
+            lines.append(f"{name:<{width}}  " + "  ".join(f"{f['us'][name]:>7.1f} us" for f in fleets))
     return "\n".join(lines)
 
 
@@ -88,11 +145,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_older_agent_options(parser)
     parser.add_argument("--number", type=int, default=2000, help="calls a repeat")
+    parser.add_argument(
+        "--nodes", type=int, default=2000, help="the fleet the second table's frames rotate over (0: none)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds over that fleet")
     parser.add_argument("--repeat", type=int, default=7, help="repeats; the best is kept")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     if not args.cpus or min(args.cpus) < 1 or args.number < 1 or args.repeat < 1:
         parser.error("--cpus must be >= 1 each, --number and --repeat >= 1")
+    if args.nodes < 0 or args.rounds < 1:
+        parser.error("--nodes must be >= 0 and --rounds >= 1")
     return args
 
 
@@ -102,6 +165,16 @@ def main(argv: list[str] | None = None) -> None:
         steps(cpus, args.number, args.repeat, per_cpu=args.per_cpu, per_link=args.per_link)
         for cpus in args.cpus
     ]
+    if args.nodes:
+        for result in results:
+            us = over_fleet(
+                result["cpus"], args.nodes, args.rounds, per_cpu=args.per_cpu, per_link=args.per_link
+            )
+            result["fleet"] = {
+                "nodes": args.nodes,
+                "rounds": args.rounds,
+                "us": {**us, "total": sum(us.values())},
+            }
     print(json.dumps(results, indent=2) if args.json else table(results))
 
 
