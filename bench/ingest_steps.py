@@ -35,7 +35,7 @@ from typing import Any
 from controller_scale_load.templates import SIM_CPUS, add_older_agent_options, build_archetype, frame_message
 
 from controller import ingest_checks
-from controller.detection.wire import encode
+from controller.detection.wire import parts
 from controller.fleet.conditions import update_held
 from controller.fleet.model import Fleet
 from controller.fleet.plausible import screen
@@ -68,7 +68,7 @@ def steps(
         "conditions": lambda: [update_held({}, sample, now) for sample in frame.gpus],
         "plan (screen, conditions)": lambda: plan_changes(node, frame, now),
         "write and apply": lambda: apply_frame(fleet, write_of("bench-0", frame, plan), counters=False),
-        "to the detection process": lambda: encode(("frame", "bench-0", plan, data)),
+        "to the detection process": lambda: parts(("frame", "bench-0", plan, data)),
     }
     micros = {
         name: min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
@@ -109,7 +109,7 @@ def over_fleet(
             t3 = clock()
             apply_frame(fleet, write_of(node.name, frame, plan), counters=False)
             t4 = clock()
-            encode(("frame", node.name, plan, raw))
+            parts(("frame", node.name, plan, raw))
             t5 = clock()
             if round_number:  # the first round fills every node's state, as its first frames did
                 for name, began, ended in zip(

@@ -1,12 +1,17 @@
 """Writes to a pipe in batches: what is sent in one turn of the event loop (or within `delay`) goes in
 one write, one system call instead of one per message (the detection process's and the ingest fronts'
-pipes carry one message per frame and per ack)."""
+pipes carry one message per frame and per ack). Up to VECTOR_PARTS parts go as they are (writelines:
+uvloop writes them in one vectored call, asyncio joins them), not joined into a copy first: a frame's
+bytes to the detection process are one part (detection/wire.py parts)."""
 
 from __future__ import annotations
 
 import asyncio
 
 FLUSH_BYTES = 1024 * 1024  # this much waiting is written at once, whatever the delay
+# At most this many parts in one vectored write (the system takes 1,024 at a time): a batch of more,
+# small ones (a front's acks) is cheaper joined than written a thousand pieces at a time.
+VECTOR_PARTS = 256
 
 
 class BatchedWriter:
@@ -44,7 +49,12 @@ class BatchedWriter:
             self._due = None
         parts, self._parts, self._pending = self._parts, [], 0
         if parts and not self.transport.is_closing():
-            self.transport.write(b"".join(parts) if len(parts) > 1 else parts[0])
+            if len(parts) == 1:
+                self.transport.write(parts[0])
+            elif len(parts) <= VECTOR_PARTS:
+                self.transport.writelines(parts)
+            else:
+                self.transport.write(b"".join(parts))
 
     def pending_bytes(self) -> int:
         """What waits for its write."""

@@ -24,7 +24,7 @@ from controller.detect.runner import PassReport, merge
 from controller.detection.changes import FleetChanges
 from controller.detection.fleet_copy import send_fleet
 from controller.detection.process import DetectionProcess, DetectionUnavailable
-from controller.detection.wire import encode
+from controller.detection.wire import parts
 from controller.fleet.model import Fleet
 
 
@@ -75,9 +75,9 @@ class DetectionPool(FleetChanges):
     # The fleet's changes, to every process
 
     def _send(self, message: tuple[object, ...]) -> None:
-        data = encode(message)
+        data = parts(message)
         for process in self.processes:
-            process.send(data)
+            process.send(*data)
 
     async def run_pass(self, now: float) -> PassReport:
         if len(self.processes) == 1:

@@ -24,7 +24,7 @@ from controller.config import DetectConfig
 from controller.detect.runner import PassReport
 from controller.detection.changes import FleetChanges
 from controller.detection.fleet_copy import send_fleet
-from controller.detection.wire import HEADER, decode, encode
+from controller.detection.wire import HEADER, decode, parts
 from controller.event_loop import write_transport
 from controller.fleet.model import Fleet
 from controller.pipe_sizes import widen
@@ -137,10 +137,11 @@ class DetectionProcess(FleetChanges):
             self._writer.flush()
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        self.send(encode(message))
+        self.send(*parts(message))
 
-    def send(self, data: bytes) -> None:
-        """An encoded message (wire.encode): the pool encodes each change once for all its processes."""
+    def send(self, *data: bytes) -> None:
+        """An encoded message (wire.encode, or wire.parts' parts in order): the pool encodes each
+        change once for all its processes."""
         process = self._process
         if (
             process is None
@@ -157,7 +158,8 @@ class DetectionProcess(FleetChanges):
             process.kill()
             return
         assert self._writer is not None
-        self._writer.write(data)
+        for part in data:
+            self._writer.write(part)
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

@@ -1,11 +1,12 @@
 """controller/batched_writes.py: what is written in one turn of the loop (or within the writer's
-delay) reaches the transport as one write, on either event loop; a batch past FLUSH_BYTES is
-written at once; flush() writes what waits and leaves no timer behind to write again; a closing
-transport is written nothing."""
+delay) reaches the transport as one write (its parts not joined by us), on either event loop; a
+batch past FLUSH_BYTES is written at once; flush() writes what waits and leaves no timer behind to
+write again; a closing transport is written nothing."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 
@@ -18,10 +19,16 @@ class Recording(asyncio.WriteTransport):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
+        self.vectors: list[list[bytes | bytearray | memoryview]] = []  # each writelines' parts
         self.closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.writes.append(bytes(data))
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        parts = list(list_of_data)
+        self.vectors.append(parts)
+        super().writelines(parts)  # asyncio's: joined, then write()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -43,6 +50,9 @@ def test_a_turns_writes_go_as_one_at_its_end(loop: str) -> None:
         writer.write(b"d")
         await asyncio.sleep(0)
         assert transport.writes == [b"abc", b"d"]
+        # The parts went as they are, in one writelines (uvloop's: one vectored write), not a join
+        # of ours; one part alone is a plain write.
+        assert transport.vectors == [[b"ab", b"c"]]
 
     event_loop.run(go(), loop)
 
@@ -60,6 +70,24 @@ def test_with_a_delay_writes_over_several_turns_wait_for_one_write(loop: str) ->
         assert transport.writes == [b"abc"]
 
     event_loop.run(go(), loop)
+
+
+def test_a_batch_of_many_parts_is_joined_into_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batched_writes, "VECTOR_PARTS", 3)
+
+    async def go() -> None:
+        transport = Recording()
+        writer = BatchedWriter(transport)
+        for part in (b"a", b"b", b"c"):
+            writer.write(part)
+        writer.flush()
+        for part in (b"d", b"e", b"f", b"g"):
+            writer.write(part)
+        writer.flush()
+        assert transport.vectors == [[b"a", b"b", b"c"]]  # the second batch: one joined write
+        assert transport.writes == [b"abc", b"defg"]
+
+    asyncio.run(go())
 
 
 def test_a_big_batch_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
