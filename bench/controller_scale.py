@@ -320,6 +320,7 @@ def step_figures(
     acked = sum(w["acked"] for w in windows)
     cpu = after.cpu_seconds - before.cpu_seconds
     main = after.main_cpu_seconds - before.main_cpu_seconds
+    loop = after.loop_cpu_seconds - before.loop_cpu_seconds
     detection = after.detection_cpu_seconds - before.detection_cpu_seconds
     fronts = after.fronts_cpu_seconds - before.fronts_cpu_seconds
     replicas = after.replicas_cpu_seconds - before.replicas_cpu_seconds
@@ -340,6 +341,7 @@ def step_figures(
         "cpu_ms_per_frame": cpu / acked * 1e3 if acked else None,
         "main_cpu_cores": main / seconds,
         "main_ms_per_frame": main / acked * 1e3 if acked else None,
+        "loop_ms_per_frame": loop / acked * 1e3 if acked else None,
         "detection_ms_per_frame": detection / acked * 1e3 if acked else None,
         "fronts_ms_per_frame": fronts / acked * 1e3 if acked else None,
         "replicas_ms_per_frame": replicas / acked * 1e3 if acked else None,

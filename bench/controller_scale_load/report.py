@@ -211,6 +211,7 @@ COLUMNS = (
     ("/1k nodes", "cpu_cores_per_1000_nodes", "{:.3f}"),
     ("ms/frame", "cpu_ms_per_frame", "{:.2f}"),
     ("main ms/f", "main_ms_per_frame", "{:.2f}"),
+    ("loop ms/f", "loop_ms_per_frame", "{:.2f}"),
     ("det ms/f", "detection_ms_per_frame", "{:.2f}"),
     ("fronts ms/f", "fronts_ms_per_frame", "{:.2f}"),
     ("standbys ms/f", "replicas_ms_per_frame", "{:.2f}"),
@@ -328,6 +329,9 @@ def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -
         f"{floor['frames_per_second']:.1f} frames/s, ack p99 {cell(floor['ack_p99_s'], '{:.3f}')} s, "
         f"stream errors {floor['errors']}); the controller's own work above it: "
         f"{cell(own, '{:.2f}')} ms per frame",
+        f"  of which on the event loop's thread: the bare server "
+        f"{cell(floor.get('loop_ms_per_frame'), '{:.2f}')} ms per frame, the controller "
+        f"{cell(at.get('loop_ms_per_frame') if at else None, '{:.2f}')}",
         *storm_lines(floor.get("storm"), "the bare server"),
     ]
 

@@ -61,6 +61,9 @@ class Sample:
     time: float
     cpu_seconds: float  # user + system, every thread, its children's too
     main_cpu_seconds: float  # the controller's own process alone (its event loop, store and gRPC threads)
+    # Its main thread alone: the event loop, where the servicer, ingest and gRPC's asyncio layer run
+    # (the leader's with replicas); what one core has to hold, whatever other threads and processes do.
+    loop_cpu_seconds: float
     detection_cpu_seconds: float  # its detection process (controller/detection/)
     fronts_cpu_seconds: float  # its ingest fronts together (controller/fronts/)
     replicas_cpu_seconds: float  # the standbys ingesting beside it (replica_ingest), with their children
@@ -299,7 +302,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def sample(controller: Controller) -> Sample:
     """The controller's CPU, RSS and writes, its children's included (the detection process)."""
     parent = psutil.Process(controller.pid)
-    cpu, rss, written = 0.0, 0, 0
+    cpu, rss, written, loop = 0.0, 0, 0, 0.0
     own = {"main": 0.0, "detection": 0.0, "fronts": 0.0, "replicas": 0.0}
     standbys = []
     for standby in controller.standbys:
@@ -313,6 +316,8 @@ def sample(controller: Controller) -> Sample:
                 cpu += times.user + times.system
                 role = "replicas" if proc in standbys else _role(proc, parent)
                 own[role] += times.user + times.system
+                if proc.pid == parent.pid:
+                    loop = main_thread_seconds(proc)
                 rss += proc.memory_info().rss
                 try:
                     written = written + int(proc.io_counters().write_bytes) if written >= 0 else -1
@@ -324,6 +329,7 @@ def sample(controller: Controller) -> Sample:
         time.perf_counter(),
         cpu,
         own["main"],
+        loop,
         own["detection"],
         own["fronts"],
         own["replicas"],
@@ -331,6 +337,11 @@ def sample(controller: Controller) -> Sample:
         written,
         db_bytes(controller.db),
     )
+
+
+def main_thread_seconds(proc: psutil.Process) -> float:
+    """User + system seconds of the process's main thread (its thread id is the pid)."""
+    return next((t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid), 0.0)
 
 
 def _role(proc: psutil.Process, parent: psutil.Process) -> str:

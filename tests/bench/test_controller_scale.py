@@ -9,6 +9,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from tests.postgres_server import PostgresServer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import controller_scale
-from controller_scale_load import disk_writer, report, storms
+from controller_scale_load import disk_writer, report, storms, target
 from controller_scale_load.disk_writer import DiskWriter
 
 NODES = 50
@@ -61,6 +62,8 @@ def test_every_node_streams_and_is_listed(document: dict[str, Any]) -> None:
 def test_controller_figures_are_measured(document: dict[str, Any]) -> None:
     [step] = document["steps"]
     assert step["cpu_cores"] > 0 and step["cpu_ms_per_frame"] > 0
+    # The event loop's thread is one of the controller process's threads (gRPC's and the store's too).
+    assert 0 < step["loop_ms_per_frame"] < step["main_ms_per_frame"] < step["cpu_ms_per_frame"], step
     assert step["rss_bytes"] > 10_000_000
     assert step["detection_passes"] >= 1 and _finite(step["pass_mean_s"])
     assert _finite(step["scrape_s"]) and step["scrape_series"] > NODES
@@ -91,6 +94,7 @@ def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, A
     assert _finite(floor["ack_p99_s"]) and floor["cpu_cores"] > 0
     # It only acks: less CPU per frame than the controller, which stores, checks and detects too.
     assert 0 < floor["cpu_ms_per_frame"] < step["cpu_ms_per_frame"]
+    assert 0 < floor["loop_ms_per_frame"] < floor["cpu_ms_per_frame"], floor  # gRPC's threads beside it
     # The same storm against it (with the controller's listeners): every node back.
     storm = floor["storm"]
     assert storm["nodes"] == storm["recovered"] == NODES and _finite(storm["since_storm_p99_s"])
@@ -109,6 +113,8 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     assert "for the controller to accept its Hello" in text
     assert "garbage collection" in text
     assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
+    loop = re.search(r"event loop's thread: the bare server (\S+) ms per frame, the controller (\S+)", text)
+    assert loop is not None and all(float(x) > 0 for x in loop.groups()), text
     assert "reconnect storm at 50 nodes against the bare server" in text
     assert "for the bare server to accept its Hello" in text
     assert "another process wrote to the store's disk meanwhile" in text
@@ -147,6 +153,25 @@ def test_no_process_is_left_behind(document: dict[str, Any]) -> None:
         if "resource_tracker" not in " ".join(p.cmdline()) and p.name() != "postgres"
     ]
     assert left == []
+
+
+def test_the_main_thread_is_timed_apart_from_the_others() -> None:
+    """target.main_thread_seconds reads the thread whose id is the pid: this test's own, busy here
+    while another thread spins longer."""
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    other = threading.Thread(target=spin, args=(0.6,))
+    me = psutil.Process()
+    before, whole = target.main_thread_seconds(me), sum(me.cpu_times()[:2])
+    other.start()
+    spin(0.2)
+    other.join()
+    mine, all_of_it = target.main_thread_seconds(me) - before, sum(me.cpu_times()[:2]) - whole
+    assert 0.15 < mine < 0.5 and all_of_it > mine + 0.4, (mine, all_of_it)
 
 
 def test_bad_steps_are_refused() -> None:
