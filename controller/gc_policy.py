@@ -16,6 +16,12 @@ each freeze the young generations are collected, so short-lived cycles (exceptio
 tracebacks) are still freed. Once an hour everything is unfrozen and collected in full, so a cycle
 that was frozen is freed within the hour; that one pause is logged with its length.
 
+While it runs on the controller's event loop (run_forever), the youngest generation is collected
+once YOUNG_THRESHOLD more objects were made than freed, not CPython's 700: each frame's objects that
+live only across its awaits (its parse, its plan, gRPC's and the loop's own) were otherwise walked
+by a collection every 700, and the collector's share grew with the rate (at 6,000 nodes 0.04-0.06
+cores; 0.023-0.033 with 20,000: bench/results/2026-12-02_event_loop_thread_and_floor_variants.txt).
+
 While it runs it times every collection (`gc.callbacks`): the controller's /metrics shows the
 seconds and collections per generation and the longest pause.
 
@@ -42,6 +48,7 @@ log = logging.getLogger("gpufleet.controller.gc")
 
 FREEZE_SECONDS = 2.0
 FULL_SECONDS = 3600.0
+YOUNG_THRESHOLD = 20_000  # objects made less freed between two collections of the youngest generation
 
 
 @contextlib.contextmanager
@@ -143,8 +150,11 @@ class CollectorPolicy:
         )
 
     async def run_forever(self, stop: asyncio.Event) -> None:
-        """On the event loop: tick every freeze_seconds until stop is set; unfreeze at the end."""
+        """On the event loop: tick every freeze_seconds until stop is set; unfreeze at the end. The
+        youngest generation's threshold is YOUNG_THRESHOLD meanwhile."""
         self.watch()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(YOUNG_THRESHOLD, *thresholds[1:])
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -153,5 +163,6 @@ class CollectorPolicy:
                     self.tick()
         finally:
             self.unwatch()
+            gc.set_threshold(*thresholds)
             gc.unfreeze()
             self.frozen = 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.gc_policy import CollectorPolicy, collector_paused
+from controller.gc_policy import YOUNG_THRESHOLD, CollectorPolicy, collector_paused
 from controller.store.sql import Conn
 from controller.store.sqlite import SqliteBackend
 from controller.store.writer import StoreThread
@@ -192,11 +192,15 @@ def test_runs_on_the_loop_and_unfreezes_when_stopped() -> None:
         while policy.freezes < 2:
             await asyncio.sleep(0.01)
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
         stop.set()
         await task
 
+    before = gc.get_threshold()
+    assert before[0] != YOUNG_THRESHOLD
     asyncio.run(go())
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before  # as it was
 
 
 def test_nothing_is_collected_while_paused_and_what_was_made_is_frozen_after() -> None:
