@@ -84,6 +84,9 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     # Which side limited it: the controller's CPU per node reconnected, and each side's cores.
     assert storm["controller_ms_per_node"] > 0 and storm["controller_cores"] > 0
     assert storm["generator_cores"] > 0
+    # Its event-loop thread apart: part of the controller's CPU, and at most one core.
+    assert 0 < storm["loop_ms_per_node"] < storm["controller_ms_per_node"]
+    assert 0 < storm["loop_cores"] < min(storm["controller_cores"], 1.1)
 
 
 def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, Any]) -> None:
@@ -116,6 +119,9 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     loop = re.search(r"event loop's thread: the bare server (\S+) ms per frame, the controller (\S+)", text)
     assert loop is not None and all(float(x) > 0 for x in loop.groups()), text
     assert "reconnect storm at 50 nodes against the bare server" in text
+    looped = re.findall(r"of which on (the controller|the bare server)'s event-loop thread (\S+) cores", text)
+    assert [who for who, _ in looped] == ["the controller", "the bare server"], text
+    assert all(0 < float(cores) <= 1.1 for _, cores in looped), text
     assert "for the bare server to accept its Hello" in text
     assert "another process wrote to the store's disk meanwhile" in text
     json.dumps(document, allow_nan=False)
