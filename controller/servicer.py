@@ -29,6 +29,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from controller.app import ControllerApp
+from controller.commands.channel import WAKE
 from controller.errors import InvalidMessage
 from controller.frame_bytes import frame_bytes
 from controller.ingest import PlannedFrame
@@ -37,7 +38,6 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
 log = logging.getLogger("gpufleet.controller.stream")
-_WAKE = pb.ControllerMessage()  # in an outbox: the stream's reader ended or it was replaced (never sent)
 SERVICE = "gpufleet.v1.Telemetry"
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined] # what context.read returns at the end; not in grpc-stubs
 
@@ -125,19 +125,18 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         outbox: asyncio.Queue[pb.ControllerMessage] = asyncio.Queue()
         self.app.connected(hello.node)
         # Commands for the node go to this stream now; an older stream of the node is told to close.
+        # Replacing it puts a wake-up in its outbox (the channel), as its reader's end does below,
+        # so the loop below awaits the outbox alone.
         stream = self.app.commands.open_stream(hello, outbox, context.peer())
         writes, reading = StreamWrites(context, stream.replaced), Reading()
-        replaced = asyncio.create_task(stream.replaced.wait(), name=f"stream {hello.node} replaced")
         reader: asyncio.Task[None] | None = None
-        # Either ending puts a wake-up in the outbox, so the loop below awaits the outbox alone.
-        replaced.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
         try:
             if acked:  # the Hello's ack position, before any frame's ack or command
                 await writes.send(pb.ControllerMessage(ack=pb.Ack(boot_id=hello.boot_id, seq=acked)))
             reader = asyncio.create_task(
                 self._read(context, hello.node, writes, reading), name=f"stream {hello.node} reader"
             )
-            reader.add_done_callback(lambda _: outbox.put_nowait(_WAKE))
+            reader.add_done_callback(lambda _: outbox.put_nowait(WAKE))
             await self.app.probe_on_connect(hello)
             while True:
                 message = await outbox.get()
@@ -145,14 +144,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 # (its commands went again, same ids, on the newer stream).
                 if stream.replaced.is_set():  # (the channel logged it) unsent messages go with it
                     await context.abort(grpc.StatusCode.ABORTED, stream.replaced_by)
-                if message is not _WAKE:
+                if message is not WAKE:
                     await writes.send(message)
                     continue
                 if not reader.done():
                     continue
                 while not outbox.empty():  # what was queued before the reader ended
                     message = outbox.get_nowait()
-                    if message is not _WAKE:
+                    if message is not WAKE:
                         await writes.send(message)
                 reader.result()  # raises the error that ended the stream, if any
                 return
@@ -160,7 +159,6 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             writes.closed = True
             if reader is not None:
                 _stop(reader, reading)
-            replaced.cancel()
             self.app.commands.close_stream(stream)
             self.app.disconnected(hello.node)
             self.app.connection_log.disconnected(hello.node)

@@ -57,6 +57,9 @@ LATE_WATCH_SECONDS = 3600.0  # how long past its deadline another replica's late
 LOG_ERROR_CHARS = 160  # of a failed command's error in its warning line
 RESTARTED = "the agent restarted before answering"
 MEMORY_CAPABILITY = "command_memory"  # Hello.capabilities: the agent keeps command ids and results on disk
+# In an outbox: look at the stream again (replaced, or its reader ended); never sent. A replaced
+# stream gets one at once, so its handler wakes without a task of its own waiting on `replaced`.
+WAKE = pb.ControllerMessage()
 
 
 @dataclass(eq=False, slots=True)
@@ -126,6 +129,7 @@ class CommandChannel:
         if old is not None:
             old.replaced_by = f"replaced by a newer stream for node {hello.node} from {peer}"
             old.replaced.set()
+            old.outbox.put_nowait(WAKE)
             log.warning("node %s: stream from %s replaced by a newer one from %s", hello.node, old.peer, peer)
         self.streams[hello.node] = stream
         self._deliver(stream, self.in_flight(hello.node))

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.commands.channel import MEMORY_CAPABILITY, CommandChannel
+from controller.commands.channel import MEMORY_CAPABILITY, WAKE, CommandChannel
 from controller.commands.kinds import CommandKind
 from controller.errors import FailedPrecondition
 from controller.interceptors import status_for
@@ -237,10 +237,13 @@ def test_the_newest_stream_of_a_node_gets_its_commands_and_the_old_is_told_why(t
             new = ch.open_stream(hello("n1"), new_box, "ipv4:10.0.0.2:5000")
             assert old.replaced.is_set() and not new.replaced.is_set()
             assert old.replaced_by == "replaced by a newer stream for node n1 from ipv4:10.0.0.2:5000"
+            # The old stream's handler is woken at once (servicer.py: it waits on its outbox alone).
+            queued = [old_box.get_nowait() for _ in range(old_box.qsize())]
+            assert [m.command.id for m in queued[:-1]] == [in_flight.id] and queued[-1] is WAKE
             assert sent(new_box) == [in_flight.id]  # what the old stream was sent goes again, same id
             ch.close_stream(old)  # the old stream ending does not take the new one with it
             later = await ch.issue("n1", probe(), "scheduler")
-            assert sent(new_box) == [later.id] and sent(old_box) == [in_flight.id]
+            assert sent(new_box) == [later.id] and old_box.empty()
 
     asyncio.run(go())
 
