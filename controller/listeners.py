@@ -31,6 +31,27 @@ REUSEPORT = ("grpc.so_reuseport", 1)
 # --transport-floor: 1.04 -> 0.81 ms). Without it each stream's window stays at HTTP/2's 64 KB, which
 # also bounds what a server buffers per stream (12,500 streams: 800 MB at most).
 NO_BDP_PROBE = ("grpc.http2.bdp_probe", 0)
+# Beyond the agents, what the port may have waiting at once (operators' calls): gRPC's own default.
+OTHER_CALLS = 1000
+
+
+def call_backlog(max_nodes: int) -> list[tuple[str, int]]:
+    """How many new calls gRPC core holds for a server before its event loop takes them: every node
+    the controller may hold, and OTHER_CALLS more.
+
+    Core queues a call that arrives before the server asked for one (and the asyncio server asks for
+    one a turn of its loop, above). Past `grpc.server.max_pending_requests` (default 1,000) it drops
+    new calls at random, all of them past the hard limit (default 3,000): the agent reads CANCELLED,
+    or INTERNAL "Internal error from Core" when its Hello was still being sent, and tries again after
+    its backoff. A fleet reconnecting at once queues about a node a call, so the storm lost nodes to
+    it: 10-323 of 4,000 with 2 ingest fronts (2,000 each), 234-461 of 12,500 with 8 listeners, none
+    once the backlog holds the fleet (bench/results/2026-12-02_call_backlog.txt). The queue costs
+    nothing until used, and a call waits in it at most 30 s (grpc.server_max_unrequested_time_in_server)."""
+    backlog = max_nodes + OTHER_CALLS
+    return [
+        ("grpc.server.max_pending_requests", backlog),
+        ("grpc.server.max_pending_requests_hard_limit", backlog),
+    ]
 
 
 class Listeners:

@@ -23,7 +23,7 @@ from controller.errors import NotLeader, StoreUnavailable
 from controller.fronts.relay import Fronts
 from controller.fronts.wire import FrontSettings
 from controller.interceptors import ErrorInterceptor
-from controller.listeners import NO_BDP_PROBE, REUSEPORT, Listeners, listen_on
+from controller.listeners import NO_BDP_PROBE, REUSEPORT, Listeners, call_backlog, listen_on
 from controller.metrics import controller_registry
 from controller.metrics_http import MetricsServer
 from controller.operator_api import OperatorServicer
@@ -59,6 +59,7 @@ def server_options(config: ControllerConfig) -> list[tuple[str, int]]:
         ("grpc.http2.ping_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
         ("grpc.http2.max_pings_without_data", 0),  # an idle stream is pinged on, not left unwatched
         NO_BDP_PROBE,
+        *call_backlog(config.limits.max_nodes),  # a reconnecting fleet's Hellos wait, not dropped
     ]
 
 

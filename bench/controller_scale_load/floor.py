@@ -23,7 +23,8 @@ from typing import Any
 import grpc
 
 from controller import event_loop
-from controller.listeners import NO_BDP_PROBE, REUSEPORT, listen_on
+from controller.config import LimitsConfig
+from controller.listeners import NO_BDP_PROBE, REUSEPORT, call_backlog, listen_on
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 
@@ -34,6 +35,7 @@ OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 0),
     NO_BDP_PROBE,
+    *call_backlog(LimitsConfig().max_nodes),
 ]
 
 
