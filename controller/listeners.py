@@ -45,8 +45,8 @@ def call_backlog(max_nodes: int) -> list[tuple[str, int]]:
     or INTERNAL "Internal error from Core" when its Hello was still being sent, and tries again after
     its backoff. A fleet reconnecting at once queues about a node a call, so the storm lost nodes to
     it: 10-323 of 4,000 with 2 ingest fronts (2,000 each), 234-461 of 12,500 with 8 listeners, none
-    once the backlog holds the fleet (bench/results/2026-12-02_call_backlog.txt). The queue costs
-    nothing until used, and a call waits in it at most 30 s (grpc.server_max_unrequested_time_in_server)."""
+    once the backlog holds the fleet (bench/results/2026-12-02_call_backlog.txt). A call still waits
+    in it at most 30 s (grpc.server_max_unrequested_time_in_server, left at gRPC's default)."""
     backlog = max_nodes + OTHER_CALLS
     return [
         ("grpc.server.max_pending_requests", backlog),
