@@ -20,6 +20,7 @@ drop, with 8 servers at 4.2-4.4 s. The generator then used the cores the server 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import grpc
@@ -36,8 +37,8 @@ OTHER_CALLS = 1000
 
 
 def call_backlog(max_nodes: int) -> list[tuple[str, int]]:
-    """How many new calls gRPC core holds for a server before its event loop takes them: every node
-    the controller may hold, and OTHER_CALLS more.
+    """How many new calls gRPC core holds for a server before its event loop takes them (every node
+    the controller may hold, and OTHER_CALLS more), and for how long (call_wait, queue_seconds).
 
     Core queues a call that arrives before the server asked for one (and the asyncio server asks for
     one a turn of its loop, above). Past `grpc.server.max_pending_requests` (default 1,000) it drops
@@ -45,13 +46,34 @@ def call_backlog(max_nodes: int) -> list[tuple[str, int]]:
     or INTERNAL "Internal error from Core" when its Hello was still being sent, and tries again after
     its backoff. A fleet reconnecting at once queues about a node a call, so the storm lost nodes to
     it: 10-323 of 4,000 with 2 ingest fronts (2,000 each), 234-461 of 12,500 with 8 listeners, none
-    once the backlog holds the fleet (bench/results/2026-12-02_call_backlog.txt). A call still waits
-    in it at most 30 s (grpc.server_max_unrequested_time_in_server, left at gRPC's default)."""
+    once the backlog holds the fleet (bench/results/2026-12-02_call_backlog.txt)."""
     backlog = max_nodes + OTHER_CALLS
     return [
         ("grpc.server.max_pending_requests", backlog),
         ("grpc.server.max_pending_requests_hard_limit", backlog),
+        *call_wait(queue_seconds(max_nodes)),
     ]
+
+
+# How long a new call may wait in that queue, a node's share: a storm of the whole fleet taken in at
+# this much of the loop a node is taken in before any call waits too long. The loop took 1.1-1.7 ms
+# a node in storms on 2 cores (bench/results/2026-12-02_storm_by_size_and_what_is_left.txt), and the
+# answer to a Hello came at p99 22-25 s in a 12,500-node storm: gRPC's 30 s was near.
+QUEUE_SECONDS_A_NODE = 0.005
+MIN_QUEUE_SECONDS = 30  # gRPC's default: no fleet waits less than it did
+
+
+def queue_seconds(max_nodes: int) -> int:
+    """How long a new call waits in core's queue for the server, at most: 100 s at 20,000 nodes.
+    Past it core cancels the call (the agent reads CANCELLED, backs off and tries again, at the back
+    of the queue), so too short a wait keeps a large storm from settling; too long one keeps an
+    agent waiting on a server whose loop is stuck (the keepalive pings are answered by core)."""
+    return max(MIN_QUEUE_SECONDS, math.ceil(max_nodes * QUEUE_SECONDS_A_NODE))
+
+
+def call_wait(seconds: int) -> list[tuple[str, int]]:
+    """The server option that cancels a call left unrequested `seconds`."""
+    return [("grpc.server_max_unrequested_time_in_server", seconds)]
 
 
 class Listeners:

@@ -1,11 +1,13 @@
-"""gRPC core's backlog of new calls a server has not asked for yet (controller/listeners.py
-call_backlog).
+"""gRPC core's backlog of new calls a server has not asked for yet, and how long a call may wait in it
+(controller/listeners.py call_backlog, queue_seconds).
 
 A fleet reconnecting at once opens a stream a node while the controller's event loop is busy; core
 queues them until the asyncio server asks for each. With gRPC's defaults it drops some past 1,000
 waiting (the agent reads CANCELLED or INTERNAL and backs off); with the controller's server options
-every one waits and is served. The server is a bare one in a process of its own (held_server.py)
-whose event loop is held while the streams arrive, so the backlog is as large as the burst.
+every one waits and is served. A call left waiting longer than the server's call_wait is cancelled,
+which is why the controller's is longer than gRPC's 30 s for a large fleet. The server is a bare one
+in a process of its own (held_server.py) whose event loop is held while the streams arrive, so the
+backlog is as large as the burst.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 
 import grpc
 
-from controller.config import ControllerConfig
+from controller.config import ControllerConfig, LimitsConfig
+from controller.listeners import call_wait, queue_seconds
 from controller.server import server_options
 
 SERVER = Path(__file__).with_name("held_server.py")
@@ -90,22 +93,22 @@ async def _outcome(call: Any, sent: BaseException | None) -> str:
     return code.name
 
 
-async def burst(options: list[tuple[str, Any]]) -> Counter[str]:
-    """STREAMS new streams, each with its first message, sent while the server's loop is held; then
-    the loop let go: what became of each."""
+async def burst(options: list[tuple[str, Any]], streams: int = STREAMS, held: float = 1.0) -> Counter[str]:
+    """`streams` new streams, each with its first message, sent while the server's loop is held;
+    then, `held` seconds later, the loop let go: what became of each."""
     server = HeldServer(options)
     channels = [
         grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(STREAMS // PER_CONNECTION)
+        for _ in range(max(1, streams // PER_CONNECTION))
     ]
     calls: list[Any] = []
     try:
         for channel in channels:  # connected before the hold: the connections are not what is measured
             await asyncio.wait_for(channel.channel_ready(), 30)
         server.hold()
-        calls = [_open(channels[i % len(channels)]) for i in range(STREAMS)]
+        calls = [_open(channels[i % len(channels)]) for i in range(streams)]
         sent = await asyncio.gather(*(call.write(b"hello") for call in calls), return_exceptions=True)
-        await asyncio.sleep(1.0)  # every call's headers and message through to the server's core
+        await asyncio.sleep(held)  # every call's headers and message through to the server's core
         server.tell("go")
         errors = [error if isinstance(error, BaseException) else None for error in sent]
         pairs = zip(calls, errors, strict=True)
@@ -131,3 +134,23 @@ def test_grpcs_default_backlog_drops_streams_of_the_same_burst() -> None:
     dropped = STREAMS - outcomes["accepted"]
     assert dropped > 0, outcomes
     assert set(outcomes) <= {"accepted", "CANCELLED", "INTERNAL", "InvalidStateError"}, outcomes
+
+
+def test_a_call_left_waiting_past_the_servers_call_wait_is_cancelled() -> None:
+    """The option's name and unit as this gRPC reads them: calls held 3 s are cancelled with a 1 s
+    wait and served with a 10 s one (a misspelt option would be ignored: 30 s, served either way).
+    One call is served either way: the one the server had asked for before its loop was held, which
+    never waited in the queue."""
+    short = asyncio.run(burst(call_wait(1), streams=20, held=3.0))
+    assert short["accepted"] <= 1, short
+    assert set(short) <= {"accepted", "CANCELLED", "INTERNAL"}, short
+    longer = asyncio.run(burst(call_wait(10), streams=20, held=3.0))
+    assert longer == Counter({"accepted": 20})
+
+
+def test_the_controllers_calls_wait_as_long_as_a_storm_of_its_fleet() -> None:
+    assert queue_seconds(1) == 30  # never shorter than gRPC's own default
+    assert queue_seconds(20_000) == 100  # limits.max_nodes's default at 5 ms a node
+    for max_nodes in (100, 20_000, 50_000):
+        options = dict(server_options(ControllerConfig(limits=LimitsConfig(max_nodes=max_nodes))))
+        assert options["grpc.server_max_unrequested_time_in_server"] == queue_seconds(max_nodes)
