@@ -35,7 +35,10 @@ def run_controller(args: argparse.Namespace) -> int:
     if getattr(args, "kubeconfig", None):  # the flag beats kubernetes.kubeconfig in the file
         config.kubernetes.kubeconfig = args.kubeconfig
     configure_logging(config.log_level)  # node text escaped, repeated lines rate-limited (protos/logsafe.py)
+    from controller.open_files import raise_open_files
     from controller.server import serve, write_ready_file
+
+    raise_open_files(config.limits.max_nodes)  # before the children start: they inherit it
 
     ready_file = args.ready_file
 
