@@ -85,6 +85,9 @@ class IngestFront(Protocol):
     def alive(self) -> bool: ...
 
     @property
+    def pid(self) -> int | None: ...
+
+    @property
     def streams(self) -> Sized: ...
 
 

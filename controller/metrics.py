@@ -26,6 +26,7 @@ from controller.fleet.health import node_health
 from controller.fleet.node_order import node_names
 from controller.metrics_record import SecondsHistogram
 from controller.metrics_text import OneHotGauge, TextGauge
+from controller.open_files import open_files, soft_limit
 from controller.store.checkpoint import INTERVAL_SECONDS, RESTART_WAIT_MS
 from controller.store.sqlite import BUSY_TIMEOUT_MS
 from controller.store.writer import LOCK_WAIT_SECONDS
@@ -78,6 +79,7 @@ class ControllerCollector(Collector):
         yield _log_lines_suppressed()
         yield from self._identity()
         yield from self._fronts()
+        yield from self._open_files()
         yield from self._replicas()
         yield from self._warm_standby()
 
@@ -90,6 +92,7 @@ class ControllerCollector(Collector):
         yield from self._identity()
         yield from self._ownership()
         yield from self._fronts()
+        yield from self._open_files()
         yield from self._warm_standby()
 
     def _warm_standby(self) -> Iterator[Metric]:
@@ -180,6 +183,29 @@ class ControllerCollector(Collector):
             value=0 if feed is None else feed.failures,
         )
         yield from self._ownership()
+
+    def _open_files(self) -> Iterator[Metric]:
+        counts = GaugeMetricFamily(
+            PREFIX + "open_files",
+            "Files open in the controller's process and in each ingest front's: its agents' "
+            "connections among them, one a node and two while a node reconnects (controller/open_files.py).",
+            labels=["process"],
+        )
+        own = open_files()
+        if own is not None:  # not where /proc cannot be read
+            counts.add_metric(["controller"], own)
+        for front in [] if self.app.fronts is None else self.app.fronts.running:
+            pid = front.pid if front.alive else None
+            held = None if pid is None else open_files(pid)
+            if held is not None:
+                counts.add_metric([f"front-{front.index}"], held)
+        yield counts
+        yield GaugeMetricFamily(
+            PREFIX + "open_files_limit",
+            "The controller's soft open-file limit, raised to the hard one at start; its ingest fronts "
+            "inherit it. Past it no agent's connection is accepted until another closes.",
+            value=soft_limit(),
+        )
 
     def _fronts(self) -> Iterator[Metric]:
         fronts = self.app.fronts

@@ -160,6 +160,25 @@ def _ingest(layout: Layout) -> None:
         ),
         8,
     )
+    layout.add(
+        timeseries(
+            "Open files, of the limit",
+            [
+                target(
+                    "gpufleet_controller_open_files / on (job, instance) group_left "
+                    "gpufleet_controller_open_files_limit",
+                    "{{instance}} {{process}}",
+                )
+            ],
+            "percentunit",
+            description="Files open in the controller and in each ingest front, of the soft limit: "
+            "an agent holds one, two while it reconnects. Past half, a fleet reconnecting at once could "
+            "run out, and no connection is then accepted until others close "
+            "(alert GpufleetControllerOpenFilesHigh).",
+            min_value=0,
+        ),
+        8,
+    )
 
 
 def _findings(layout: Layout) -> None:

@@ -171,6 +171,10 @@ class FrontProcess(asyncio.SubprocessProtocol):
     def alive(self) -> bool:
         return self.port.done() and not self.port.exception() and not self.exited.done()
 
+    @property
+    def pid(self) -> int | None:
+        return None if self.transport is None else self.transport.get_pid()
+
     def send(self, data: bytes) -> None:
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.write(data)

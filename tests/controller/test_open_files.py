@@ -7,10 +7,12 @@ own limit is never changed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import resource
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import grpc
 import pytest
 import yaml
 
-from controller.open_files import needed_files
+from controller.open_files import needed_files, open_files, soft_limit
 from tests.processes import ready_address, stop
 
 # In a fresh interpreter: the limits set, then what raise_open_files did and what the process has now.
@@ -152,3 +154,15 @@ def test_the_controller_raises_its_limit_at_start_and_takes_more_connections_tha
         assert asyncio.run(_connect_all(address)) == CONNECTIONS
     finally:
         stop(process)
+
+
+def test_open_files_counts_this_processs_files_and_none_for_a_process_not_there() -> None:
+    before = open_files()
+    assert before is not None
+    with contextlib.ExitStack() as stack:
+        for _ in range(50):
+            stack.enter_context(tempfile.TemporaryFile())
+        assert open_files() == before + 50
+    assert open_files() == before
+    assert open_files(2**22 + 1) is None  # above any pid Linux gives (pid_max is at most 2**22)
+    assert soft_limit() == resource.getrlimit(resource.RLIMIT_NOFILE)[0]

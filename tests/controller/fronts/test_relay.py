@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -150,6 +151,38 @@ def test_a_front_that_dies_is_started_again_and_its_agents_reconnect_to_the_fron
                 series = 'gpufleet_controller_ingest_front_streams{{front="{}"}}'
                 streams = [scraped[series.format(i)] for i in (0, 1)]
                 assert sum(streams) == running.app.connected_agents == len(names) - len(cut)
+
+    asyncio.run(go())
+
+
+def test_each_fronts_open_files_are_shown_with_the_controllers() -> None:
+    """gpufleet_controller_open_files counts each front's files, a file per agent's connection among
+    them, besides the controller's own; the limit is the controller's, which the fronts inherit."""
+    names = [f"n{i:02d}" for i in range(24)]
+
+    def front_files(scraped: dict[str, float], index: int) -> float:
+        return scraped[f'gpufleet_controller_open_files{{process="front-{index}"}}']
+
+    async def go() -> None:
+        async with running_controller(config(), fronts=2) as running:
+            fronts = running.fronts
+            assert fronts is not None
+            await until(lambda: all(front.alive for front in fronts.running), "the fronts to listen")
+            before = scrape(running)
+            async with agents(running, names):
+                after = scrape(running)
+                for front in fronts.running:
+                    assert front.pid is not None
+                    assert (
+                        abs(front_files(after, front.index) - len(os.listdir(f"/proc/{front.pid}/fd"))) <= 2
+                    )
+                    grew = front_files(after, front.index) - front_files(before, front.index)
+                    assert len(front.streams) <= grew <= len(front.streams) + 2, (grew, len(front.streams))
+                assert sum(len(front.streams) for front in fronts.running) == len(names)
+                own = after['gpufleet_controller_open_files{process="controller"}']
+                assert abs(own - len(os.listdir("/proc/self/fd"))) <= 2
+                limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                assert after["gpufleet_controller_open_files_limit"] == limit
 
     asyncio.run(go())
 
