@@ -313,7 +313,19 @@ def storm_lines(storm: dict[str, Any] | None, server: str = "the controller") ->
         # Beside reconnect (from the drop): the answer alone, without the backoff of failed tries.
         f"  the attempt that got a node back waited p50/p99 {cell(storm.get('answer_p50_s'), '{:.2f}')}/"
         f"{cell(storm.get('answer_p99_s'), '{:.2f}')} s for {server} to accept its Hello",
+        open_files_line(storm, server),
     ]
+
+
+def open_files_line(storm: dict[str, Any], server: str) -> str:
+    """Whether the storm ran into the server's open-file limit (its old and new connections together)."""
+    limit = storm.get("open_files_limit")
+    soft = "n/a" if not limit else f"{limit[0]} (hard {limit[1]})"
+    times = storm.get("out_of_files", 0)
+    found = "did not run out"
+    if times:
+        found = f"ran out of them {times} times (gRPC: 'File descriptor limit reached')"
+    return f"  open files: {server}'s soft limit {soft}; it {found}"
 
 
 def floor_lines(floor: dict[str, Any] | None, steps: Sequence[dict[str, Any]]) -> list[str]:

@@ -21,6 +21,7 @@ from controller_scale_load import report, target
 from controller_scale_load.fleet import Fleet
 
 STORM_TIMEOUT_S = 120.0
+OUT_OF_FILES = b"File descriptor limit reached"  # gRPC's listener, when accept() finds no file left
 SERIES = ("reconnect", "answer", "first_ack", "since_storm", "moved", "kept")
 # The heir's log lines that mark its takeover (controller/app.py, replicas.py, server.py), in order.
 TAKEOVER_LINES = {
@@ -40,6 +41,7 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller, say
     controller's event-loop thread apart: near a whole core, the storm waited on that one thread
     (gRPC's asyncio layer and the Hellos run there), which more cores on the host do not speed up."""
     say(f"reconnect storm: dropping {nodes} streams")
+    out_of_files = out_of_files_lines(controller.log)
     before, generator = target.sample(controller), fleet.cpu_seconds()
     fleet.ask("storm")
     answers, done, seconds = _await_fleet(fleet, nodes)
@@ -52,8 +54,19 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller, say
     storm["loop_cores"] = looped / seconds
     storm["loop_ms_per_node"] = 1e3 * looped / max(done, 1)
     storm["generator_cores"] = generator / seconds
+    storm["out_of_files"] = out_of_files_lines(controller.log) - out_of_files
+    storm["open_files_limit"] = target.open_files_limit(controller)
     say(f"reconnect storm: {done} of {nodes} recovered in {seconds:.1f} s")
     return storm
+
+
+def out_of_files_lines(log: Path | None) -> int:
+    """How many times gRPC in the controller's processes has found no file to accept a connection
+    with, as its log (`log`) says so far ("File descriptor limit reached. Retrying.", a second apart)."""
+    if log is None or not log.exists():
+        return 0
+    with log.open("rb") as lines:
+        return sum(line.count(OUT_OF_FILES) for line in lines)
 
 
 def failover(

@@ -48,6 +48,7 @@ class Controller:
     # With replicas: the standbys (replica_ingest), each serving agents on its own address.
     standbys: list[subprocess.Popen[bytes]] = field(default_factory=list)
     standby_addresses: list[str] = field(default_factory=list)
+    log: Path | None = None  # its output, its children's included (the fronts, the detection process)
 
     @property
     def pid(self) -> int:
@@ -205,7 +206,7 @@ def start(
     process, address, operators = _launch(command, ready, log, "the controller")
     metrics = f"http://{settings['metrics_address']}/metrics"
     store: Path | str = db if db is not None else Path(str(settings["db"]))
-    controller = Controller(process, address, metrics, directory, store, operators)
+    controller = Controller(process, address, metrics, directory, store, operators, log=log)
     try:
         for index in range(1, replicas):
             standby, bound = _start_standby(directory, index, settings)
@@ -260,7 +261,16 @@ def start_floor(directory: Path, listeners: int = 1, event_loop: str = "auto") -
     command = [sys.executable, floor, "--ready-file", str(ready), "--listeners", str(listeners)]
     command += ["--event-loop", event_loop]
     process, address, _ = _launch(command, ready, log, "the floor server")
-    return Controller(process, address, "", directory, directory / "floor-has-no-store")
+    return Controller(process, address, "", directory, directory / "floor-has-no-store", log=log)
+
+
+def open_files_limit(controller: Controller) -> tuple[int, int] | None:
+    """The controller's open-file limit (soft, hard) as it runs: it raises its soft one at start."""
+    try:
+        soft, hard = psutil.Process(controller.pid).rlimit(psutil.RLIMIT_NOFILE)
+    except (psutil.Error, OSError):
+        return None
+    return soft, hard
 
 
 def _launch(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 import sys
 import threading
 import time
@@ -87,6 +88,9 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     # Its event-loop thread apart: part of the controller's CPU, and at most one core.
     assert 0 < storm["loop_ms_per_node"] < storm["controller_ms_per_node"]
     assert 0 < storm["loop_cores"] < min(storm["controller_cores"], 1.1)
+    # The controller raised its soft open-file limit to the hard one it inherited; none ran out.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert list(storm["open_files_limit"]) == [hard, hard] and storm["out_of_files"] == 0
 
 
 def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, Any]) -> None:
@@ -123,6 +127,7 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     assert [who for who, _ in looped] == ["the controller", "the bare server"], text
     assert all(0 < float(cores) <= 1.1 for _, cores in looped), text
     assert "for the bare server to accept its Hello" in text
+    assert "open files: the controller's soft limit" in text and "it did not run out" in text
     assert "another process wrote to the store's disk meanwhile" in text
     json.dumps(document, allow_nan=False)
 
@@ -319,3 +324,18 @@ def test_a_takeover_lasts_until_the_moved_nodes_are_back_and_the_kept_streams_se
     assert report.takeover_seconds({**figures, "moved_p99_s": None}) is None  # one never came back
     assert report.takeover_seconds({**figures, "listening_s": None}) is None
     assert report.takeover_seconds({"listening_s": 5.0, "since_storm_p99_s": 55.0}) == 55.0
+
+
+def test_the_storm_counts_the_times_grpc_found_no_file_to_accept_with(tmp_path: Path) -> None:
+    log = tmp_path / "controller.log"
+    assert storms.out_of_files_lines(log) == 0 and storms.out_of_files_lines(None) == 0
+    limit = "posix_engine_listener.cc:164] File descriptor limit reached. Retrying."
+    log.write_text(
+        f"E1202 18:18:38.300089    8300 {limit}\nINFO agent connected\n" + f"E1202 18:18:39.3 {limit}\n" * 2
+    )
+    assert storms.out_of_files_lines(log) == 3
+    line = report.open_files_line({"out_of_files": 3, "open_files_limit": [20000, 20000]}, "the controller")
+    assert line == (
+        "  open files: the controller's soft limit 20000 (hard 20000); it ran out of them 3 times "
+        "(gRPC: 'File descriptor limit reached')"
+    )
