@@ -1,5 +1,5 @@
-"""Agents connecting and disconnecting, in the controller's log: a line each while they come a few at
-a time, a count once a whole fleet reconnects.
+"""Agents connecting, disconnecting and replacing their streams, in the controller's log: a line each
+while they come a few at a time, a count once a whole fleet reconnects.
 
 After a controller restart or a network partition every agent reconnects within seconds: at 12,500
 nodes, 25,000 lines ("agent connected" and "agent disconnected") that bury everything else in the
@@ -8,6 +8,10 @@ log, and 4% of the event loop's time in such a storm (py-spy, bench/controller_s
 WINDOW_SECONDS window; the others are counted, and when the window ends one line says how many
 there were and names the last node ("agents connected: 1980 more in the last 10 s, not logged one
 by one; the last: node n1 ..."). The counts are exact, whichever lines were written.
+
+When a network partition heals, the agents reconnect on new connections while the controller still
+holds their old ones (until its keepalive finds them dead): each new stream replaces its node's old
+one, a warning each ("node n1: stream from A replaced by a newer one from B"), windowed the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ WINDOW_SECONDS = 10.0
 @dataclass(slots=True)
 class _Window:
     began: float
+    level: int  # the lines' logging level, their count's too
     written: int = 0
     held: int = 0  # lines not written one by one in this window
     last: str = ""  # the last of them, as it would have read
@@ -61,15 +66,24 @@ class ConnectionLog:
     def disconnected(self, node: str) -> None:
         self._line("agents disconnected", "agent disconnected: node %s", (node,))
 
-    def _line(self, kind: str, template: str, args: tuple[object, ...]) -> None:
+    def replaced(self, node: str, old_peer: str, peer: str) -> None:
+        """A new stream of `node` (from `peer`) replaced one still open (from `old_peer`)."""
+        self._line(
+            "streams replaced",
+            "node %s: stream from %s replaced by a newer one from %s",
+            (node, old_peer, peer),
+            logging.WARNING,
+        )
+
+    def _line(self, kind: str, template: str, args: tuple[object, ...], level: int = logging.INFO) -> None:
         now = self.clock()
         self.flush(now)
         window = self._windows.get(kind)
         if window is None:
-            window = self._windows[kind] = _Window(now)
+            window = self._windows[kind] = _Window(now, level)
         if window.written < self.per_window:
             window.written += 1
-            self.log.info(template, *args)
+            self.log.log(level, template, *args)
             return
         window.held += 1
         window.last = template % args
@@ -84,7 +98,8 @@ class ConnectionLog:
                 continue
             del self._windows[kind]
             if window.held:
-                self.log.info(
+                self.log.log(
+                    window.level,
                     "%s: %d more in the last %.0f s, not logged one by one; the last: %s",
                     kind,
                     window.held,

@@ -128,6 +128,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         # Replacing it puts a wake-up in its outbox (the channel), as its reader's end does below,
         # so the loop below awaits the outbox alone.
         stream = self.app.commands.open_stream(hello, outbox, context.peer())
+        if stream.replaces:  # the old one's connection may be half-open: a partition that healed
+            self.app.connection_log.replaced(hello.node, stream.replaces, stream.peer)
         writes, reading = StreamWrites(context, stream.replaced), Reading()
         reader: asyncio.Task[None] | None = None
         try:

@@ -73,6 +73,7 @@ class NodeStream:
     remembers: bool = False  # the agent keeps command ids and results across its restarts
     replaced: asyncio.Event = field(default_factory=asyncio.Event)
     replaced_by: str = ""  # the status details the replaced stream is closed with
+    replaces: str = ""  # the peer of the older stream of the node this one replaced, if it did
 
 
 class CommandChannel:
@@ -130,7 +131,7 @@ class CommandChannel:
             old.replaced_by = f"replaced by a newer stream for node {hello.node} from {peer}"
             old.replaced.set()
             old.outbox.put_nowait(WAKE)
-            log.warning("node %s: stream from %s replaced by a newer one from %s", hello.node, old.peer, peer)
+            stream.replaces = old.peer  # the caller logs it (controller/connection_log.py)
         self.streams[hello.node] = stream
         self._deliver(stream, self.in_flight(hello.node))
         return stream

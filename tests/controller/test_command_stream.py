@@ -4,6 +4,9 @@ across a controller restart is sent again with the same id and run once by the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -49,6 +52,41 @@ def test_a_second_stream_for_a_node_replaces_the_first_which_is_closed_with_abor
             await until(lambda: not running.app.fleet.nodes["n1"].connected, "the last stream gone")
 
     asyncio.run(go())
+
+
+def test_streams_replaced_as_a_partition_heals_are_logged_a_few_then_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every node's agent reconnects while the controller still holds its old stream: a warning each
+    up to the window's budget (1 here), the others counted in one warning, at shutdown at the latest."""
+    caplog.set_level(logging.WARNING, STREAM_LOG)
+    nodes = ["n1", "n2", "n3"]
+
+    async def go() -> None:
+        async with controller() as (running, _), contextlib.AsyncExitStack() as stack:
+            running.app.connection_log.per_window = 1
+            olds = [await stack.enter_async_context(scripted_agent(running, n)) for n in nodes]
+            for node, old in zip(nodes, olds, strict=True):
+                await stack.enter_async_context(scripted_agent(running, node))
+                assert await asyncio.wait_for(old.code(), TIMEOUT) == grpc.StatusCode.ABORTED
+            assert len(stream_warnings(caplog)) == 1
+
+    asyncio.run(go())
+    first, count = stream_warnings(caplog)
+    # (the test's channels share one connection: both peers may be the same address)
+    assert re.fullmatch(r"node n1: stream from ipv4:127\.0\.0\.1:\d+ replaced by a newer one from \S+", first)
+    assert re.fullmatch(
+        r"streams replaced: 2 more in the last 10 s, not logged one by one; the last: node n3: stream "
+        r"from ipv4:127\.0\.0\.1:\d+ replaced by a newer one from ipv4:127\.0\.0\.1:\d+",
+        count,
+    ), count
+
+
+STREAM_LOG = "gpufleet.controller.stream"
+
+
+def stream_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == STREAM_LOG and r.levelno >= logging.WARNING]
 
 
 def test_a_replaced_stream_sends_nothing_more_even_what_was_queued_as_it_was_replaced() -> None:

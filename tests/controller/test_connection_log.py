@@ -93,3 +93,23 @@ def test_counts_held_at_shutdown_are_written(caplog: pytest.LogCaptureFixture) -
         "agents disconnected: 2 more in the last 10 s, not logged one by one; "
         "the last: agent disconnected: node c",
     ]
+
+
+def test_replaced_streams_are_warnings_and_so_is_their_count(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    log = ConnectionLog(logging.getLogger(LOGGER), per_window=2, clock=Clock())
+    for i in range(5):
+        log.replaced(f"n{i}", f"old{i}", f"new{i}")
+    log.connected("n9", "b", "peer", 0)  # its own window and budget
+    log.close()
+    written = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+    assert written == [
+        (logging.WARNING, "node n0: stream from old0 replaced by a newer one from new0"),
+        (logging.WARNING, "node n1: stream from old1 replaced by a newer one from new1"),
+        (logging.INFO, "agent connected: node n9 boot b (peer), acked 0"),
+        (
+            logging.WARNING,
+            "streams replaced: 3 more in the last 10 s, not logged one by one; "
+            "the last: node n4: stream from old4 replaced by a newer one from new4",
+        ),
+    ]

@@ -237,6 +237,7 @@ def test_the_newest_stream_of_a_node_gets_its_commands_and_the_old_is_told_why(t
             new = ch.open_stream(hello("n1"), new_box, "ipv4:10.0.0.2:5000")
             assert old.replaced.is_set() and not new.replaced.is_set()
             assert old.replaced_by == "replaced by a newer stream for node n1 from ipv4:10.0.0.2:5000"
+            assert new.replaces == "ipv4:10.0.0.1:4000" and old.replaces == ""  # for the log (servicer)
             # The old stream's handler is woken at once (servicer.py: it waits on its outbox alone).
             queued = [old_box.get_nowait() for _ in range(old_box.qsize())]
             assert [m.command.id for m in queued[:-1]] == [in_flight.id] and queued[-1] is WAKE
