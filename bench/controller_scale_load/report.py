@@ -305,7 +305,9 @@ def storm_lines(storm: dict[str, Any] | None, server: str = "the controller") ->
         f"({cell(storm.get('controller_ms_per_node'), '{:.1f}')} ms of CPU per node reconnected), "
         f"the load generator {cell(storm.get('generator_cores'), '{:.2f}')} cores",
         f"  of which on {server}'s event-loop thread {cell(storm.get('loop_cores'), '{:.2f}')} cores "
-        f"({cell(storm.get('loop_ms_per_node'), '{:.1f}')} ms per node reconnected; one core at most)",
+        f"({cell(storm.get('loop_ms_per_node'), '{:.1f}')} ms per node reconnected; one core at most), "
+        f"garbage collection {cell(storm.get('gc_seconds'), '{:.2f}')} s of it "
+        f"({cell(storm.get('gc_loop_share'), '{:.0%}')})",
         f"  the generator's processes had cancelled every old stream "
         f"{cell(storm.get('dropped_s'), '{:.2f}')} s after the drop began; attempts that failed "
         "before a node was back: "

@@ -42,10 +42,13 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller, say
     (gRPC's asyncio layer and the Hellos run there), which more cores on the host do not speed up."""
     say(f"reconnect storm: dropping {nodes} streams")
     out_of_files = out_of_files_lines(controller.log)
+    collected = _gc_seconds(controller)
     before, generator = target.sample(controller), fleet.cpu_seconds()
     fleet.ask("storm")
     answers, done, seconds = _await_fleet(fleet, nodes)
     after, generator = target.sample(controller), fleet.cpu_seconds() - generator
+    if collected is not None:  # read after the CPU: the scrape's own work is not the storm's
+        collected = (_gc_seconds(controller) or 0.0) - collected
     storm = _figures(answers, nodes, done, seconds)
     spent = after.cpu_seconds - before.cpu_seconds
     storm["controller_cores"] = spent / seconds
@@ -53,11 +56,20 @@ def reconnect_storm(fleet: Fleet, nodes: int, controller: target.Controller, say
     looped = after.loop_cpu_seconds - before.loop_cpu_seconds
     storm["loop_cores"] = looped / seconds
     storm["loop_ms_per_node"] = 1e3 * looped / max(done, 1)
+    # The collector runs on the loop's thread: its share of that thread's CPU in the storm.
+    storm["gc_seconds"] = collected
+    storm["gc_loop_share"] = None if collected is None or looped <= 0 else collected / looped
     storm["generator_cores"] = generator / seconds
     storm["out_of_files"] = out_of_files_lines(controller.log) - out_of_files
     storm["open_files_limit"] = target.open_files_limit(controller)
     say(f"reconnect storm: {done} of {nodes} recovered in {seconds:.1f} s")
     return storm
+
+
+def _gc_seconds(controller: target.Controller) -> float | None:
+    """Seconds the controller's collector has run (its /metrics, gc_seconds_total), None without one
+    (the bare server)."""
+    return target.scrape(controller).gc_seconds if controller.metrics_url else None
 
 
 def out_of_files_lines(log: Path | None) -> int:

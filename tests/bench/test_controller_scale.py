@@ -88,6 +88,9 @@ def test_reconnect_storm_recovers_every_node(document: dict[str, Any]) -> None:
     # Its event-loop thread apart: part of the controller's CPU, and at most one core.
     assert 0 < storm["loop_ms_per_node"] < storm["controller_ms_per_node"]
     assert 0 < storm["loop_cores"] < min(storm["controller_cores"], 1.1)
+    # Its collector's seconds in the storm (its /metrics), a share of that thread's CPU.
+    looped = storm["loop_ms_per_node"] * NODES / 1e3
+    assert storm["gc_seconds"] >= 0 and storm["gc_loop_share"] == pytest.approx(storm["gc_seconds"] / looped)
     # The controller raised its soft open-file limit to the hard one it inherited; none ran out.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     assert list(storm["open_files_limit"]) == [hard, hard] and storm["out_of_files"] == 0
@@ -105,6 +108,7 @@ def test_transport_floor_is_the_same_load_on_a_bare_server(document: dict[str, A
     # The same storm against it (with the controller's listeners): every node back.
     storm = floor["storm"]
     assert storm["nodes"] == storm["recovered"] == NODES and _finite(storm["since_storm_p99_s"])
+    assert storm["gc_seconds"] is None  # it has no /metrics
     assert document["settings"]["listeners"] == ControllerConfig().listeners
 
 
@@ -117,7 +121,7 @@ def test_report_has_verdicts_text_and_json(document: dict[str, Any]) -> None:
     text = report.text(document)
     assert "ms/frame" in text and "ListNodes s" in text and "verdicts:" in text
     assert "reconnect storm at 50 nodes" in text and "ms of CPU per node reconnected" in text
-    assert "for the controller to accept its Hello" in text
+    assert "for the controller to accept its Hello" in text and "garbage collection" in text
     assert "garbage collection" in text
     assert "transport floor at 50 nodes" in text and "the controller's own work above it" in text
     loop = re.search(r"event loop's thread: the bare server (\S+) ms per frame, the controller (\S+)", text)
