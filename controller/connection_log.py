@@ -36,9 +36,9 @@ class _Window:
 
 
 class ConnectionLog:
-    """`connected` and `disconnected` write or count a line; `flush` writes the count of every window
-    that has ended (called by a timer on the running loop, if there is one, when a window first holds
-    a line back)."""
+    """`connected`, `disconnected` and `replaced` write or count a line; `flush` writes the count of
+    every window that has ended (called by a timer on the running loop, if there is one, when a
+    window first holds a line back)."""
 
     def __init__(
         self,
