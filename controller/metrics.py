@@ -436,7 +436,8 @@ class ControllerCollector(Collector):
         yield GaugeMetricFamily(
             PREFIX + "gc_frozen_objects",
             "Objects frozen out of the automatic collections, as counted at the first freeze and at "
-            "the last full (hourly) collection: counting them more often costs a walk of them all.",
+            "the last full collection (hourly, up to daily while they free next to nothing): counting "
+            "them more often costs a walk of them all.",
             value=policy.frozen,
         )
 

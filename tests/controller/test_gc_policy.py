@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.gc_policy import YOUNG_THRESHOLD, CollectorPolicy, collector_paused
+from controller.gc_policy import FULL_IDLE_SHARE, YOUNG_THRESHOLD, CollectorPolicy, collector_paused
 from controller.store.sql import Conn
 from controller.store.sqlite import SqliteBackend
 from controller.store.writer import StoreThread
@@ -69,7 +70,8 @@ def test_counts_what_is_frozen_at_the_first_freeze_and_each_full_collection() ->
     frozen objects: gc.get_freeze_count() at every freeze or scrape is a long stop of the loop at a
     fleet's size, and listing the new objects is unsafe (the next test)."""
     clock = Clock()
-    policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, clock=clock)
+    # Every hour (its first full collection finds nothing: the next would wait longer)
+    policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, full_max_seconds=3600, clock=clock)
     gc.disable()  # no automatic collection in between
     try:
         clock.now += 10
@@ -160,6 +162,35 @@ def test_a_frozen_object_is_out_of_every_collection_until_the_full_one() -> None
     assert policy.full_collections == 1
     assert dead() is None, "the full collection did not free a cycle frozen since the last one"
     assert gc.get_freeze_count() > 0, "the full collection must freeze again"
+
+
+def test_full_collections_that_find_nothing_come_less_often_and_garbage_brings_the_hour_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each full collection stops the event loop for a walk of the whole heap (seconds at a large
+    fleet's size); while they free next to nothing the next waits twice as long, up to the maximum."""
+    caplog.set_level(logging.INFO, "gpufleet.controller.gc")
+    clock = Clock()
+    policy = CollectorPolicy(freeze_seconds=10, full_seconds=3600, full_max_seconds=4 * 3600, clock=clock)
+    collections = []
+    for step in (3600, 3600, 3600, 4 * 3600, 4 * 3600):
+        clock.now += step
+        policy.tick()
+        collections.append((policy.full_collections, policy.full_every))
+    # Due after 1 h, then 2 h (not at 1 h), then 4 h, and 4 h again: the maximum.
+    assert collections == [(1, 7200), (1, 7200), (2, 14400), (3, 14400), (4, 14400)]
+    assert caplog.messages[-1].endswith("unreachable freed; the next in 14400 s")
+    # Cycles that died frozen, more than FULL_IDLE_SHARE of the heap: the next collection frees them
+    # and the one after comes an hour later.
+    kept = [Cycle() for _ in range(int(policy.frozen * FULL_IDLE_SHARE) + 1000)]
+    clock.now += 10
+    policy.tick()  # a freeze: they are out of the automatic collections
+    dead = weakref.ref(kept[0])
+    kept.clear()
+    clock.now += 4 * 3600
+    policy.tick()
+    assert dead() is None and policy.full_collections == 5 and policy.full_every == 3600
+    assert caplog.messages[-1].endswith("the next in 3600 s")
 
 
 def test_cycles_that_died_before_the_freeze_are_freed_by_it() -> None:
