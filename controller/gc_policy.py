@@ -13,8 +13,9 @@ what is new. 2 s rather than 10 s: while a fleet connects, the new nodes' state 
 freeze (full collections of 0.25 s at 2,000 nodes, 0.08 s at 2 s); a freeze costs one young
 collection. Before
 each freeze the young generations are collected, so short-lived cycles (exceptions and their
-tracebacks) are still freed. Once an hour everything is unfrozen and collected in full, so a cycle
-that was frozen is freed within the hour; that one pause is logged with its length.
+tracebacks) are still freed. Once an hour (less often while those find nothing: below) everything
+is unfrozen and collected in full, so a cycle that was frozen is freed; that pause is logged with
+its length.
 
 That pause walks every object the process keeps, about 0.75 us each on a heap this size: 0.9 s of
 the event loop at 4,000 nodes (1.18M objects), about 3 s at 12,500. And it finds almost nothing:
