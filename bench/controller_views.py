@@ -4,7 +4,8 @@ ListNodes (every page, over gRPC from its server) and a GetNode, and a probe sch
 event loop, so each is also how long its acks wait meanwhile. The fleet is built in-process from
 the scale bench's frames (built_fleet.py), with active findings on --finding-share of its nodes,
 every node connected and offering probes; the memory the fleet holds per node is the process's RSS
-before and after building it. Prints a table; asserts nothing
+before and after building it, the objects the garbage collector tracks of it per node and a full
+collection's time (the hourly-to-daily stop of controller/gc_policy.py). Prints a table; asserts nothing
 (tests/bench/test_controller_views.py runs a small step of it).
 
     .venv/bin/python bench/controller_views.py [--nodes 12500] [--repeat 5] [--finding-share 0.02]
@@ -99,6 +100,14 @@ def probe_pass(app: ControllerApp, now: float, tick: int) -> float:
     return time.perf_counter() - began
 
 
+def _full_collection() -> float:
+    """Seconds of a full collection of everything the process holds (the fleet most of it): the
+    event loop's stop when the controller's collector policy runs one (controller/gc_policy.py)."""
+    start = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - start
+
+
 def _scrape(url: str) -> tuple[float, bytes]:
     began = time.perf_counter()
     with urllib.request.urlopen(url, timeout=60) as response:
@@ -133,11 +142,14 @@ def _get_node(address: str, name: str) -> tuple[float, int]:
 
 async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
     gc.collect()
+    tracked = len(gc.get_objects())
     rss, began = psutil.Process().memory_info().rss, time.perf_counter()
     fleet, now = build(nodes)
     built = time.perf_counter() - began
     gc.collect()
     held = psutil.Process().memory_info().rss - rss  # what the fleet itself holds (upb's arenas too)
+    tracked = len(gc.get_objects()) - tracked  # what a full collection walks of it
+    full = min(_full_collection() for _ in range(3))
     gc.freeze()  # out of the automatic collections, as a running controller's fleet is (gc_policy.py)
     app = ControllerApp(ControllerConfig(listen="127.0.0.1:0", db=":memory:"), clock=lambda: now)
     await app.start()
@@ -177,6 +189,8 @@ async def timed(nodes: int, repeat: int, share: float) -> dict[str, Any]:
             "cores": os.cpu_count(),
             "built_s": built,
             "fleet_kb_per_node": held / 1024 / nodes,
+            "tracked_objects_per_node": tracked / nodes,
+            "full_collection_s": full,
             "findings": findings,
             "scrape_s": statistics.median(scrapes),
             "scrape_max_s": max(scrapes),
@@ -220,6 +234,10 @@ def main() -> None:
         f"controller_views: {row['nodes']} nodes (built in {row['built_s']:.0f} s, holding "
         f"{row['fleet_kb_per_node']:.0f} KB of memory each), {row['findings']} active findings, "
         f"{row['cores']} cores, median of {args.repeat}"
+    )
+    print(
+        f"garbage collector: {row['tracked_objects_per_node']:.0f} objects tracked a node; a full "
+        f"collection {row['full_collection_s']:.3f} s (the fastest of 3)"
     )
     print(
         f"/metrics scrape: {row['scrape_s']:.3f} s (max {row['scrape_max_s']:.3f}), "

@@ -155,10 +155,12 @@ def apply_frame(
         before = probes_version(fleet)
         fleet.probe_version += 1
         for record in write.probes:
-            current = fleet.probes.get(record.key)
+            # One key tuple for both maps: a new one at each `.key`, kept by each map it enters.
+            key = record.key
+            current = fleet.probes.get(key)
             if current is None or current.time <= record.time:
-                fleet.probes[record.key] = record
-            remember(fleet, record.key, record.time, record.value)
+                fleet.probes[key] = record
+            remember(fleet, key, record.time, record.value)
         probe_schedule.probed(fleet, before, write.probes)
         probe_index.probed(fleet, before, write.probes)
         probe_groups.probed(fleet, before, write.probes)

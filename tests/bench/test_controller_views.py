@@ -14,8 +14,12 @@ def test_the_views_of_a_built_fleet_are_timed() -> None:
     # node_health: a series per node and state (healthy, degraded, critical, stale), the last
     # frame's time per node, one finding_active per finding, then the controller's own families
     assert row["series"] > 40 * 4 + 40 + 20
+    # a node's GPU states and samples, its probe records and their series at least
+    assert row["tracked_objects_per_node"] >= 8 + 8 + 2 * 57
     keys = (
         "fleet_kb_per_node",
+        "tracked_objects_per_node",
+        "full_collection_s",
         "scrape_s",
         "page_s",
         "generate_latest_s",
