@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, Group, JustifyMethod, RenderableType
-from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Span, Text
 
+from controller.cli.table_body import WholeRows, measure, whole_rows
 from protos.logsafe import CONTROL, escape_control
 
 Cell = str | Text
@@ -112,9 +112,10 @@ def make_table(
 def _widths(column: Column) -> tuple[int, int]:
     """The narrowest (longest word) and widest (one line) the column's cells can be, padding excluded."""
     console = Console(width=PIPE_WIDTH)
+    options = console.options
     cells: list[RenderableType] = [column.header, *column.cells]
-    measured = [Measurement.get(console, console.options, c) for c in cells]
-    return max(m.minimum for m in measured), max(m.maximum for m in measured)
+    measured = [measure(console, options, c) for c in cells]
+    return max(low for low, _ in measured), max(high for _, high in measured)
 
 
 def _narrowest(column: Column, low: int, high: int) -> int:
@@ -129,12 +130,13 @@ def _border(table: Table) -> int:
     return (n + 1 if table.box else 0) + 2 * n
 
 
-def fit(table: Table, width: int | None) -> int:
-    """Narrow `table` to `width` (None: leave it whole); the width it will print at."""
+def fit(table: Table, width: int | None) -> tuple[list[int], int]:
+    """Narrow `table` to `width` (None: leave it whole); its columns' widths (padding excluded) and
+    the width it will print at."""
     ranges = [_widths(c) for c in table.columns]
     natural = sum(high for _, high in ranges) + _border(table)
     if width is None or natural <= width:
-        return natural
+        return [high for _, high in ranges], natural
     lows = [_narrowest(c, low, high) for c, (low, high) in zip(table.columns, ranges, strict=True)]
     while sum(lows) + _border(table) > width:
         droppable = [i for i, c in enumerate(table.columns) if isinstance(c, Col) and c.drop and not c.key]
@@ -155,7 +157,14 @@ def fit(table: Table, width: int | None) -> int:
         column.width = w
     for i, column in enumerate(table.columns):
         column._index = i
-    return max(width, sum(widths) + _border(table))
+    return widths, max(width, sum(widths) + _border(table))
+
+
+def fit_table(table: Table, width: int | None) -> tuple[RenderableType, int]:
+    """`table` narrowed to `width` (fit) and the width it will print at; as WholeRows when every
+    cell then fits its column on one line (the same table, without rich's per-cell layout)."""
+    widths, needed = fit(table, width)
+    return (WholeRows(table, widths) if whole_rows(table, widths) else table), needed
 
 
 def terminal_width() -> int | None:
@@ -170,5 +179,9 @@ def show(*items: RenderableType, width: int | None = None) -> None:
     """Print tables (fitted to the terminal) and text on stdout; `width` overrides the terminal's."""
     width = width or terminal_width()
     for item in map(_safe, items):
-        needed = fit(item, width) if isinstance(item, Table) else 0
-        Console(width=max(width or PIPE_WIDTH, needed)).print(item, markup=False)  # data, not markup
+        if not isinstance(item, Table):
+            Console(width=width or PIPE_WIDTH).print(item, markup=False)  # data, not markup
+            continue
+        fitted, needed = fit_table(item, width)
+        console = Console(width=max(width or PIPE_WIDTH, needed))
+        console.print(fitted, markup=False, crop=fitted is item)  # whole rows are never cropped

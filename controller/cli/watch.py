@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from controller.cli import tables
-from controller.cli.layout import clean, fit, plain, show
+from controller.cli.layout import clean, fit_table, plain, show
 from controller.cli.operator import OperatorError, list_nodes, warn
 from controller.cli.output import DOCUMENT_FORMATS
 from protos.gpufleet.v1 import operator_pb2
@@ -76,8 +76,8 @@ def view(target: str, state: WatchState, interval: float, now: float, width: int
         parts.append(lost_line(state, interval))
     if state.fetched_at is not None:
         table = tables.nodes_table(state.nodes, wide=wide)
-        fit(table, width)
-        parts.append(table)
+        fitted, needed = fit_table(table, width)
+        parts.append(fitted if needed <= width else table)  # wider: rich's table, fitted by rich
     return Group(*parts)
 
 
