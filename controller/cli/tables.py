@@ -109,7 +109,9 @@ def node_name(n: operator_pb2.NodeSummary) -> Text:
     return name
 
 
-def nodes_table(nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False) -> Table:
+def nodes_table(
+    nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False, title: str | None = None
+) -> Table:
     columns = (
         Col("NODE", key=True),
         Col("HEALTH"),
@@ -143,4 +145,4 @@ def nodes_table(nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False
                 Text(n.transport or "-", style="yellow" if n.transport == PLAINTEXT else ""),
             )
         )
-    return make_table(f"Nodes ({len(nodes)})", columns, rows, wide=wide)
+    return make_table(title or f"Nodes ({len(nodes)})", columns, rows, wide=wide)

@@ -1,6 +1,7 @@
 """`gpufleet nodes --watch [--interval S]`: the nodes table, redrawn every S seconds until Ctrl-C.
 
-On a terminal the view is redrawn in place (rich Live), as `watch` does; piped, a new table is
+On a terminal the view is redrawn in place (rich Live), as `watch` does, with the worst nodes
+that fit the screen and a line saying how many more there are; piped, a new table is
 printed each interval with no escape codes, so a log of it reads top to bottom. A controller that
 goes away is one line in the view (the last table stays under it) and is asked again next
 interval; a controller that refuses us (no token, no permission, no operator service) ends the
@@ -67,17 +68,39 @@ def lost_line(state: WatchState, interval: float) -> Text:
     return plain(f"{state.error} (retrying every {interval:g}s{since})", style="bold red")
 
 
-def view(target: str, state: WatchState, interval: float, now: float, width: int, *, wide: bool) -> Group:
-    """The terminal view: header, the warning or the lost controller's line, the table fitted to `width`."""
+CHROME = 5  # a table's lines beside its rows: title, top border, header, the rule under it, bottom
+
+
+def view(
+    target: str,
+    state: WatchState,
+    interval: float,
+    now: float,
+    width: int,
+    *,
+    wide: bool,
+    height: int | None = None,
+) -> Group:
+    """The terminal view: header, the warning or the lost controller's line, the table fitted to `width`.
+    Given the terminal's `height`, only the worst nodes that fit it are laid out (a fleet of 12,500
+    would take seconds each redraw, for a screen of them), with a line saying how many more there are."""
     parts: list[RenderableType] = [header(target, interval, now)]
     if state.warning:
         parts.append(plain(f"WARNING: {state.warning}", style="bold"))
     if state.error:
         parts.append(lost_line(state, interval))
     if state.fetched_at is not None:
-        table = tables.nodes_table(state.nodes, wide=wide)
+        nodes, title = state.nodes, None
+        if height is not None:
+            room = max(1, height - len(parts) - CHROME - 1)  # and a line for how many are not shown
+            if len(nodes) > room:
+                nodes, title = nodes[:room], f"Nodes ({len(state.nodes)}, the worst {room} shown)"
+        table = tables.nodes_table(nodes, wide=wide, title=title)
         fitted, needed = fit_table(table, width)
         parts.append(fitted if needed <= width else table)  # wider: rich's table, fitted by rich
+        if len(nodes) < len(state.nodes):
+            hidden = len(state.nodes) - len(nodes)
+            parts.append(plain(f"... and {hidden} more: gpufleet nodes lists them all", style="dim"))
     return Group(*parts)
 
 
@@ -98,7 +121,15 @@ class Watch:
             while True:
                 now = self.clock()
                 refresh(self.target, state, now)
-                shown = view(self.target, state, self.interval, now, console.width, wide=self.wide)
+                shown = view(
+                    self.target,
+                    state,
+                    self.interval,
+                    now,
+                    console.width,
+                    wide=self.wide,
+                    height=console.height,
+                )
                 live.update(shown, refresh=True)
                 self.sleep(self.interval)
 

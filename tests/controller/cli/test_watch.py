@@ -158,3 +158,31 @@ def test_hostile_node_text_in_the_view_is_escaped(width: int, capsys: Capture) -
     )
     show(watch.view(esc.HOSTILE, state, 5, T0, width, wide=True), width=width)
     esc.assert_safe(capsys.readouterr().out, whole=False)
+
+
+def test_on_a_terminal_only_the_worst_nodes_that_fit_are_laid_out() -> None:
+    """12,500 nodes on a 30-line terminal: the view is a screenful (the worst first), not a table of
+    12,500 rows cropped by Live; a line says how many more there are. Without a height: every node."""
+    nodes = [node(f"bad-{i:02d}", operator_pb2.NODE_HEALTH_CRITICAL) for i in range(3)]
+    nodes += [node(f"n-{i:05d}") for i in range(12_497)]
+    state = watch.WatchState(nodes=nodes, fetched_at=T0, warning="plaintext")
+    screen = io.StringIO()
+    console = Console(file=screen, width=120, height=30, force_terminal=True, color_system="standard")
+    console.print(watch.view("c:1", state, 5, T0, 120, wide=False, height=console.height))
+    text = ANSI.sub("", screen.getvalue())
+    lines = text.splitlines()
+    room = 30 - 2 - watch.CHROME - 1  # header and warning lines, the table's chrome, the "more" line
+    assert len(lines) == 30
+    assert f"Nodes (12500, the worst {room} shown)" in text
+    assert lines[-1] == f"... and {12_500 - room} more: gpufleet nodes lists them all"
+    assert [line.split("│")[1].strip() for line in lines if line.startswith("│")][:4] == [
+        "bad-00",
+        "bad-01",
+        "bad-02",
+        "n-00000",
+    ]
+    whole = io.StringIO()
+    Console(file=whole, width=120).print(
+        watch.view("c:1", watch.WatchState(nodes[:50], T0), 5, T0, 120, wide=False)
+    )
+    assert "Nodes (50)" in whole.getvalue() and "more:" not in whole.getvalue()
