@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Protocol
 
-from google.protobuf import json_format
-
+from controller.record_lines import Converter
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -33,6 +32,7 @@ STREAM_QUEUE = 2048  # messages a Record stream may fall behind before it loses 
 FILE_QUEUE = 8192  # messages the --record writer may fall behind
 RETRY_SECONDS = 5.0  # after a write error, the file is tried again this long later
 FLUSH_EVERY = 256  # lines written between flushes while the queue stays busy
+BATCH = 64  # messages the writer takes from its queue at once, for its Converter's workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +52,6 @@ class Accepted:
         elif self.frame is not None:
             msg.message.frame.CopyFrom(self.frame)
         return msg
-
-
-def to_json_line(msg: operator_pb2.RecordedMessage) -> str:
-    """One line of a recording (ends with a newline)."""
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None) + "\n"
 
 
 class Reader(Protocol):
@@ -131,18 +126,19 @@ class Subscription:
         return item.to_proto(lost)
 
 
-Opener = Callable[[str], IO[str]]
+Opener = Callable[[str], IO[bytes]]
 
 
-def _append(path: str) -> IO[str]:
-    """The file for appending; a line a full disk cut short is ended first, so the next is whole."""
-    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - the sink keeps it open
+def _append(path: str) -> IO[bytes]:
+    """The file for appending (UTF-8 lines, as the Converter makes them); a line a full disk cut
+    short is ended first, so the next is whole."""
+    f = open(path, "ab")  # noqa: SIM115 - the sink keeps it open
     try:
         if f.tell() > 0:
             with open(path, "rb") as existing:
                 existing.seek(-1, os.SEEK_END)
                 if existing.read(1) != b"\n":
-                    f.write("\n")
+                    f.write(b"\n")
     except OSError:
         f.close()
         raise
@@ -156,6 +152,8 @@ class FileSink:
     unwritable path) logs one error line, loses the messages not yet on disk and the ones arriving
     in the next RETRY_SECONDS, then tries the file again, and logs once more when writing resumes.
     Every lost message is counted in `dropped` (gpufleet_controller_record_dropped_total).
+    The JSON lines are made by the `converter`'s worker processes (record_lines.py), in batches of
+    what is queued: on this thread the mapping would take the interpreter from the event loop.
     """
 
     node = ""
@@ -168,8 +166,10 @@ class FileSink:
         opener: Opener = _append,
         retry_seconds: float = RETRY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        converter: Converter | None = None,
     ) -> None:
         self.path = path
+        self.converter = converter or Converter()
         self.written = 0
         self._dropped = 0
         self._count_lock = threading.Lock()  # dropped is counted from the loop and the writer
@@ -177,7 +177,7 @@ class FileSink:
         self._opener = opener
         self._retry_seconds = retry_seconds
         self._clock = clock
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         self._retry_at = 0.0
         self._failing = False
         self._lost_while_failing = 0
@@ -219,24 +219,31 @@ class FileSink:
                 if self._stop.is_set():
                     break
                 continue
-            pending = self._write(item, pending)
+            batch = [item]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < BATCH:
+                    batch.append(self._queue.get_nowait())
+            pending = self._write(batch, pending)
             if pending >= FLUSH_EVERY or self._queue.empty():
                 pending = self._flush(pending)
         self._flush(pending)
         if self._file is not None:
             self._close_file()
+        self.converter.close()
 
-    def _write(self, item: Accepted, pending: int) -> int:
+    def _write(self, batch: list[Accepted], pending: int) -> int:
         f = self._open()
         if f is None:
-            self._lose(1)
+            self._lose(len(batch))
             return pending
+        chunks = self.converter.lines([item.to_proto() for item in batch])
         try:
-            f.write(to_json_line(item.to_proto()))
+            for chunk in chunks:
+                f.write(chunk)
         except OSError as exc:
-            self._failed(exc, pending + 1)
+            self._failed(exc, pending + len(batch))
             return 0
-        return pending + 1
+        return pending + len(batch)
 
     def _flush(self, pending: int) -> int:
         if self._file is None or pending == 0:
@@ -256,7 +263,7 @@ class FileSink:
             self._failing, self._lost_while_failing = False, 0
         return 0
 
-    def _open(self) -> IO[str] | None:
+    def _open(self) -> IO[bytes] | None:
         if self._file is not None:
             return self._file
         if self._clock() < self._retry_at:

@@ -8,6 +8,7 @@ A recording is JSON Lines: one operator RecordedMessage per line in the protobuf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -22,7 +23,7 @@ import grpc
 from google.protobuf import json_format
 
 from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator_arguments, print_document
-from controller.recording import to_json_line
+from controller.cli.record_writer import RecordWriter
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 PROGRESS_SECONDS = 5.0  # how often `gpufleet record` reports on stderr
@@ -135,45 +136,8 @@ def _watch(
             next_report += PROGRESS_SECONDS
 
 
-def record(target: str, out: str, output: str, *, duration: float = 0.0, node: str = "") -> int:
-    """Append the controller's Record stream to `out` until `duration` passes or Ctrl-C."""
-    from controller.cli.operator import OperatorError, call_operator
-
-    if not out:
-        print("gpufleet record: --out FILE is required", file=sys.stderr)
-        return 2
-    try:
-        sink = open(out, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - line-buffered: whole lines on disk
-    except OSError as exc:
-        print(f"gpufleet: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    tally = Tally()
-    stop, ended = threading.Event(), threading.Event()
-
-    def stream(stub: operator_pb2_grpc.OperatorStub) -> None:
-        call = stub.Record(operator_pb2.RecordRequest(node=node))
-        watcher = threading.Thread(
-            target=_watch, args=(stop, ended, call.cancel, tally, duration), name="record-watch", daemon=True
-        )
-        watcher.start()
-        try:
-            for msg in call:
-                sink.write(to_json_line(msg))
-                tally.add(msg)
-        except grpc.RpcError:
-            if not stop.is_set():  # not our own cancel: the controller went away
-                raise
-        finally:
-            ended.set()
-            watcher.join()
-
-    status = 0
-    with sink, _stop_on_signals(stop):
-        try:
-            call_operator(target, stream)
-        except OperatorError as exc:
-            print(f"gpufleet: {exc}", file=sys.stderr)
-            status = 1
+def _record_summary(out: str, output: str, tally: Tally) -> None:
+    """The closing line on stderr and, with -o json|yaml, the same as a document on stdout."""
     seconds = tally.seconds()
     print(
         f"gpufleet record: wrote {tally.messages} messages ({tally.hellos} hellos, {tally.frames} frames, "
@@ -192,6 +156,61 @@ def record(target: str, out: str, output: str, *, duration: float = 0.0, node: s
             "seconds": round(seconds, 3),
         }
         print_document(doc, output)
+
+
+def record(target: str, out: str, output: str, *, duration: float = 0.0, node: str = "") -> int:
+    """Append the controller's Record stream to `out` until `duration` passes or Ctrl-C."""
+    from controller.cli.operator import OperatorError, call_operator
+
+    if not out:
+        print("gpufleet record: --out FILE is required", file=sys.stderr)
+        return 2
+    try:
+        sink = open(out, "ab")  # noqa: SIM115 - UTF-8 lines, flushed after each batch
+    except OSError as exc:
+        print(f"gpufleet: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    tally = Tally()
+    stop, ended = threading.Event(), threading.Event()
+
+    def stream(stub: operator_pb2_grpc.OperatorStub) -> None:
+        call = stub.Record(operator_pb2.RecordRequest(node=node))
+        watcher = threading.Thread(
+            target=_watch, args=(stop, ended, call.cancel, tally, duration), name="record-watch", daemon=True
+        )
+        watcher.start()
+        cancel: Callable[[], Any] = call.cancel
+        writer = RecordWriter(sink, tally.add, failed=stop.set)  # lines made and written on its own thread
+        writer.start()
+        try:
+            for msg in call:
+                if not writer.put(msg):  # the file cannot be written: the recording ends
+                    cancel()
+                    break
+        except grpc.RpcError:
+            if not stop.is_set() and writer.error is None:  # not our own cancel: the controller went away
+                raise
+        finally:
+            writer.finish()
+            ended.set()
+            watcher.join()
+        if writer.error is not None:
+            raise writer.error
+
+    status = 0
+    with _stop_on_signals(stop):
+        try:
+            call_operator(target, stream)
+        except OperatorError as exc:
+            print(f"gpufleet: {exc}", file=sys.stderr)
+            status = 1
+        except OSError as exc:
+            print(f"gpufleet: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            status = 1
+        finally:
+            with contextlib.suppress(OSError):  # after a write error: what it could not write is lost
+                sink.close()
+    _record_summary(out, output, tally)
     return status
 
 

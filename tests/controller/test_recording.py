@@ -16,10 +16,12 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from controller import record_lines
 from controller.app import ControllerApp
 from controller.errors import RefusedFrame
 from controller.metrics import controller_registry
-from controller.recording import Accepted, FileSink, RecordHub, to_json_line
+from controller.record_lines import to_json_line
+from controller.recording import Accepted, FileSink, RecordHub
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.harness import T0, Clock, config, frame, hello, running_controller
@@ -155,7 +157,7 @@ def test_controller_record_appends_json_lines(tmp_path: Path) -> None:
     assert '"boot_id": "b1"' in line and "\n" not in line  # field names as in the .proto, one line
 
 
-class FullDisk(io.StringIO):
+class FullDisk(io.BytesIO):
     """A file on a disk that fills up: writes fail while `full` is set."""
 
     def __init__(self, full: threading.Event, lines: list[str]) -> None:
@@ -163,11 +165,11 @@ class FullDisk(io.StringIO):
         self.full = full
         self.lines = lines
 
-    def write(self, s: str) -> int:
+    def write(self, b: Any) -> int:
         if self.full.is_set():
             raise OSError(errno.ENOSPC, "No space left on device")
-        self.lines.append(s)
-        return len(s)
+        self.lines.append(bytes(b).decode("utf-8"))
+        return len(bytes(b))
 
 
 def test_file_sink_survives_a_full_disk_and_resumes(caplog: pytest.LogCaptureFixture) -> None:
@@ -176,7 +178,7 @@ def test_file_sink_survives_a_full_disk_and_resumes(caplog: pytest.LogCaptureFix
     lines: list[str] = []
     now = [0.0]
 
-    def opener(path: str) -> IO[str]:
+    def opener(path: str) -> IO[bytes]:
         return FullDisk(full, lines)
 
     sink = FileSink("disk.jsonl", opener=opener, retry_seconds=5.0, clock=lambda: now[0])
@@ -261,3 +263,26 @@ def test_record_messages_are_shared_not_copied_on_publish() -> None:
     assert got[0].frame is msg  # no copy on the ingest path; the reader converts
     assert got[0].to_proto().message.frame == msg
     assert isinstance(got[0].to_proto().message, pb.AgentMessage)
+
+
+def test_the_file_sink_s_lines_are_made_out_of_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSON mapping runs in the converter's workers, never on the controller's own interpreter
+    (where it took the event loop's time): here it would raise."""
+
+    def not_here(payloads: object) -> str:
+        raise AssertionError("a line was made in the controller's process")
+
+    monkeypatch.setattr(record_lines, "json_lines", not_here)
+    path = tmp_path / "fleet.jsonl"
+    sink = FileSink(str(path))
+    sink.start()
+    accepted = [Accepted(T0, "n1", hello=hello("n1"))] + [
+        Accepted(T0 + s, "n1", frame=frame(s)) for s in range(1, 150)
+    ]
+    for item in accepted:
+        sink.offer(item)
+    sink.close()
+    assert sink.written == 150 and sink.dropped == 0 and sink.converter.fallbacks == 0
+    assert path.read_text() == "".join(to_json_line(a.to_proto()) for a in accepted)

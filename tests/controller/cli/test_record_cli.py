@@ -20,7 +20,8 @@ from controller.config import DetectConfig
 from controller.detect.offline import OfflineDetector
 from controller.main import main
 from controller.operator.wire import finding_to_proto
-from controller.recording import Accepted, to_json_line
+from controller.record_lines import to_json_line
+from controller.recording import Accepted
 from protos.gpufleet.v1 import operator_pb2
 from tests.controller.harness import Clock, ControllerThread, config, frame, hello
 from tests.simfleet import SimFleet
@@ -218,3 +219,23 @@ def test_the_controller_record_flag_sets_the_config_key() -> None:
     args = build_parser().parse_args(["controller", "--record", "fleet.jsonl"])
     assert load(None, _overrides(args)).record == "fleet.jsonl"
     assert load(None, _overrides(build_parser().parse_args(["controller"]))).record == ""
+
+
+@pytest.mark.skipif(
+    not Path("/dev/full").exists(), reason="needs /dev/full (Linux): a disk that is always full"
+)
+def test_record_to_a_full_disk_ends_with_one_clear_line(capsys: Capture) -> None:
+    with ControllerThread(config(), Clock()) as c:
+
+        async def before(app: ControllerApp) -> None:
+            await app.ingest.hello(hello("n1"))
+
+        c.call(before)
+        started = time.monotonic()
+        code = main(["record", "--controller", c.address, "--out", "/dev/full", "--duration", "30"])
+        took = time.monotonic() - started
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "gpufleet: cannot write /dev/full: No space left on device" in err
+    assert "wrote 0 messages" in err
+    assert took < 20  # ended by the error, not by --duration
