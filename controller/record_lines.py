@@ -12,9 +12,9 @@ which leaves the interpreter to the event loop. `gpufleet record` makes its line
 Pipe protocol. To a worker: a u32 count, then each message as a u32 length and its bytes. Back: a
 u32 length and the batch's lines (UTF-8). A worker reads a whole batch before it answers, so one
 batch in flight to each worker cannot deadlock. A worker that cannot be started, dies, or does not
-answer within ANSWER_SECONDS: its batch is converted on the calling thread (nothing is lost), one
-warning is logged, and a new worker is started for the next batch. A worker ends when its stdin
-closes (the controller closed it, or died).
+take its batch or answer within ANSWER_SECONDS: its batch is converted on the calling thread
+(nothing is lost), one warning is logged, and a new worker is started for the next batch. A worker
+ends when its stdin closes (the controller closed it, or died).
 """
 
 from __future__ import annotations
@@ -95,29 +95,37 @@ class _Worker:
         for pipe in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError, AttributeError):  # Linux: fewer, larger reads and writes
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
+        assert self.process.stdin is not None
+        os.set_blocking(self.process.stdin.fileno(), False)  # a hung worker cannot hold a write
 
-    def send(self, payloads: Sequence[bytes]) -> None:
+    def send(self, payloads: Sequence[bytes], timeout: float) -> None:
         stdin = self.process.stdin
         assert stdin is not None
+        deadline, fd = time.monotonic() + timeout, stdin.fileno()
+        data = memoryview(_batch(payloads))
         try:
-            stdin.write(_batch(payloads))
-            stdin.flush()
+            while data:
+                wait = deadline - time.monotonic()
+                if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+                    raise WorkerFailed(f"worker {self.process.pid} took no input for {timeout:.0f} s")
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data) :]
         except OSError as exc:  # BrokenPipeError: it died
             raise WorkerFailed(f"worker {self.process.pid} is gone: {exc.strerror or exc}") from exc
 
     def receive(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
-        (size,) = _U32.unpack(self._read(_U32.size, deadline))
-        return self._read(size, deadline)
+        (size,) = _U32.unpack(self._read(_U32.size, deadline, timeout))
+        return self._read(size, deadline, timeout)
 
-    def _read(self, n: int, deadline: float) -> bytes:
+    def _read(self, n: int, deadline: float, timeout: float) -> bytes:
         stdout = self.process.stdout
         assert stdout is not None
         fd, chunks, left = stdout.fileno(), [], n
         while left:
             wait = deadline - time.monotonic()
             if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-                raise WorkerFailed(f"worker {self.process.pid} did not answer within {ANSWER_SECONDS:.0f} s")
+                raise WorkerFailed(f"worker {self.process.pid} did not answer within {timeout:.0f} s")
             chunk = os.read(fd, min(left, 1 << 20))
             if not chunk:
                 raise WorkerFailed(f"worker {self.process.pid} ended (exit status {self.process.poll()})")
@@ -165,7 +173,7 @@ class Converter:
         try:
             worker = self._pool[i] or _Worker()
             self._pool[i] = worker
-            worker.send(run)
+            worker.send(run, self.answer_seconds)
         except WorkerFailed as exc:
             self._failed(i, exc)
             return None

@@ -85,7 +85,12 @@ def test_a_hung_worker_is_replaced_after_the_answer_time() -> None:
         assert converter.fallbacks == 1
         assert converter._pool[0] is None  # killed; a new one next batch
         converter.lines(messages)
-        assert _pids(converter) != [pid]
+        (second,) = _pids(converter)
+        assert second != pid
+        os.kill(second, signal.SIGSTOP)  # and a batch larger than its pipe: the write cannot hang either
+        big = [Accepted(T0, "n" * 100_000, frame=frame(s)).to_proto() for s in range(1, 30)]
+        assert b"".join(converter.lines(big)) == _expected(big)
+        assert converter.fallbacks == 2
     finally:
         converter.close()
 
