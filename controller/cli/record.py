@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -20,13 +21,15 @@ from types import FrameType
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator_arguments, print_document
 from controller.cli.record_writer import RecordWriter
+from controller.record_lines import Converter
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 PROGRESS_SECONDS = 5.0  # how often `gpufleet record` reports on stderr
+PARSE_WORKERS = 8  # processes gpufleet analyze parses a recording's lines in, at most
+PARSE_BATCH = 512  # lines parsed at once
 ERRORS_SHOWN = 10  # malformed lines named one by one; the rest only counted
 
 
@@ -228,30 +231,43 @@ def received_seconds(msg: operator_pb2.RecordedMessage) -> float:
     return msg.received.seconds + msg.received.nanos / 1e9
 
 
-def read_recording(path: str) -> Recording:
+def read_recording(path: str, converter: Converter | None = None) -> Recording:
     """Every well-formed line, in order of receive time (file order among equal times); raises
-    OSError when the file cannot be read."""
+    OSError when the file cannot be read. The lines are parsed by the converter's worker processes
+    (by default one a core, up to PARSE_WORKERS): the JSON mapping is ~6 ms of pure Python an 8-GPU
+    frame, an hour of a 1,000-node fleet 40 minutes on one core."""
     out = Recording()
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            msg = operator_pb2.RecordedMessage()
-            try:
-                json_format.Parse(line, msg)
-            except (json_format.ParseError, ValueError) as exc:
-                out.bad.append((number, str(exc).splitlines()[0][:200] if str(exc) else "not JSON"))
-                continue
-            if msg.message.WhichOneof("msg") not in ("hello", "frame"):
-                out.bad.append((number, "the message is neither a hello nor a frame"))
-                continue
-            if not msg.HasField("received"):
-                out.bad.append((number, "no received time"))
-                continue
-            out.dropped += msg.dropped_before
-            out.messages.append(msg)
+    converter = converter or Converter(min(PARSE_WORKERS, os.cpu_count() or 1))
+    try:
+        with open(path, "rb") as f:
+            batch: list[tuple[int, bytes]] = []
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    batch.append((number, line))
+                if len(batch) >= PARSE_BATCH:
+                    _take(out, batch, converter.parse([text for _, text in batch]))
+                    batch = []
+            _take(out, batch, converter.parse([text for _, text in batch]))
+    finally:
+        converter.close()
     out.messages.sort(key=received_seconds)
     return out
+
+
+def _take(out: Recording, batch: list[tuple[int, bytes]], parsed: list[tuple[bool, bytes]]) -> None:
+    for (number, _), (ok, data) in zip(batch, parsed, strict=True):
+        if not ok:
+            out.bad.append((number, data.decode("utf-8", errors="replace")))
+            continue
+        msg = operator_pb2.RecordedMessage.FromString(data)
+        if msg.message.WhichOneof("msg") not in ("hello", "frame"):
+            out.bad.append((number, "the message is neither a hello nor a frame"))
+            continue
+        if not msg.HasField("received"):
+            out.bad.append((number, "no received time"))
+            continue
+        out.dropped += msg.dropped_before
+        out.messages.append(msg)
 
 
 def analyze(path: str, output: str, *, config: str | None = None) -> int:

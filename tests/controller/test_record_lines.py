@@ -8,11 +8,14 @@ import logging
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
-from controller.record_lines import Converter, _batch, _split, json_lines, serve, to_json_line
+from controller import record_lines
+from controller.cli.record import read_recording
+from controller.record_lines import MAKE_LINES, Converter, _batch, _split, json_lines, serve, to_json_line
 from controller.recording import Accepted
 from protos.gpufleet.v1 import operator_pb2
 from tests.controller.harness import T0, frame, hello
@@ -105,7 +108,9 @@ def test_workers_end_when_closed() -> None:
 
 def test_a_worker_answers_each_batch_and_ends_with_its_input() -> None:
     payloads = [m.SerializeToString() for m in _messages(5)]
-    stdin = io.BytesIO(_batch(payloads[:2]) + _batch(payloads[2:]) + _batch([]))
+    stdin = io.BytesIO(
+        _batch(MAKE_LINES, payloads[:2]) + _batch(MAKE_LINES, payloads[2:]) + _batch(MAKE_LINES, [])
+    )
     stdout = io.BytesIO()
     serve(stdin, stdout)
     answer = stdout.getvalue()
@@ -123,3 +128,51 @@ def test_split_keeps_order_and_leaves_no_run_empty() -> None:
         runs = _split(items, n)
         assert [x for run in runs for x in run] == items
         assert len(runs) == min(n, 7) and all(runs)
+
+
+BAD_LINES = [b"not json at all\n", b'{"node": "n1", "nope": 1}\n', b'{"node": 5}\n', b"\xff\xfe{}\n"]
+
+
+def _reason(line: bytes) -> str:
+    try:
+        json_format.Parse(line.decode("utf-8", errors="replace"), operator_pb2.RecordedMessage())
+    except (json_format.ParseError, ValueError) as exc:
+        return str(exc).splitlines()[0][:200] if str(exc) else "not JSON"
+    raise AssertionError(f"{line!r} parsed")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lines_are_parsed_back_with_each_bad_line_s_reason(workers: int) -> None:
+    messages = _messages(12)
+    lines = [to_json_line(m).encode("utf-8") for m in messages]
+    mixed = lines[:3] + BAD_LINES + lines[3:]
+    converter = Converter(workers)
+    try:
+        parsed = converter.parse(mixed)
+    finally:
+        converter.close()
+    assert converter.fallbacks == 0
+    assert [ok for ok, _ in parsed] == [True] * 3 + [False] * len(BAD_LINES) + [True] * (len(lines) - 3)
+    good = [operator_pb2.RecordedMessage.FromString(data) for ok, data in parsed if ok]
+    assert [m.SerializeToString() for m in good] == [m.SerializeToString() for m in messages]  # NaN too
+    assert [data.decode() for ok, data in parsed if not ok] == [_reason(b) for b in BAD_LINES]
+
+
+def test_a_recording_is_parsed_out_of_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpufleet analyze's parse runs in the workers (here it would raise), the lines' order and
+    numbers kept for the malformed ones."""
+
+    def not_here(lines: object) -> bytes:
+        raise AssertionError("a line was parsed in this process")
+
+    messages = _messages(30)
+    path = tmp_path / "rec.jsonl"
+    text = [to_json_line(m).encode("utf-8") for m in messages]
+    path.write_bytes(b"".join(text[:5]) + b"\n" + BAD_LINES[0] + b"".join(text[5:]))
+    monkeypatch.setitem(record_lines.JOBS, record_lines.PARSE_LINES, not_here)
+    rec = read_recording(str(path), Converter(2))
+    assert rec.bad == [(7, _reason(BAD_LINES[0]))]  # line 6 is blank: skipped, still counted
+    assert sorted(m.SerializeToString() for m in rec.messages) == sorted(
+        m.SerializeToString() for m in messages
+    )
+    assert rec.dropped == sum(m.dropped_before for m in messages)
