@@ -176,3 +176,6 @@ def test_a_recording_is_parsed_out_of_this_process(tmp_path: Path, monkeypatch: 
         m.SerializeToString() for m in messages
     )
     assert rec.dropped == sum(m.dropped_before for m in messages)
+    assert all(isinstance(data, bytes) for _, _, data in rec.kept)  # kept serialised, parsed when replayed
+    assert (rec.hellos, rec.frames, rec.nodes) == (1, 29, {"nœud-1 ☃", "n2"})
+    assert [r for r, _, _ in rec.kept] == sorted(r for r, _, _ in rec.kept)
