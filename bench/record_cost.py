@@ -34,6 +34,7 @@ from controller.recording import Accepted, FileSink
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 BURST, REST = 0.002, 0.002  # the stand-in loop's duty cycle
+RECEIVED = 1_796_000_000.25  # the drain's frames' receive time
 
 
 def sample_frame() -> pb.TelemetryFrame:
@@ -51,8 +52,9 @@ def _children_cpu() -> float:
 def drain(frame: pb.TelemetryFrame, frames: int, workers: int, directory: str) -> dict[str, Any]:
     path = os.path.join(directory, f"drain-{workers}.jsonl")
     sink = FileSink(path, maxsize=frames + 1, converter=Converter(workers))
+    received = RECEIVED  # one time for every frame: every run writes the same lines
     for _ in range(frames):
-        sink.offer(Accepted(time.time(), frame.node, frame=frame))
+        sink.offer(Accepted(received, frame.node, frame=frame))
     children, cpu, start = _children_cpu(), time.process_time(), time.perf_counter()
     sink.start()
     sink.close(timeout=3600)

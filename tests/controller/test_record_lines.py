@@ -79,7 +79,7 @@ def test_a_dead_worker_loses_nothing_and_is_started_again(caplog: pytest.LogCapt
 
 def test_a_hung_worker_is_replaced_after_the_answer_time() -> None:
     messages = _messages(6)
-    converter = Converter(1, answer_seconds=0.5)
+    converter = Converter(1, answer_seconds=5.0)  # room for a new worker to start on a busy machine
     try:
         converter.lines(messages)
         (pid,) = _pids(converter)
