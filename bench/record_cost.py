@@ -116,7 +116,9 @@ def beside_loop(
         feeder.join()
         written_in_time = sink.written
         sink.close(timeout=120)
-        result.update(frames_per_s=round(written_in_time / seconds), dropped=sink.dropped)
+        result.update(
+            frames_per_s=round(written_in_time / seconds), written=sink.written, dropped=sink.dropped
+        )
     return result
 
 
