@@ -4,7 +4,8 @@ A column is a `Col`: `key` columns (node name, GPU, finding id, ...) are never w
 dropped. When a table is wider than the terminal, `wrap` columns (free text: evidence, reasons)
 wrap, down to WRAP_MIN characters or their longest word, and the others go, highest `drop` first.
 Piped output (no terminal, no $COLUMNS) is never narrowed: every row stays on one line, whole,
-for grep and awk.
+for grep and awk. A table whose cells then all fit their columns on one line is printed by
+table_body.WholeRows: the same characters, without rich's layout of each cell (seconds at 12,500 rows).
 
 Text that came from a node (names, versions, BMC messages, pod names: anything) is data, never rich
 markup, and its control characters (ESC and the ANSI/OSC sequences it starts, C1, DEL, bidi
