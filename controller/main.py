@@ -461,7 +461,7 @@ def _main(argv: list[str] | None) -> int:
 
         return tokens.create(args.name, args.role, args.tokens_file)
     if args.command == "analyze":
-        from controller.cli.record import analyze
+        from controller.cli.analyze import analyze
 
         return analyze(args.file, args.output, config=args.config)
     from controller.cli import operator

@@ -1,9 +1,10 @@
 """Recorded messages as JSON lines, made in processes of their own.
 
-The protobuf JSON mapping is pure Python (json_format walks every field): about 1.5 ms an 8-GPU
-frame. `controller --record` made its lines on a thread of its own, but a thread holds the
-interpreter while it runs Python: fed 500 frames a second (5,000 nodes at a 10 s cadence) it took
-a quarter of the event loop's time and still wrote only ~150 frames a second. A `Converter` sends
+The protobuf JSON mapping is pure Python: json_format walks every field, about 2 ms an 8-GPU frame
+(controller/record_json.py, which gives the same bytes, 1.1-1.3). `controller --record` made its
+lines on a thread of its own, but a thread holds the interpreter while it runs Python: fed 500 frames
+a second (5,000 nodes at a 10 s cadence) it took a quarter of the event loop's time and still wrote
+only ~150 frames a second. A `Converter` sends
 batches of serialised RecordedMessages to `workers` child processes (`python -m
 controller.record_lines`, started by subprocess as the controller's other children are: no fork of
 the controller) and reads their lines back, in order; meanwhile the calling thread waits on pipes,
@@ -34,6 +35,7 @@ from typing import BinaryIO
 
 from google.protobuf import json_format
 
+from controller import record_json
 from protos.gpufleet.v1 import operator_pb2
 
 log = logging.getLogger("gpufleet.controller.recording")
@@ -44,8 +46,21 @@ _U32 = struct.Struct("<I")
 
 
 def to_json_line(msg: operator_pb2.RecordedMessage) -> str:
-    """One line of a recording (ends with a newline)."""
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None) + "\n"
+    """One line of a recording (ends with a newline): the protobuf JSON mapping's, made by
+    controller/record_json.py, or by json_format for what that does not take."""
+    try:
+        return record_json.to_json(msg) + "\n"
+    except Exception:  # noqa: BLE001 - record_json.Unsupported, or a case it got wrong: json_format's
+        return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None) + "\n"
+
+
+def parse_line(text: str) -> operator_pb2.RecordedMessage:
+    """json_format.Parse(text) into a RecordedMessage (its ParseError for a line that is not one), by
+    controller/record_json.py where it takes the line."""
+    try:
+        return record_json.from_json(text, operator_pb2.RecordedMessage)
+    except Exception:  # noqa: BLE001 - record_json.Unsupported, or a case it got wrong: json_format's
+        return json_format.Parse(text, operator_pb2.RecordedMessage())
 
 
 def json_lines(payloads: Sequence[bytes]) -> str:
@@ -63,9 +78,8 @@ def parsed_lines(lines: Sequence[bytes]) -> bytes:
     (u8 1 and the message, or u8 0 and the reason, each with its u32 length) for unpack_parsed."""
     parts: list[bytes] = []
     for line in lines:
-        msg = operator_pb2.RecordedMessage()
         try:
-            json_format.Parse(line.decode("utf-8", errors="replace"), msg)
+            msg = parse_line(line.decode("utf-8", errors="replace"))
         except (json_format.ParseError, ValueError) as exc:
             why = (str(exc).splitlines()[0][:200] if str(exc) else "not JSON").encode("utf-8")
             parts += (b"\0", _U32.pack(len(why)), why)
@@ -183,9 +197,9 @@ class _Worker:
 class Converter:
     """JSON lines of RecordedMessages, made by `workers` child processes (started when first
     needed; 0: on the calling thread), as UTF-8: what is written to a recording, without a decode
-    here and an encode again to write it; and the lines of a recording parsed back (~6 ms of pure
-    Python an 8-GPU frame: `gpufleet analyze` spreads it over the machine's cores). For one thread
-    at a time."""
+    here and an encode again to write it; and the lines of a recording parsed back (~1.3 ms of pure
+    Python an 8-GPU frame, ~6 by json_format: `gpufleet analyze` spreads it over the machine's
+    cores). For one thread at a time."""
 
     def __init__(self, workers: int = WORKERS, *, answer_seconds: float = ANSWER_SECONDS) -> None:
         self.workers = workers

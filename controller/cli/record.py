@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -17,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import itemgetter
 from types import FrameType
 from typing import Any
 
@@ -25,14 +23,9 @@ import grpc
 
 from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator_arguments, print_document
 from controller.cli.record_writer import RecordWriter
-from controller.record_lines import Converter
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 PROGRESS_SECONDS = 5.0  # how often `gpufleet record` reports on stderr
-PARSE_WORKERS = 8  # processes gpufleet analyze parses a recording's lines in, at most
-PARSE_BATCH = 512  # lines parsed at once
-_RECEIVED_THEN_LINE = itemgetter(0, 1)
-ERRORS_SHOWN = 10  # malformed lines named one by one; the rest only counted
 
 
 def add_record_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,7 +52,9 @@ def add_record_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         description="Feed a recording (gpufleet record, controller --record) in order of receive time "
         "to the controller's detectors, passes at detect.interval_seconds as the controller would run "
         "them, and print every finding, resolved ones included, in the schema of `gpufleet findings`. "
-        "Malformed lines are named on stderr and skipped. Exit status: 0 done, 2 an unreadable file "
+        "Malformed lines are named on stderr and skipped; progress on stderr every 5 s. The file is "
+        "read as a stream (lines more than 4,096 messages out of receive order: read again and sorted "
+        "whole, with a note). Exit status: 0 done, 2 an unreadable file "
         "or config.",
     )
     ana.add_argument("file", metavar="FILE", help="a recording (JSON Lines)")
@@ -219,135 +214,4 @@ def record(target: str, out: str, output: str, *, duration: float = 0.0, node: s
     return status
 
 
-# gpufleet analyze
-
-
-@dataclass(slots=True)
-class Recording:
-    """A recording's well-formed messages, kept serialised (~10 KB an 8-GPU frame against ~54 KB of
-    RSS parsed; analyze of a 324 MB recording peaked at 207 MB rather than 414) with their receive
-    times, and what the summary says of them."""
-
-    kept: list[tuple[float, int, bytes]] = field(default_factory=list)  # (received, line, message)
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
-    dropped: int = 0  # messages the recorder lost (dropped_before)
-    hellos: int = 0
-    frames: int = 0
-    nodes: set[str] = field(default_factory=set)
-
-    @property
-    def messages(self) -> Iterator[operator_pb2.RecordedMessage]:
-        """The messages in order of receive time (file order among equal times), each parsed as it
-        is reached."""
-        return (operator_pb2.RecordedMessage.FromString(data) for _, _, data in self.kept)
-
-    def span(self) -> float:
-        """Seconds from the first message received to the last."""
-        return self.kept[-1][0] - self.kept[0][0] if self.kept else 0.0
-
-
-def received_seconds(msg: operator_pb2.RecordedMessage) -> float:
-    return msg.received.seconds + msg.received.nanos / 1e9
-
-
-def read_recording(path: str, converter: Converter | None = None) -> Recording:
-    """Every well-formed line, in order of receive time (file order among equal times); raises
-    OSError when the file cannot be read. The lines are parsed by the converter's worker processes
-    (by default one a core, up to PARSE_WORKERS): the JSON mapping is ~6 ms of pure Python an 8-GPU
-    frame, an hour of a 1,000-node fleet 40 minutes on one core."""
-    out = Recording()
-    converter = converter or Converter(min(PARSE_WORKERS, os.cpu_count() or 1))
-    try:
-        with open(path, "rb") as f:
-            batch: list[tuple[int, bytes]] = []
-            for number, line in enumerate(f, start=1):
-                if line.strip():
-                    batch.append((number, line))
-                if len(batch) >= PARSE_BATCH:
-                    _take(out, batch, converter.parse([text for _, text in batch]))
-                    batch = []
-            _take(out, batch, converter.parse([text for _, text in batch]))
-    finally:
-        converter.close()
-    out.kept.sort(key=_RECEIVED_THEN_LINE)
-    return out
-
-
-def _take(out: Recording, batch: list[tuple[int, bytes]], parsed: list[tuple[bool, bytes]]) -> None:
-    for (number, _), (ok, data) in zip(batch, parsed, strict=True):
-        if not ok:
-            out.bad.append((number, data.decode("utf-8", errors="replace")))
-            continue
-        msg = operator_pb2.RecordedMessage.FromString(data)
-        if msg.message.WhichOneof("msg") not in ("hello", "frame"):
-            out.bad.append((number, "the message is neither a hello nor a frame"))
-            continue
-        if not msg.HasField("received"):
-            out.bad.append((number, "no received time"))
-            continue
-        out.dropped += msg.dropped_before
-        if msg.message.HasField("hello"):
-            out.hellos += 1
-        else:
-            out.frames += 1
-        out.nodes.add(msg.node)
-        out.kept.append((received_seconds(msg), number, data))
-
-
-def analyze(path: str, output: str, *, config: str | None = None) -> int:
-    from controller.cli import tables
-    from controller.cli.jsonify import finding_to_dict
-    from controller.cli.layout import show
-    from controller.config import ConfigError, DetectConfig, load
-    from controller.detect.offline import OfflineDetector
-    from controller.operator.wire import finding_to_proto
-    from controller.paging import finding_key
-
-    try:
-        detect = load(config).detect if config else DetectConfig()
-        detector = OfflineDetector(config=detect)
-    except ConfigError as exc:
-        print(f"gpufleet: {exc}", file=sys.stderr)
-        return 2
-    try:
-        rec = read_recording(path)
-    except OSError as exc:
-        print(f"gpufleet: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    for number, why in rec.bad[:ERRORS_SHOWN]:
-        print(f"gpufleet analyze: {path}:{number}: not a recorded message, skipped: {why}", file=sys.stderr)
-    if len(rec.bad) > ERRORS_SHOWN:
-        print(
-            f"gpufleet analyze: ... and {len(rec.bad) - ERRORS_SHOWN} more malformed lines", file=sys.stderr
-        )
-    for msg in rec.messages:
-        detector.message(msg.message, received_seconds(msg))
-    detector.finish()
-    stored = sorted(detector.findings.values(), key=finding_key)
-    found = [finding_to_proto(s) for s in stored]
-    print(_summary(path, rec, detector.skipped, len(detector.passes), stored), file=sys.stderr)
-    if output in DOCUMENT_FORMATS:
-        print_document({"findings": [finding_to_dict(f) for f in found]}, output)
-    else:
-        show(tables.findings_table(found, title=f"Findings in {path}", wide=output == "wide"))
-    return 0
-
-
-def _summary(path: str, rec: Recording, skipped: int, passes: int, stored: list[Any]) -> str:
-    active = sum(1 for s in stored if s.active)
-    parts = [
-        f"gpufleet analyze: {path}: {len(rec.kept)} messages ({rec.hellos} hellos, "
-        f"{rec.frames} frames) from {len(rec.nodes)} nodes over {rec.span():.0f} s",
-        f"{passes} detection passes",
-        f"{len(stored)} findings ({active} active at the end)",
-    ]
-    if rec.bad:
-        parts.append(f"{len(rec.bad)} malformed lines skipped")
-    if skipped:
-        parts.append(f"{skipped} frames skipped (no Hello of their node before them)")
-    if rec.dropped:
-        parts.append(f"{rec.dropped} messages lost while recording (the recorder fell behind)")
-    return "; ".join(parts)
-
-
-__all__ = ["add_record_parsers", "analyze", "read_recording", "record"]
+__all__ = ["add_record_parsers", "record"]

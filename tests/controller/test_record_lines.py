@@ -8,13 +8,10 @@ import logging
 import math
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
-from controller import record_lines
-from controller.cli.record import read_recording
 from controller.record_lines import MAKE_LINES, Converter, _batch, _split, json_lines, serve, to_json_line
 from controller.recording import Accepted
 from protos.gpufleet.v1 import operator_pb2
@@ -156,26 +153,3 @@ def test_lines_are_parsed_back_with_each_bad_line_s_reason(workers: int) -> None
     good = [operator_pb2.RecordedMessage.FromString(data) for ok, data in parsed if ok]
     assert [m.SerializeToString() for m in good] == [m.SerializeToString() for m in messages]  # NaN too
     assert [data.decode() for ok, data in parsed if not ok] == [_reason(b) for b in BAD_LINES]
-
-
-def test_a_recording_is_parsed_out_of_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gpufleet analyze's parse runs in the workers (here it would raise), the lines' order and
-    numbers kept for the malformed ones."""
-
-    def not_here(lines: object) -> bytes:
-        raise AssertionError("a line was parsed in this process")
-
-    messages = _messages(30)
-    path = tmp_path / "rec.jsonl"
-    text = [to_json_line(m).encode("utf-8") for m in messages]
-    path.write_bytes(b"".join(text[:5]) + b"\n" + BAD_LINES[0] + b"".join(text[5:]))
-    monkeypatch.setitem(record_lines.JOBS, record_lines.PARSE_LINES, not_here)
-    rec = read_recording(str(path), Converter(2))
-    assert rec.bad == [(7, _reason(BAD_LINES[0]))]  # line 6 is blank: skipped, still counted
-    assert sorted(m.SerializeToString() for m in rec.messages) == sorted(
-        m.SerializeToString() for m in messages
-    )
-    assert rec.dropped == sum(m.dropped_before for m in messages)
-    assert all(isinstance(data, bytes) for _, _, data in rec.kept)  # kept serialised, parsed when replayed
-    assert (rec.hellos, rec.frames, rec.nodes) == (1, 29, {"nœud-1 ☃", "n2"})
-    assert [r for r, _, _ in rec.kept] == sorted(r for r, _, _ in rec.kept)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from google.protobuf import json_format
 
 from agent.sources.sim import FaultSpec
 from controller.app import ControllerApp
+from controller.cli import recording_file
+from controller.cli.analyze import analyze
 from controller.cli.jsonify import finding_to_dict
 from controller.config import DetectConfig
 from controller.detect.offline import OfflineDetector
@@ -141,6 +144,46 @@ def test_analyze_skips_malformed_lines_naming_them(tmp_path: Path, capsys: Captu
     assert f"{path}:4: not a recorded message, skipped" in err
     assert f"{path}:6: not a recorded message, skipped: the message is neither a hello nor a frame" in err
     assert "2 malformed lines skipped" in err
+
+
+def test_analyze_sorts_a_recording_out_of_order_beyond_its_window(tmp_path: Path, capsys: Capture) -> None:
+    """Lines far from their receive order (two files joined, a clock stepped back) are read again and
+    sorted whole: the same findings as from the lines in order, and a note on stderr."""
+    messages = simulated({"node-03": [FaultSpec("thermal_throttle", 2)]})
+    in_order = write(tmp_path / "in_order.jsonl", messages)
+    shuffled = write(tmp_path / "shuffled.jsonl", messages, shuffle=True)
+    config = config_file(tmp_path)
+    assert analyze(str(in_order), "json", config=config, window=4) == 0
+    expected, err = capsys.readouterr()
+    assert "reading it whole" not in err
+    assert analyze(str(shuffled), "json", config=config, window=4) == 0
+    out, err = capsys.readouterr()
+    assert out == expected
+    assert json.loads(out)["findings"]
+    assert f"{shuffled}: line 46 was received" in err  # the first message, after the odd ones
+    assert "(out of order by more than 4 messages): reading it whole to sort it" in err
+    assert "90 messages (6 hellos, 84 frames) from 6 nodes over 14 s" in err  # counted once
+
+
+def test_analyze_shows_progress_and_counts_malformed_lines_past_the_first_ten(
+    tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording_file, "PARSE_BATCH", 4)
+    path = write(tmp_path / "rec.jsonl", simulated({}, nodes=4, seconds=3))
+    with path.open("a") as f:
+        f.write("not json\n" * 13)
+    assert analyze(str(path), "json", window=2, progress_seconds=0.0) == 0
+    err = capsys.readouterr().err
+    shown = re.findall(
+        r"MB read \((\d+)%\) in \d+ s, (\d+) of (\d+) messages replayed, 0 findings active", err
+    )
+    assert len(shown) == 8, err  # one a batch of 4 lines: 29 lines
+    assert [int(replayed) for _, replayed, _ in shown] == [2, 6, 10, 14, 14, 14, 14, 14]
+    assert int(shown[0][0]) < 100 and shown[-1] == ("100", "14", "16")
+    named = [line for line in err.splitlines() if "not a recorded message, skipped" in line]
+    assert len(named) == 10 and named[0].startswith(f"gpufleet analyze: {path}:17: ")
+    assert "gpufleet analyze: ... and 3 more malformed lines" in err
+    assert "13 malformed lines skipped" in err
 
 
 def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
