@@ -11,7 +11,7 @@ is read while it runs.
 
 Prints a table; asserts nothing (tests/bench/test_analyze_recording.py runs a small step of it).
 
-    .venv/bin/python bench/analyze_recording.py [--nodes 100] [--rounds 10,40] [--whole] [--window N]
+    .venv/bin/python bench/analyze_recording.py [--nodes 100] [--rounds 10,40] [--whole] [--window N] [--gzip]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def write_recording(path: Path, nodes: int, rounds: int) -> int:
             def emit(msg: operator_pb2.RecordedMessage, *, last: bool = False) -> None:
                 pending.append(msg)
                 if len(pending) >= CHUNK or last:
-                    for chunk in converter.lines(pending):
+                    for chunk in converter.lines(pending, compressed=path.name.endswith(".gz")):
                         out.write(chunk)
                     pending.clear()
 
@@ -133,11 +133,11 @@ def run_analyze(path: Path, window: int | None) -> dict[str, Any]:
 
 
 def measure(
-    nodes: int, rounds: list[int], windows: list[int | None], directory: Path
+    nodes: int, rounds: list[int], windows: list[int | None], directory: Path, *, compressed: bool = False
 ) -> list[dict[str, Any]]:
     results = []
     for count in rounds:
-        path = directory / f"rec-{nodes}x{count}.jsonl"
+        path = directory / f"rec-{nodes}x{count}.jsonl{'.gz' if compressed else ''}"
         messages = write_recording(path, nodes, count)
         size = path.stat().st_size
         runs = [run_analyze(path, window) for window in windows]
@@ -145,6 +145,7 @@ def measure(
             run.update(
                 nodes=nodes,
                 rounds=count,
+                compressed=compressed,
                 messages=messages,
                 file_mb=size / 1e6,
                 messages_per_s=messages / run["wall_s"],
@@ -178,6 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--window", type=int, default=REORDER_WINDOW, help="analyze's reorder window")
     parser.add_argument("--whole", action="store_true", help="also analyze each holding it whole")
+    parser.add_argument("--gzip", action="store_true", help="write the recordings gzip-compressed (.gz)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser.parse_args(argv)
 
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     windows: list[int | None] = [args.window, None] if args.whole else [args.window]
     with tempfile.TemporaryDirectory(prefix="gpufleet-analyze-") as tmp:
-        results = measure(args.nodes, [int(r) for r in args.rounds.split(",")], windows, Path(tmp))
+        rounds = [int(r) for r in args.rounds.split(",")]
+        results = measure(args.nodes, rounds, windows, Path(tmp), compressed=args.gzip)
     for r in results:
         del r["findings"]
     if args.json:

@@ -13,6 +13,7 @@ processes (controller/record_lines.py, 2 by default). Frames are the scale bench
 Prints a table; asserts nothing (tests/bench/test_record_cost.py runs a small step of it).
 
     .venv/bin/python bench/record_cost.py [--frames 2000] [--rates 300,600] [--seconds 8] [--workers 0,2]
+        [--gzip]  (--gzip: the drain's recording named .gz, its batches gzip members)
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def drain(frame: pb.TelemetryFrame, frames: int, workers: int, directory: str) -> dict[str, Any]:
-    path = os.path.join(directory, f"drain-{workers}.jsonl")
+def drain(
+    frame: pb.TelemetryFrame, frames: int, workers: int, directory: str, suffix: str = ".jsonl"
+) -> dict[str, Any]:
+    path = os.path.join(directory, f"drain-{workers}{suffix}")
     sink = FileSink(path, maxsize=frames + 1, converter=Converter(workers))
     received = RECEIVED  # one time for every frame: every run writes the same lines
     for _ in range(frames):
@@ -128,19 +131,23 @@ def main() -> int:
     parser.add_argument("--rates", default="300,600", help="frames a second offered beside the loop")
     parser.add_argument("--seconds", type=float, default=8.0, help="how long each run beside the loop lasts")
     parser.add_argument("--workers", default="0,2", help="converter workers to compare (0: on the thread)")
+    parser.add_argument("--gzip", action="store_true", help="the drain's recordings gzip-compressed (.gz)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
+    suffix = ".jsonl.gz" if args.gzip else ".jsonl"
     frame = sample_frame()
     workers = [int(w) for w in args.workers.split(",")]
     rates = [float(r) for r in args.rates.split(",")]
     with tempfile.TemporaryDirectory() as directory:
-        drains = [drain(frame, args.frames, w, directory) for w in workers]
+        drains = [drain(frame, args.frames, w, directory, suffix) for w in workers]
         loops = [beside_loop(frame, 0, args.seconds, None, directory)]
         loops += [beside_loop(frame, r, args.seconds, w, directory) for r in rates for w in workers]
     if args.json:
         print(json.dumps({"drain": drains, "beside_loop": loops}))
         return 0
-    print(f"drain of {args.frames} queued frames ({drains[0]['bytes_per_frame']} bytes of JSON each):")
+    print(
+        f"drain of {args.frames} queued frames ({drains[0]['bytes_per_frame']} bytes each on disk, {suffix}):"
+    )
     print(f"  {'workers':>8} {'frames/s':>9} {'ms CPU a frame, here':>21} {'in workers':>11}")
     for d in drains:
         print(

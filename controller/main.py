@@ -238,7 +238,8 @@ def _controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ctl.add_argument(
         "--record",
         metavar="FILE",
-        help="append every accepted Hello and frame to FILE (JSON Lines, for gpufleet analyze)",
+        help="append every accepted Hello and frame to FILE (JSON Lines, gzip-compressed if FILE ends .gz; "
+        "for gpufleet analyze)",
     )
     return ctl
 

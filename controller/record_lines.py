@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import logging
 import os
 import select
@@ -99,8 +100,18 @@ def unpack_parsed(blob: bytes) -> list[tuple[bool, bytes]]:
     return out
 
 
-MAKE_LINES, PARSE_LINES = 0, 1  # what a batch asks of a worker
+MAKE_LINES, PARSE_LINES, MAKE_GZIP = 0, 1, 2  # what a batch asks of a worker
+GZIP_LEVEL = 1  # ~10x smaller than the JSON at ~0.14 ms a frame; level 6 ~14x at ~0.36 ms
+
+
+def gzip_member(items: Sequence[bytes]) -> bytes:
+    """The lines of serialised RecordedMessages as one gzip member (a recording named .gz is these,
+    one after another: a valid gzip file)."""
+    return gzip.compress(json_lines(items).encode("utf-8"), compresslevel=GZIP_LEVEL, mtime=0)
+
+
 JOBS = {
+    MAKE_GZIP: gzip_member,
     MAKE_LINES: lambda items: json_lines(items).encode("utf-8"),
     PARSE_LINES: parsed_lines,
 }
@@ -208,9 +219,12 @@ class Converter:
         self._pool: list[_Worker | None] = [None] * workers
         self._failing = False
 
-    def lines(self, messages: Sequence[operator_pb2.RecordedMessage]) -> list[bytes]:
-        """The messages' lines, in order, in a few chunks (one a worker)."""
-        return self._run(MAKE_LINES, [m.SerializeToString() for m in messages])
+    def lines(
+        self, messages: Sequence[operator_pb2.RecordedMessage], *, compressed: bool = False
+    ) -> list[bytes]:
+        """The messages' lines, in order, in a few chunks (one a worker); compressed: each chunk a
+        gzip member."""
+        return self._run(MAKE_GZIP if compressed else MAKE_LINES, [m.SerializeToString() for m in messages])
 
     def parse(self, lines: Sequence[bytes]) -> list[tuple[bool, bytes]]:
         """Each line of a recording parsed (gpufleet analyze): (True, a serialised RecordedMessage)
@@ -244,7 +258,7 @@ class Converter:
                 self._failed(i, exc)
             else:
                 if self._failing:
-                    log.warning("recording: JSON lines are made by worker processes again")
+                    log.warning("recording: JSON lines are converted by worker processes again")
                     self._failing = False
                 return text
         self.fallbacks += 1
@@ -258,7 +272,8 @@ class Converter:
             worker.stop()
         if not self._failing:
             log.warning(
-                "recording: %s; its lines are made on the recording thread, a new worker next batch", exc
+                "recording: %s; its batch is converted on the calling thread, a new worker next batch",
+                exc,
             )
             self._failing = True
 

@@ -129,12 +129,18 @@ class Subscription:
 Opener = Callable[[str], IO[bytes]]
 
 
+def compressed(path: str) -> bool:
+    """Whether a recording written to `path` is gzip-compressed: its name ends .gz."""
+    return path.endswith(".gz")
+
+
 def _append(path: str) -> IO[bytes]:
     """The file for appending (UTF-8 lines, as the Converter makes them); a line a full disk cut
-    short is ended first, so the next is whole."""
+    short is ended first, so the next is whole. (A compressed one's cut-short member is skipped
+    when it is read: cli/gzip_lines.py.)"""
     f = open(path, "ab")  # noqa: SIM115 - the sink keeps it open
     try:
-        if f.tell() > 0:
+        if f.tell() > 0 and not compressed(path):
             with open(path, "rb") as existing:
                 existing.seek(-1, os.SEEK_END)
                 if existing.read(1) != b"\n":
@@ -169,6 +175,7 @@ class FileSink:
         converter: Converter | None = None,
     ) -> None:
         self.path = path
+        self.compressed = compressed(path)
         self.converter = converter or Converter()
         self.written = 0
         self._dropped = 0
@@ -236,7 +243,7 @@ class FileSink:
         if f is None:
             self._lose(len(batch))
             return pending
-        chunks = self.converter.lines([item.to_proto() for item in batch])
+        chunks = self.converter.lines([item.to_proto() for item in batch], compressed=self.compressed)
         try:
             for chunk in chunks:
                 f.write(chunk)

@@ -123,6 +123,11 @@ def _summary(path: str, stats: RecordingStats, skipped: int, passes: int, stored
         parts.append(f"{skipped} frames skipped (no Hello of their node before them)")
     if stats.dropped:
         parts.append(f"{stats.dropped} messages lost while recording (the recorder fell behind)")
+    if stats.damage.parts:
+        parts.append(
+            f"{stats.damage.parts} damaged or cut-short compressed parts skipped "
+            f"({stats.damage.bytes} bytes; their messages are lost)"
+        )
     return "; ".join(parts)
 
 

@@ -23,6 +23,7 @@ import grpc
 
 from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator_arguments, print_document
 from controller.cli.record_writer import RecordWriter
+from controller.recording import compressed
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 PROGRESS_SECONDS = 5.0  # how often `gpufleet record` reports on stderr
@@ -38,7 +39,10 @@ def add_record_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "after --duration or Ctrl-C with a summary line (exit 0; 1: no controller, or it went away).",
     )
     rec.add_argument(
-        "--out", default="", metavar="FILE", help="the recording (appended; made if absent); required"
+        "--out",
+        default="",
+        metavar="FILE",
+        help="the recording (appended; made if absent; gzip-compressed if FILE ends .gz); required",
     )
     rec.add_argument(
         "--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (default: Ctrl-C)"
@@ -180,7 +184,9 @@ def record(target: str, out: str, output: str, *, duration: float = 0.0, node: s
         )
         watcher.start()
         cancel: Callable[[], Any] = call.cancel
-        writer = RecordWriter(sink, tally.add, failed=stop.set)  # lines made and written on its own thread
+        writer = RecordWriter(  # lines made and written on its own thread
+            sink, tally.add, failed=stop.set, compressed=compressed(out)
+        )
         writer.start()
         try:
             for msg in call:

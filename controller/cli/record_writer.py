@@ -35,11 +35,13 @@ class RecordWriter:
         converter: Converter | None = None,
         *,
         failed: Callable[[], object] = lambda: None,
+        compressed: bool = False,
     ) -> None:
         self.sink = sink
         self.written = written
         self.failed = failed  # called once writing has failed (the reading can stop then)
         self.converter = converter or Converter()
+        self.compressed = compressed  # each batch a gzip member (a recording named .gz)
         self.error: OSError | None = None
         self._queue: queue.Queue[operator_pb2.RecordedMessage | None] = queue.Queue(QUEUE)
         self._thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
@@ -73,7 +75,7 @@ class RecordWriter:
             messages = [m for m in batch if m is not _END]
             if messages:
                 try:
-                    for chunk in self.converter.lines(messages):
+                    for chunk in self.converter.lines(messages, compressed=self.compressed):
                         self.sink.write(chunk)
                     self.sink.flush()
                 except OSError as exc:

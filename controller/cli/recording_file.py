@@ -2,15 +2,17 @@
 `gpufleet analyze`, without holding it whole.
 
 A recording is written in the order its messages were accepted, so it is in receive order but for a
-clock stepped back or files joined together. `in_order` reads it as a stream: a thread reads the file
-and has its lines parsed in the converter's worker processes (the JSON mapping is ~1.3 ms of pure
-Python an 8-GPU frame) a few batches ahead of the replay, which runs meanwhile; the messages pass
-through a window of `window` messages, kept serialised and let out smallest receive time first. A
-message received before one already let out cannot be put in its place: OutOfOrder is raised, and
-the caller reads the file again with window=None (every message kept, let out at the end: the whole
-recording sorted in memory). Held whole, each 8-GPU frame added ~9 KB of RSS, an hour of a
-1,000-node fleet ~3.4 GB; through the window analyze's RSS stays at ~150 MB whatever the length
-(100 nodes: 147 MB at 16,100 messages, 150 MB at 40,100; bench/analyze_recording.py).
+clock stepped back or files joined together (one compressed with gzip, as a name ending .gz has it
+written, is read the same, member by member: gzip_lines.py). `in_order` reads it as a stream: a
+thread reads the file and has its lines parsed in the converter's worker processes (the JSON mapping
+is ~1.3 ms of pure Python an 8-GPU frame) a few batches ahead of the replay, which runs meanwhile;
+the messages pass through a window of `window` messages, kept serialised and let out smallest
+receive time first. A message received before one already let out cannot be put in its place:
+OutOfOrder is raised, and the caller reads the file again with window=None (every message kept,
+let out at the end: the whole recording sorted in memory). Held whole, each 8-GPU frame added
+~9 KB of RSS, an hour of a 1,000-node fleet ~3.4 GB; through the window analyze's RSS stays at
+~150 MB whatever the length (100 nodes: 147 MB at 16,100 messages, 150 MB at 40,100;
+bench/analyze_recording.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from controller.cli.gzip_lines import Damage, gzip_lines, is_gzip
 from controller.record_lines import Converter
 from protos.gpufleet.v1 import operator_pb2
 
@@ -64,6 +67,7 @@ class RecordingStats:
     bad_lines: int = 0
     first: float | None = None  # earliest receive time
     last: float | None = None  # latest
+    damage: Damage = field(default_factory=Damage)  # compressed parts skipped (gzip_lines.py)
 
     def span(self) -> float:
         """Seconds from the first message received to the last."""
@@ -159,15 +163,21 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
+            compressed = is_gzip(self.source)
+            source = gzip_lines(self.source, self.stats.damage) if compressed else self.source
             lines: list[tuple[int, bytes]] = []
-            for number, line in enumerate(self.source, start=1):
-                self.stats.read += len(line)
+            for number, line in enumerate(source, start=1):
+                if not compressed:
+                    self.stats.read += len(line)
                 if line.strip():
                     lines.append((number, line))
                 if len(lines) >= PARSE_BATCH:
+                    if compressed:
+                        self.stats.read = self.source.tell()
                     if not self._hand_on(self._parse(lines)):
                         return
                     lines = []
+            self.stats.read = self.stats.size or self.stats.read
             if self._hand_on(self._parse(lines)):
                 self._hand_on(None)
         except Exception as exc:  # noqa: BLE001 - an OSError reading, or a bug: the replay raises it

@@ -70,7 +70,7 @@ def test_a_dead_worker_loses_nothing_and_is_started_again(caplog: pytest.LogCapt
     finally:
         converter.close()
     warnings = [r.getMessage() for r in caplog.records]
-    assert len([w for w in warnings if "made on the recording thread" in w]) == 1
+    assert len([w for w in warnings if "converted on the calling thread" in w]) == 1
     assert any("worker processes again" in w for w in warnings)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gzip
 import io
 import logging
 import threading
@@ -132,7 +133,9 @@ async def _ingest_some(app: ControllerApp, frames: int) -> None:
 
 def _lines(path: Path) -> list[operator_pb2.RecordedMessage]:
     out = []
-    for line in path.read_text().splitlines():
+    data = path.read_bytes()
+    text = gzip.decompress(data).decode() if path.name.endswith(".gz") else data.decode()
+    for line in text.splitlines():
         msg = operator_pb2.RecordedMessage()
         json_format.Parse(line, msg)
         out.append(msg)
@@ -155,6 +158,41 @@ def test_controller_record_appends_json_lines(tmp_path: Path) -> None:
     assert frames_of(msgs) == [("n1", 1), ("n1", 2), ("n1", 3)]
     line = path.read_text().splitlines()[1]
     assert '"boot_id": "b1"' in line and "\n" not in line  # field names as in the .proto, one line
+
+
+def test_controller_record_to_a_gz_name_appends_gzip_members(tmp_path: Path) -> None:
+    """Each batch one gzip member: the file stays a valid gzip file however often it is appended to,
+    and its lines are the plain recording's."""
+    path = tmp_path / "fleet.jsonl.gz"
+    path.write_bytes(
+        gzip.compress(to_json_line(Accepted(T0 - 1, "n0", hello=hello("n0")).to_proto()).encode())
+    )
+
+    async def go() -> None:
+        async with running_controller(config(record=str(path)), Clock()) as running:
+            await _ingest_some(running.app, 3)
+
+    asyncio.run(go())
+    asyncio.run(go())  # a second run appends
+    msgs = _lines(path)  # gzip's own reader, over every member
+    assert [(m.node, m.message.WhichOneof("msg")) for m in msgs] == [("n0", "hello")] + (
+        [("n1", "hello")] + [("n1", "frame")] * 3
+    ) * 2
+    assert frames_of(msgs) == [("n1", 1), ("n1", 2), ("n1", 3)] * 2
+    assert path.read_bytes().count(b"\x1f\x8b\x08") >= 3  # members: the first, and one a batch at least
+
+
+def test_a_cut_line_is_ended_before_appending_but_a_gz_file_is_left_as_it_is(tmp_path: Path) -> None:
+    from controller.recording import _append
+
+    plain, packed = tmp_path / "cut.jsonl", tmp_path / "cut.jsonl.gz"
+    plain.write_bytes(b'{"received": "2026')
+    cut = gzip.compress(b'{"node": "n"}\n')[:-5]  # a member cut short: skipped when read
+    packed.write_bytes(cut)
+    for path in (plain, packed):
+        _append(str(path)).close()
+    assert plain.read_bytes() == b'{"received": "2026\n'
+    assert packed.read_bytes() == cut
 
 
 class FullDisk(io.BytesIO):

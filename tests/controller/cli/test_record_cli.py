@@ -4,6 +4,7 @@ raises from the same messages), and `gpufleet record` against a real controller 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import threading
@@ -23,7 +24,7 @@ from controller.config import DetectConfig
 from controller.detect.offline import OfflineDetector
 from controller.main import main
 from controller.operator.wire import finding_to_proto
-from controller.record_lines import to_json_line
+from controller.record_lines import Converter, to_json_line
 from controller.recording import Accepted
 from protos.gpufleet.v1 import operator_pb2
 from tests.controller.harness import Clock, ControllerThread, config, frame, hello
@@ -186,6 +187,30 @@ def test_analyze_shows_progress_and_counts_malformed_lines_past_the_first_ten(
     assert "13 malformed lines skipped" in err
 
 
+def test_analyze_reads_a_compressed_recording_past_a_cut_short_part(tmp_path: Path, capsys: Capture) -> None:
+    """A recording named .gz (gzip members, one a batch) gives what the plain one gives; a member cut
+    short by a full disk, batches appended after it, loses that batch's messages only, and says so."""
+    messages = [m.to_proto() for m in simulated({"node-03": [FaultSpec("thermal_throttle", 2)]})]
+    config = config_file(tmp_path)
+    plain = tmp_path / "rec.jsonl"
+    plain.write_bytes(b"".join(Converter(0).lines(messages)))
+    members = [b"".join(Converter(0).lines(messages[i : i + 10], compressed=True)) for i in range(0, 90, 10)]
+    whole = tmp_path / "rec.jsonl.gz"
+    whole.write_bytes(b"".join(members))
+    assert main(["analyze", str(plain), "-o", "json", "--config", config]) == 0
+    expected, err = capsys.readouterr()
+    assert main(["analyze", str(whole), "-o", "json", "--config", config]) == 0
+    out, compressed_err = capsys.readouterr()
+    assert out == expected and json.loads(out)["findings"]
+    assert compressed_err.replace(str(whole), str(plain)) == err
+    damaged = tmp_path / "damaged.jsonl.gz"
+    damaged.write_bytes(b"".join(members[:8]) + members[8][:-20])  # the last 10 frames cut short
+    assert main(["analyze", str(damaged), "-o", "json", "--config", config]) == 0
+    err = capsys.readouterr().err
+    assert "80 messages (6 hellos, 74 frames)" in err
+    assert f"1 damaged or cut-short compressed parts skipped ({len(members[8]) - 20} bytes" in err
+
+
 def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
     assert main(["analyze", str(tmp_path / "none.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -196,8 +221,9 @@ def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: 
     assert "detect.margin" in capsys.readouterr().err
 
 
-def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Capture) -> None:
-    out = tmp_path / "rec.jsonl"
+@pytest.mark.parametrize("name", ["rec.jsonl", "rec.jsonl.gz"])
+def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Capture, name: str) -> None:
+    out = tmp_path / name
     with ControllerThread(config(), Clock()) as c:
 
         async def before(app: ControllerApp) -> None:
@@ -234,7 +260,11 @@ def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Cap
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     msgs = []
-    for line in out.read_text().splitlines():
+    data = out.read_bytes()
+    if name.endswith(".gz"):  # gzip members, one a batch
+        assert data[:2] == b"\x1f\x8b"
+        data = gzip.decompress(data)
+    for line in data.decode().splitlines():
         msg = operator_pb2.RecordedMessage()
         json_format.Parse(line, msg)
         msgs.append(msg)

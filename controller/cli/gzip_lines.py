@@ -1,0 +1,99 @@
+"""The lines of a gzip-compressed recording, member by member, past damage.
+
+A recording whose name ends .gz is written as one gzip member a batch of lines (record_lines.py):
+the members follow each other, as `cat a.gz b.gz` makes a valid gzip file. A full disk or a crash
+can cut a member short and later batches be appended after it; gzip's own reader then stops at the
+cut (or reads garbage on). Here each member's text is kept until the member ends with its CRC
+checked, so a damaged member gives no lines, not garbage ones (but for a member larger than
+HOLD_BYTES): its bytes are counted (`Damage`) and the reading goes on from the next member's header
+found after the damaged one's start.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+MAGIC = b"\x1f\x8b\x08"  # a gzip member's first bytes (ID1, ID2, deflate)
+CHUNK = 1 << 20
+# A member's text held back until its end at most: ours are a batch of lines (~3 MB of JSON); past
+# this (one member for a whole file gzip made of a recording) its whole lines go on as decoded.
+HOLD_BYTES = 64 << 20
+
+
+@dataclass(slots=True)
+class Damage:
+    parts: int = 0  # damaged or cut-short members skipped
+    bytes: int = 0  # their compressed bytes
+
+
+def is_gzip(raw: IO[bytes]) -> bool:
+    """Whether `raw` (a seekable file at its start) holds gzip data; left at its start."""
+    start = raw.read(len(MAGIC))
+    raw.seek(0)
+    return start == MAGIC
+
+
+def gzip_lines(raw: IO[bytes], damage: Damage) -> Iterator[bytes]:
+    """The lines of every undamaged member of `raw`, in order (each ending with a newline but perhaps
+    the file's last)."""
+    for text in _members(raw, damage):
+        lines = text.split(b"\n")
+        last = lines.pop()  # b"" after a final newline
+        for line in lines:
+            yield line + b"\n"
+        if last:
+            yield last
+
+
+def _members(raw: IO[bytes], damage: Damage) -> Iterator[bytes]:
+    pending = b""  # compressed bytes read but not yet fed
+    while True:
+        if not pending:
+            pending = raw.read(CHUNK)
+            if not pending:
+                return
+        member = bytearray()  # this member's compressed bytes, for a resync if it is damaged
+        text = bytearray()
+        decompressor = zlib.decompressobj(wbits=31)
+        ok = False
+        while True:
+            member += pending
+            try:
+                text += decompressor.decompress(pending)
+            except zlib.error:  # bad data, or the CRC or length at its end does not match
+                break
+            if decompressor.eof:
+                rest = decompressor.unused_data
+                del member[len(member) - len(rest) :]
+                pending, ok = rest, True
+                break
+            if len(text) > HOLD_BYTES:
+                whole = text.rfind(b"\n") + 1
+                yield bytes(text[:whole])
+                del text[:whole]
+            pending = raw.read(CHUNK)
+            if not pending:  # cut short at the file's end
+                break
+        if ok:
+            yield bytes(text)
+            continue
+        # Damaged: skip to the next member's header after this one's start.
+        after = member.find(MAGIC, 1)
+        while after < 0:
+            more = raw.read(CHUNK)
+            if not more:
+                damage.parts += 1
+                damage.bytes += len(member)
+                return
+            searched = max(1, len(member) - len(MAGIC) + 1)
+            member += more
+            after = member.find(MAGIC, searched)
+        damage.parts += 1
+        damage.bytes += after
+        pending = bytes(member[after:])
+
+
+__all__ = ["Damage", "gzip_lines", "is_gzip"]

@@ -1,0 +1,66 @@
+"""A gzip-compressed recording's lines, member by member: every member's lines in order, and a
+member cut short (a full disk, a crash) or damaged skipped and counted, the reading going on at
+the next member."""
+
+from __future__ import annotations
+
+import gzip
+import io
+
+import pytest
+
+from controller.cli import gzip_lines
+from controller.cli.gzip_lines import Damage, is_gzip
+
+
+def _member(first: int, n: int) -> bytes:
+    return gzip.compress(
+        b"".join(b'{"line": %d}\n' % i for i in range(first, first + n)), compresslevel=1, mtime=0
+    )
+
+
+def _read(data: bytes) -> tuple[list[int], Damage]:
+    damage = Damage()
+    lines = list(gzip_lines.gzip_lines(io.BytesIO(data), damage))
+    assert all(line.endswith(b"\n") for line in lines)
+    return [int(line[9:-2]) for line in lines], damage
+
+
+def test_members_one_after_another_are_one_recording() -> None:
+    data = _member(0, 5) + _member(5, 3) + _member(8, 100)
+    assert _read(data) == (list(range(108)), Damage())
+    assert gzip.decompress(data).count(b"\n") == 108  # a valid gzip file, as gzip itself reads it
+
+
+def test_a_member_cut_short_then_more_appended_loses_only_that_member() -> None:
+    cut = _member(5, 40)[:-30]
+    data = _member(0, 5) + cut + _member(45, 5)
+    assert _read(data) == ([*range(5), *range(45, 50)], Damage(1, len(cut)))
+    with pytest.raises((EOFError, OSError)):  # what gzip's own reader makes of it
+        gzip.decompress(data)
+
+
+def test_a_member_cut_short_at_the_end_of_the_file() -> None:
+    cut = _member(5, 40)[:-7]
+    assert _read(_member(0, 5) + cut) == (list(range(5)), Damage(1, len(cut)))
+
+
+def test_a_damaged_byte_loses_its_member_not_garbage_lines() -> None:
+    middle = bytearray(_member(5, 40))
+    middle[len(middle) // 2] ^= 0xFF
+    data = _member(0, 5) + bytes(middle) + _member(45, 5)
+    assert _read(data) == ([*range(5), *range(45, 50)], Damage(1, len(middle)))
+
+
+def test_a_member_larger_than_what_is_held_goes_on_in_whole_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gzip_lines, "HOLD_BYTES", 100)
+    monkeypatch.setattr(gzip_lines, "CHUNK", 64)  # fed in small pieces: whole lines before the member ends
+    lines, damage = _read(_member(0, 500))
+    assert (lines, damage) == (list(range(500)), Damage())
+
+
+def test_only_gzip_data_is_taken_for_gzip() -> None:
+    assert is_gzip(io.BytesIO(_member(0, 1)))
+    plain = io.BytesIO(b'{"line": 0}\n')
+    assert not is_gzip(plain) and plain.tell() == 0
+    assert not is_gzip(io.BytesIO(b""))
