@@ -4,6 +4,7 @@ controller --record), its messages replayed in order of receive time as they are
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,11 @@ def analyze(
         try:
             detector, stats = _replay(path, detect, window, progress_seconds)
         except OutOfOrder as exc:
+            if not os.path.isfile(path):  # a pipe: what was read cannot be read again
+                print(
+                    f"gpufleet analyze: {path}: {exc}; save it to a file to have it sorted", file=sys.stderr
+                )
+                return 2
             print(f"gpufleet analyze: {path}: {exc}: reading it whole to sort it", file=sys.stderr)
             detector, stats = _replay(path, detect, None, progress_seconds)
     except OSError as exc:
@@ -94,9 +100,13 @@ def _replay(
 
 
 def _progress(path: str, stats: RecordingStats, replayed: int, seconds: float, active: int) -> None:
-    share = f" ({100 * stats.read / stats.size:.0f}%)" if stats.size else ""
+    of = (
+        f" of {_size(stats.size)} ({100 * min(stats.read, stats.size) / stats.size:.0f}%)"
+        if stats.size
+        else ""  # a pipe has no size
+    )
     print(
-        f"gpufleet analyze: {path}: {_size(stats.read)} of {_size(stats.size)} read{share} in "
+        f"gpufleet analyze: {path}: {_size(stats.read)}{of} read in "
         f"{seconds:.0f} s, {replayed} of {stats.messages} messages replayed, {active} findings active",
         file=sys.stderr,
         flush=True,

@@ -12,9 +12,9 @@ found after the damaged one's start.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 MAGIC = b"\x1f\x8b\x08"  # a gzip member's first bytes (ID1, ID2, deflate)
 CHUNK = 1 << 20
@@ -29,17 +29,21 @@ class Damage:
     bytes: int = 0  # their compressed bytes
 
 
-def is_gzip(raw: IO[bytes]) -> bool:
-    """Whether `raw` (a seekable file at its start) holds gzip data; left at its start."""
-    start = raw.read(len(MAGIC))
-    raw.seek(0)
-    return start == MAGIC
+class Peekable(Protocol):
+    def peek(self, size: int = 0, /) -> bytes: ...
 
 
-def gzip_lines(raw: IO[bytes], damage: Damage) -> Iterator[bytes]:
+def is_gzip(raw: Peekable) -> bool:
+    """Whether `raw` (at its start) holds gzip data; nothing is consumed (a pipe too)."""
+    return raw.peek(len(MAGIC))[: len(MAGIC)] == MAGIC
+
+
+def gzip_lines(
+    raw: IO[bytes], damage: Damage, counted: Callable[[int], object] = lambda n: None
+) -> Iterator[bytes]:
     """The lines of every undamaged member of `raw`, in order (each ending with a newline but perhaps
-    the file's last)."""
-    for text in _members(raw, damage):
+    the file's last); counted(n) for each n compressed bytes read (progress)."""
+    for text in _members(_Counting(raw, counted), damage):
         lines = text.split(b"\n")
         last = lines.pop()  # b"" after a final newline
         for line in lines:
@@ -48,7 +52,17 @@ def gzip_lines(raw: IO[bytes], damage: Damage) -> Iterator[bytes]:
             yield last
 
 
-def _members(raw: IO[bytes], damage: Damage) -> Iterator[bytes]:
+class _Counting:
+    def __init__(self, raw: IO[bytes], counted: Callable[[int], object]) -> None:
+        self.raw, self.counted = raw, counted
+
+    def read(self, n: int) -> bytes:
+        data = self.raw.read(n)
+        self.counted(len(data))
+        return data
+
+
+def _members(raw: _Counting, damage: Damage) -> Iterator[bytes]:
     pending = b""  # compressed bytes read but not yet fed
     while True:
         if not pending:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import io
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO
 
 from controller.cli.gzip_lines import Damage, gzip_lines, is_gzip
 from controller.record_lines import Converter
@@ -153,7 +153,7 @@ class _Reader(threading.Thread):
     replay. Ends (closing the file and the converter) at the file's end, on an error (handed on to
     the replay), or when stopped."""
 
-    def __init__(self, source: IO[bytes], converter: Converter, stats: RecordingStats) -> None:
+    def __init__(self, source: io.BufferedReader, converter: Converter, stats: RecordingStats) -> None:
         super().__init__(name="gpufleet-analyze-reader", daemon=True)
         self.source = source
         self.converter = converter
@@ -164,7 +164,7 @@ class _Reader(threading.Thread):
     def run(self) -> None:
         try:
             compressed = is_gzip(self.source)
-            source = gzip_lines(self.source, self.stats.damage) if compressed else self.source
+            source = gzip_lines(self.source, self.stats.damage, self._read) if compressed else self.source
             lines: list[tuple[int, bytes]] = []
             for number, line in enumerate(source, start=1):
                 if not compressed:
@@ -172,8 +172,6 @@ class _Reader(threading.Thread):
                 if line.strip():
                     lines.append((number, line))
                 if len(lines) >= PARSE_BATCH:
-                    if compressed:
-                        self.stats.read = self.source.tell()
                     if not self._hand_on(self._parse(lines)):
                         return
                     lines = []
@@ -185,6 +183,9 @@ class _Reader(threading.Thread):
         finally:
             self.source.close()
             self.converter.close()
+
+    def _read(self, n: int) -> None:
+        self.stats.read += n
 
     def _parse(self, lines: list[tuple[int, bytes]]) -> _Batch:
         parsed = self.converter.parse([text for _, text in lines])

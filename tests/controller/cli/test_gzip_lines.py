@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+from pathlib import Path
 
 import pytest
 
@@ -59,8 +61,15 @@ def test_a_member_larger_than_what_is_held_goes_on_in_whole_lines(monkeypatch: p
     assert (lines, damage) == (list(range(500)), Damage())
 
 
-def test_only_gzip_data_is_taken_for_gzip() -> None:
-    assert is_gzip(io.BytesIO(_member(0, 1)))
-    plain = io.BytesIO(b'{"line": 0}\n')
-    assert not is_gzip(plain) and plain.tell() == 0
-    assert not is_gzip(io.BytesIO(b""))
+def test_only_gzip_data_is_taken_for_gzip_and_nothing_is_consumed(tmp_path: Path) -> None:
+    assert is_gzip(io.BufferedReader(io.BytesIO(_member(0, 1))))
+    plain = io.BufferedReader(io.BytesIO(b'{"line": 0}\n'))
+    assert not is_gzip(plain) and plain.read() == b'{"line": 0}\n'
+    assert not is_gzip(io.BufferedReader(io.BytesIO(b"")))
+    read, write = os.pipe()  # a pipe cannot seek: peeked, not read and put back
+    os.write(write, _member(0, 2))
+    os.close(write)
+    with open(read, "rb") as piped:
+        assert is_gzip(piped)
+        damage = Damage()
+        assert len(list(gzip_lines.gzip_lines(piped, damage))) == 2 and damage == Damage()

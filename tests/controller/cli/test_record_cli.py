@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import re
 import threading
 import time
@@ -20,6 +21,7 @@ from controller.app import ControllerApp
 from controller.cli import recording_file
 from controller.cli.analyze import analyze
 from controller.cli.jsonify import finding_to_dict
+from controller.cli.recording_file import REORDER_WINDOW
 from controller.config import DetectConfig
 from controller.detect.offline import OfflineDetector
 from controller.main import main
@@ -176,7 +178,7 @@ def test_analyze_shows_progress_and_counts_malformed_lines_past_the_first_ten(
     assert analyze(str(path), "json", window=2, progress_seconds=0.0) == 0
     err = capsys.readouterr().err
     shown = re.findall(
-        r"MB read \((\d+)%\) in \d+ s, (\d+) of (\d+) messages replayed, 0 findings active", err
+        r"MB \((\d+)%\) read in \d+ s, (\d+) of (\d+) messages replayed, 0 findings active", err
     )
     assert len(shown) == 8, err  # one a batch of 4 lines: 29 lines
     assert [int(replayed) for _, replayed, _ in shown] == [2, 6, 10, 14, 14, 14, 14, 14]
@@ -209,6 +211,32 @@ def test_analyze_reads_a_compressed_recording_past_a_cut_short_part(tmp_path: Pa
     err = capsys.readouterr().err
     assert "80 messages (6 hellos, 74 frames)" in err
     assert f"1 damaged or cut-short compressed parts skipped ({len(members[8]) - 20} bytes" in err
+
+
+def test_analyze_reads_a_pipe_and_says_when_it_cannot_sort_one(tmp_path: Path, capsys: Capture) -> None:
+    messages = simulated({"node-03": [FaultSpec("thermal_throttle", 2)]})
+    config = config_file(tmp_path)
+    in_order, shuffled = (
+        write(tmp_path / "a.jsonl", messages),
+        write(tmp_path / "b.jsonl", messages, shuffle=True),
+    )
+    assert analyze(str(in_order), "json", config=config) == 0
+    expected = capsys.readouterr().out
+    fifo = tmp_path / "fifo"
+    for source, window, code in ((in_order, REORDER_WINDOW, 0), (shuffled, 4, 2)):
+        os.mkfifo(fifo)
+        feeder = threading.Thread(target=lambda src=source: fifo.write_bytes(src.read_bytes()))
+        feeder.start()
+        try:
+            assert analyze(str(fifo), "json", config=config, window=window) == code
+        finally:
+            feeder.join(timeout=10)
+            fifo.unlink()
+        out, err = capsys.readouterr()
+        if code == 0:
+            assert out == expected and "90 messages" in err
+        else:
+            assert "(out of order by more than 4 messages); save it to a file to have it sorted" in err
 
 
 def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
