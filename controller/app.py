@@ -47,6 +47,7 @@ from controller.kube.role import POD_NAMESPACE_ENV
 from controller.loop_lag import LoopLag
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
+from controller.record_lines import Converter
 from controller.recording import FileSink, RecordHub
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
@@ -120,7 +121,7 @@ class ControllerApp:
         self.recording = RecordHub()
         self.record_sink: FileSink | None = None
         if config.record:
-            self.record_sink = FileSink(config.record)
+            self.record_sink = FileSink(config.record, converter=Converter(config.record_workers))
             self.record_sink.start()
             self.recording.add(self.record_sink)
         self.ingest = Ingest(

@@ -543,7 +543,14 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "record":
         from controller.cli.record import record
 
-        return record(args.controller, args.out, args.output, duration=args.duration, node=args.node)
+        return record(
+            args.controller,
+            args.out,
+            args.output,
+            duration=args.duration,
+            node=args.node,
+            workers=args.workers,
+        )
     if args.command == "commands":
         from controller.cli.commands import commands
 

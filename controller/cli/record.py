@@ -23,6 +23,8 @@ import grpc
 
 from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator_arguments, print_document
 from controller.cli.record_writer import RecordWriter
+from controller.config import MAX_RECORD_WORKERS
+from controller.record_lines import WORKERS, Converter
 from controller.recording import compressed
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
@@ -48,6 +50,14 @@ def add_record_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (default: Ctrl-C)"
     )
     rec.add_argument("--node", default="", help="only this node")
+    rec.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        metavar="N",
+        help=f"processes making the lines (default {WORKERS}; each ~1,000 frames a second at most: "
+        "12,500 nodes at a 10 s cadence send 1,250)",
+    )
     add_operator_arguments(rec)
 
     ana = sub.add_parser(
@@ -162,12 +172,17 @@ def _record_summary(out: str, output: str, tally: Tally) -> None:
         print_document(doc, output)
 
 
-def record(target: str, out: str, output: str, *, duration: float = 0.0, node: str = "") -> int:
+def record(
+    target: str, out: str, output: str, *, duration: float = 0.0, node: str = "", workers: int = WORKERS
+) -> int:
     """Append the controller's Record stream to `out` until `duration` passes or Ctrl-C."""
     from controller.cli.operator import OperatorError, call_operator
 
     if not out:
         print("gpufleet record: --out FILE is required", file=sys.stderr)
+        return 2
+    if not 1 <= workers <= MAX_RECORD_WORKERS:
+        print(f"gpufleet record: --workers must be between 1 and {MAX_RECORD_WORKERS}", file=sys.stderr)
         return 2
     try:
         sink = open(out, "ab")  # noqa: SIM115 - UTF-8 lines, flushed after each batch
@@ -185,7 +200,7 @@ def record(target: str, out: str, output: str, *, duration: float = 0.0, node: s
         watcher.start()
         cancel: Callable[[], Any] = call.cancel
         writer = RecordWriter(  # lines made and written on its own thread
-            sink, tally.add, failed=stop.set, compressed=compressed(out)
+            sink, tally.add, Converter(workers), failed=stop.set, compressed=compressed(out)
         )
         writer.start()
         try:

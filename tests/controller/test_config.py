@@ -86,6 +86,8 @@ probes:
         ("db_commit_interval_seconds: -0.1\n", "db_commit_interval_seconds must be between 0 and 1"),
         ("listeners: 0\n", "listeners must be between 1 and 64"),
         ("listeners: 65\n", "listeners must be between 1 and 64"),
+        ("record_workers: -1\n", "record_workers must be between 0 and 32"),
+        ("record_workers: 33\n", "record_workers must be between 0 and 32"),
         ("log_level: loud\n", "log_level"),
         ("event_loop: uv\n", "event_loop"),
         ("stale_after_seconds: soon\n", "stale_after_seconds"),

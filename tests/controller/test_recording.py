@@ -169,11 +169,13 @@ def test_controller_record_to_a_gz_name_appends_gzip_members(tmp_path: Path) -> 
     )
 
     async def go() -> None:
-        async with running_controller(config(record=str(path)), Clock()) as running:
+        async with running_controller(config(record=str(path), record_workers=3), Clock()) as running:
+            sink = running.app.record_sink
+            assert sink is not None and sink.converter.workers == 3 and sink.compressed
             await _ingest_some(running.app, 3)
 
     asyncio.run(go())
-    asyncio.run(go())  # a second run appends
+    asyncio.run(go())  # a second run appends (and the controller's record_workers make the lines)
     msgs = _lines(path)  # gzip's own reader, over every member
     assert [(m.node, m.message.WhichOneof("msg")) for m in msgs] == [("n0", "hello")] + (
         [("n1", "hello")] + [("n1", "frame")] * 3

@@ -276,8 +276,20 @@ def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Cap
         started = time.monotonic()
         feeder.start()
         try:
+            workers = ["--workers", "1"] if name.endswith(".gz") else []  # one process makes them all
             code = main(
-                ["record", "--controller", c.address, "--out", str(out), "--duration", "1.5", "-o", "json"]
+                [
+                    "record",
+                    "--controller",
+                    c.address,
+                    "--out",
+                    str(out),
+                    "--duration",
+                    "1.5",
+                    "-o",
+                    "json",
+                    *workers,
+                ]
             )
         finally:
             stop.set()
@@ -301,6 +313,13 @@ def test_record_writes_the_stream_until_the_duration(tmp_path: Path, capsys: Cap
     assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # in order, none lost
     assert summary["messages"] == len(msgs) and summary["hellos"] == 2 and summary["dropped"] == 0
     assert f"wrote {len(msgs)} messages (2 hellos" in captured.err
+
+
+def test_record_refuses_a_worker_count_it_cannot_use(tmp_path: Path, capsys: Capture) -> None:
+    for workers in ("0", "33"):
+        assert main(["record", "--out", str(tmp_path / "r.jsonl"), "--workers", workers]) == 2
+        assert "--workers must be between 1 and 32" in capsys.readouterr().err
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_record_without_a_controller_says_so(tmp_path: Path, capsys: Capture) -> None:
