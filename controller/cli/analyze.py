@@ -59,6 +59,9 @@ def analyze(
     except OSError as exc:
         print(f"gpufleet: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the reading thread and its workers are stopped on the way out
+        print(f"gpufleet analyze: {path}: interrupted; no findings printed", file=sys.stderr)
+        return 130
     for number, why in stats.bad:
         print(f"gpufleet analyze: {path}:{number}: not a recorded message, skipped: {why}", file=sys.stderr)
     if stats.bad_lines > len(stats.bad):

@@ -239,6 +239,24 @@ def test_analyze_reads_a_pipe_and_says_when_it_cannot_sort_one(tmp_path: Path, c
             assert "(out of order by more than 4 messages); save it to a file to have it sorted" in err
 
 
+def test_ctrl_c_ends_analyze_with_one_line_and_its_reader_stopped(
+    tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "rec.jsonl", simulated({}, nodes=4, seconds=3))
+    seen = []
+
+    def interrupted(self: OfflineDetector, message: object, received: float) -> None:
+        seen.append(received)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(OfflineDetector, "message", interrupted)
+    assert analyze(str(path), "json", window=2) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"gpufleet analyze: {path}: interrupted; no findings printed\n"
+    assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
+
+
 def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
     assert main(["analyze", str(tmp_path / "none.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
