@@ -464,7 +464,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "analyze":
         from controller.cli.analyze import analyze
 
-        return analyze(args.file, args.output, config=args.config)
+        return analyze(args.files, args.output, config=args.config)
     from controller.cli import operator
     from controller.cli.credentials import CredentialError, operator_target
 

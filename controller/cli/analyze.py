@@ -4,19 +4,24 @@ controller --record), its messages replayed in order of receive time as they are
 
 from __future__ import annotations
 
+import heapq
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.recording_file import (
+    PARSE_WORKERS,
     REORDER_WINDOW,
     OutOfOrder,
     RecordingStats,
     in_order,
     received_seconds,
+    total,
 )
+from controller.record_lines import Converter
 
 if TYPE_CHECKING:
     from controller.config import DetectConfig
@@ -26,13 +31,15 @@ PROGRESS_SECONDS = 5.0
 
 
 def analyze(
-    path: str,
+    paths: str | Sequence[str],
     output: str,
     *,
     config: str | None = None,
     window: int | None = REORDER_WINDOW,
     progress_seconds: float = PROGRESS_SECONDS,
 ) -> int:
+    """The detectors over one recording, or several merged in order of receive time (each replica's
+    `controller --record` holds its own agents' messages only)."""
     from controller.cli import tables
     from controller.cli.jsonify import finding_to_dict
     from controller.cli.layout import show
@@ -40,6 +47,8 @@ def analyze(
     from controller.operator.wire import finding_to_proto
     from controller.paging import finding_key
 
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    label = paths[0] if len(paths) == 1 else f"{len(paths)} recordings"
     try:
         detect = load(config).detect if config else DetectConfig()
     except ConfigError as exc:
@@ -47,44 +56,46 @@ def analyze(
         return 2
     try:
         try:
-            detector, stats = _replay(path, detect, window, progress_seconds)
+            detector, stats = _replay(paths, label, detect, window, progress_seconds)
         except OutOfOrder as exc:
-            if not os.path.isfile(path):  # a pipe: what was read cannot be read again
-                print(
-                    f"gpufleet analyze: {path}: {exc}; save it to a file to have it sorted", file=sys.stderr
-                )
+            if not all(os.path.isfile(path) for path in paths):  # a pipe: what was read is gone
+                print(f"gpufleet analyze: {exc.path}: {exc}; save it to a file to sort it", file=sys.stderr)
                 return 2
-            print(f"gpufleet analyze: {path}: {exc}: reading it whole to sort it", file=sys.stderr)
-            detector, stats = _replay(path, detect, None, progress_seconds)
+            print(f"gpufleet analyze: {exc.path}: {exc}: reading it whole to sort it", file=sys.stderr)
+            detector, stats = _replay(paths, label, detect, None, progress_seconds)
     except OSError as exc:
-        print(f"gpufleet: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"gpufleet: cannot read {exc.filename or label}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: the reading thread and its workers are stopped on the way out
-        print(f"gpufleet analyze: {path}: interrupted; no findings printed", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: the reading threads and their workers are stopped on the way out
+        print(f"gpufleet analyze: {label}: interrupted; no findings printed", file=sys.stderr)
         return 130
-    for number, why in stats.bad:
-        print(f"gpufleet analyze: {path}:{number}: not a recorded message, skipped: {why}", file=sys.stderr)
-    if stats.bad_lines > len(stats.bad):
-        more = stats.bad_lines - len(stats.bad)
-        print(f"gpufleet analyze: ... and {more} more malformed lines", file=sys.stderr)
+    for path, counted in zip(paths, stats, strict=True):
+        for number, why in counted.bad:
+            print(
+                f"gpufleet analyze: {path}:{number}: not a recorded message, skipped: {why}", file=sys.stderr
+            )
+        if counted.bad_lines > len(counted.bad):
+            more = counted.bad_lines - len(counted.bad)
+            print(f"gpufleet analyze: {path}: ... and {more} more malformed lines", file=sys.stderr)
     stored = sorted(detector.findings.values(), key=finding_key)
     found = [finding_to_proto(s) for s in stored]
-    print(_summary(path, stats, detector.skipped, len(detector.passes), stored), file=sys.stderr)
+    print(_summary(label, total(stats), detector.skipped, len(detector.passes), stored), file=sys.stderr)
     if output in DOCUMENT_FORMATS:
         print_document({"findings": [finding_to_dict(f) for f in found]}, output)
     else:
-        show(tables.findings_table(found, title=f"Findings in {path}", wide=output == "wide"))
+        show(tables.findings_table(found, title=f"Findings in {label}", wide=output == "wide"))
     return 0
 
 
 def _replay(
-    path: str, detect: DetectConfig, window: int | None, progress_seconds: float
-) -> tuple[OfflineDetector, RecordingStats]:
-    """A new OfflineDetector fed the whole recording, and what was counted of it."""
+    paths: list[str], label: str, detect: DetectConfig, window: int | None, progress_seconds: float
+) -> tuple[OfflineDetector, list[RecordingStats]]:
+    """A new OfflineDetector fed the recordings merged in order of receive time (file order among
+    equal times), and what was counted of each."""
     from controller.detect.offline import OfflineDetector
 
     detector = OfflineDetector(config=detect)
-    stats = RecordingStats()
+    stats = [RecordingStats() for _ in paths]
     began = time.monotonic()
     replayed, shown = 0, began
 
@@ -93,11 +104,21 @@ def _replay(
         now = time.monotonic()
         if now - shown >= progress_seconds:
             shown = now
-            _progress(path, stats, replayed, now - began, len(detector.active))
+            _progress(label, total(stats), replayed, now - began, len(detector.active))
 
-    for msg in in_order(path, stats, window=window, each_batch=progress):
-        detector.message(msg.message, received_seconds(msg))
-        replayed += 1
+    workers = max(1, min(PARSE_WORKERS, os.cpu_count() or 1) // len(paths))  # the cores, shared out
+    streams = [
+        in_order(path, counted, window=window, converter=Converter(workers), each_batch=progress)
+        for path, counted in zip(paths, stats, strict=True)
+    ]
+    try:
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=received_seconds)
+        for msg in merged:
+            detector.message(msg.message, received_seconds(msg))
+            replayed += 1
+    finally:
+        for stream in streams:  # one that raised, or the others after it: their threads stopped
+            stream.close()
     detector.finish()
     return detector, stats
 

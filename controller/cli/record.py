@@ -71,7 +71,13 @@ def add_record_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "whole, with a note). Exit status: 0 done, 2 an unreadable file "
         "or config.",
     )
-    ana.add_argument("file", metavar="FILE", help="a recording (JSON Lines)")
+    ana.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="a recording (JSON Lines, or gzip-compressed); several (each replica's, say) are merged in "
+        "order of receive time",
+    )
     ana.add_argument("--config", metavar="FILE", help="controller config whose detect section to use")
     ana.add_argument(
         "-o",

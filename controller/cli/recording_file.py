@@ -23,7 +23,7 @@ import io
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from controller.cli.gzip_lines import Damage, gzip_lines, is_gzip
@@ -44,12 +44,12 @@ _Batch = list[tuple[int, bool, bytes]]
 class OutOfOrder(Exception):
     """A message was received before one already let out of the window."""
 
-    def __init__(self, line: int, received: float, after: float, window: int) -> None:
+    def __init__(self, path: str, line: int, received: float, after: float, window: int) -> None:
         super().__init__(
             f"line {line} was received {after - received:.3f} s before a message already replayed "
             f"(out of order by more than {window} messages)"
         )
-        self.line = line
+        self.path, self.line = path, line
 
 
 @dataclass(slots=True)
@@ -79,6 +79,25 @@ class RecordingStats:
             self.bad.append((line, why))
 
 
+def total(stats: Sequence[RecordingStats]) -> RecordingStats:
+    """Several recordings' counts as one (their malformed lines' first few not kept)."""
+    out = RecordingStats()
+    for s in stats:
+        out.size += s.size
+        out.read += s.read
+        out.messages += s.messages
+        out.hellos += s.hellos
+        out.frames += s.frames
+        out.dropped += s.dropped
+        out.nodes |= s.nodes
+        out.bad_lines += s.bad_lines
+        out.damage.parts += s.damage.parts
+        out.damage.bytes += s.damage.bytes
+    out.first = min((s.first for s in stats if s.first is not None), default=None)
+    out.last = max((s.last for s in stats if s.last is not None), default=None)
+    return out
+
+
 def received_seconds(msg: operator_pb2.RecordedMessage) -> float:
     return msg.received.seconds + msg.received.nanos / 1e9
 
@@ -90,7 +109,7 @@ def in_order(
     window: int | None = REORDER_WINDOW,
     converter: Converter | None = None,
     each_batch: Callable[[], None] = lambda: None,
-) -> Iterator[operator_pb2.RecordedMessage]:
+) -> Generator[operator_pb2.RecordedMessage, None, None]:
     """The recording's well-formed messages in order of receive time (file order among equal times),
     counted into `stats` as read (each_batch called after each batch of lines is counted: progress);
     window=None: the whole file sorted in memory. Raises OSError when the file cannot be opened or
@@ -109,7 +128,7 @@ def in_order(
                 if received is None:
                     continue
                 if let_out is not None and received < let_out:
-                    raise OutOfOrder(number, received, let_out, window or 0)
+                    raise OutOfOrder(path, number, received, let_out, window or 0)
                 heapq.heappush(held, (received, number, data))
                 if window is not None and len(held) > window:
                     let_out, _, out = heapq.heappop(held)
@@ -221,4 +240,4 @@ class _Reader(threading.Thread):
         self.join()
 
 
-__all__ = ["OutOfOrder", "RecordingStats", "in_order", "received_seconds"]
+__all__ = ["OutOfOrder", "RecordingStats", "in_order", "received_seconds", "total"]

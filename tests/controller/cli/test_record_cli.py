@@ -185,7 +185,7 @@ def test_analyze_shows_progress_and_counts_malformed_lines_past_the_first_ten(
     assert int(shown[0][0]) < 100 and shown[-1] == ("100", "14", "16")
     named = [line for line in err.splitlines() if "not a recorded message, skipped" in line]
     assert len(named) == 10 and named[0].startswith(f"gpufleet analyze: {path}:17: ")
-    assert "gpufleet analyze: ... and 3 more malformed lines" in err
+    assert f"gpufleet analyze: {path}: ... and 3 more malformed lines" in err
     assert "13 malformed lines skipped" in err
 
 
@@ -236,7 +236,7 @@ def test_analyze_reads_a_pipe_and_says_when_it_cannot_sort_one(tmp_path: Path, c
         if code == 0:
             assert out == expected and "90 messages" in err
         else:
-            assert "(out of order by more than 4 messages); save it to a file to have it sorted" in err
+            assert "(out of order by more than 4 messages); save it to a file to sort it" in err
 
 
 def test_ctrl_c_ends_analyze_with_one_line_and_its_reader_stopped(
@@ -254,6 +254,39 @@ def test_ctrl_c_ends_analyze_with_one_line_and_its_reader_stopped(
     assert analyze(str(path), "json", window=2) == 130
     out, err = capsys.readouterr()
     assert out == "" and err == f"gpufleet analyze: {path}: interrupted; no findings printed\n"
+    assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
+
+
+def test_analyze_merges_each_replica_s_recording_in_receive_order(tmp_path: Path, capsys: Capture) -> None:
+    """Two replicas' recordings (each its own agents' messages; one compressed, one out of order
+    within its window) give what one recording of the whole fleet gives."""
+    messages = simulated(
+        {"node-03": [FaultSpec("thermal_throttle", 2)], "node-01": [FaultSpec("power_cap", 0)]}
+    )
+    config = config_file(tmp_path)
+    whole = write(tmp_path / "whole.jsonl", messages)
+    first = write(tmp_path / "replica-0.jsonl", [m for m in messages if m.node < "node-03"], shuffle=True)
+    second = tmp_path / "replica-1.jsonl.gz"
+    second.write_bytes(
+        b"".join(Converter(0).lines([m.to_proto() for m in messages if m.node >= "node-03"], compressed=True))
+    )
+    assert main(["analyze", str(whole), "-o", "json", "--config", config]) == 0
+    expected, err = capsys.readouterr()
+    assert len(json.loads(expected)["findings"]) == 2
+    assert main(["analyze", str(first), str(second), "-o", "json", "--config", config]) == 0
+    out, merged_err = capsys.readouterr()
+    assert out == expected
+    assert (
+        "gpufleet analyze: 2 recordings: 90 messages (6 hellos, 84 frames) from 6 nodes over 14 s"
+        in merged_err
+    )
+    assert merged_err.split("; ", 1)[1] == err.split("; ", 1)[1]  # passes and findings alike
+    # the first out of order beyond a small window: both read again whole, the same findings
+    assert analyze([str(first), str(second)], "json", config=config, window=2) == 0
+    out, err = capsys.readouterr()
+    assert out == expected and f"gpufleet analyze: {first}: line " in err and "reading it whole" in err
+    assert main(["analyze", str(first), str(tmp_path / "gone.jsonl")]) == 2
+    assert f"cannot read {tmp_path / 'gone.jsonl'}: No such file" in capsys.readouterr().err
     assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
 
 
