@@ -11,10 +11,11 @@ found after the damaged one's start.
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO
 
 MAGIC = b"\x1f\x8b\x08"  # a gzip member's first bytes (ID1, ID2, deflate)
 CHUNK = 1 << 20
@@ -29,17 +30,37 @@ class Damage:
     bytes: int = 0  # their compressed bytes
 
 
-class Peekable(Protocol):
-    def peek(self, size: int = 0, /) -> bytes: ...
+def recording_lines(
+    raw: IO[bytes], damage: Damage, counted: Callable[[int], object] = lambda n: None
+) -> tuple[bool, Iterator[bytes]]:
+    """Whether `raw` (at its start) holds gzip data, and its lines (gzip_lines' if it does; counted(n)
+    then for the compressed bytes read, else nothing counted). Its first bytes are read, not peeked
+    at or sought back to: a pipe's first read may bring fewer."""
+    head = raw.read(len(MAGIC))
+    if head == MAGIC:
+        return True, gzip_lines(_Prefixed(head, raw), damage, counted)
+    return False, _plain(head, raw)
 
 
-def is_gzip(raw: Peekable) -> bool:
-    """Whether `raw` (at its start) holds gzip data; nothing is consumed (a pipe too)."""
-    return raw.peek(len(MAGIC))[: len(MAGIC)] == MAGIC
+def _plain(head: bytes, raw: IO[bytes]) -> Iterator[bytes]:
+    if head:
+        yield from io.BytesIO(head + raw.readline())  # (the head may hold a line's end)
+        yield from raw
+
+
+class _Prefixed:
+    """`raw` with `head`, already read from it, in front."""
+
+    def __init__(self, head: bytes, raw: IO[bytes]) -> None:
+        self.head, self.raw = head, raw
+
+    def read(self, n: int) -> bytes:
+        head, self.head = self.head, b""
+        return head + self.raw.read(max(0, n - len(head))) if head else self.raw.read(n)
 
 
 def gzip_lines(
-    raw: IO[bytes], damage: Damage, counted: Callable[[int], object] = lambda n: None
+    raw: IO[bytes] | _Prefixed, damage: Damage, counted: Callable[[int], object] = lambda n: None
 ) -> Iterator[bytes]:
     """The lines of every undamaged member of `raw`, in order (each ending with a newline but perhaps
     the file's last); counted(n) for each n compressed bytes read (progress)."""
@@ -53,7 +74,7 @@ def gzip_lines(
 
 
 class _Counting:
-    def __init__(self, raw: IO[bytes], counted: Callable[[int], object]) -> None:
+    def __init__(self, raw: IO[bytes] | _Prefixed, counted: Callable[[int], object]) -> None:
         self.raw, self.counted = raw, counted
 
     def read(self, n: int) -> bytes:
@@ -110,4 +131,4 @@ def _members(raw: _Counting, damage: Damage) -> Iterator[bytes]:
         pending = bytes(member[after:])
 
 
-__all__ = ["Damage", "gzip_lines", "is_gzip"]
+__all__ = ["Damage", "gzip_lines", "recording_lines"]

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import io
 import os
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
-from controller.cli.gzip_lines import Damage, gzip_lines, is_gzip
+from controller.cli.gzip_lines import Damage, recording_lines
 from controller.record_lines import Converter
 from protos.gpufleet.v1 import operator_pb2
 
@@ -172,7 +172,7 @@ class _Reader(threading.Thread):
     replay. Ends (closing the file and the converter) at the file's end, on an error (handed on to
     the replay), or when stopped."""
 
-    def __init__(self, source: io.BufferedReader, converter: Converter, stats: RecordingStats) -> None:
+    def __init__(self, source: IO[bytes], converter: Converter, stats: RecordingStats) -> None:
         super().__init__(name="gpufleet-analyze-reader", daemon=True)
         self.source = source
         self.converter = converter
@@ -182,8 +182,7 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
-            compressed = is_gzip(self.source)
-            source = gzip_lines(self.source, self.stats.damage, self._read) if compressed else self.source
+            compressed, source = recording_lines(self.source, self.stats.damage, self._read)
             lines: list[tuple[int, bytes]] = []
             for number, line in enumerate(source, start=1):
                 if not compressed:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import gzip
 import io
 import os
-from pathlib import Path
+import threading
+import time
 
 import pytest
 
 from controller.cli import gzip_lines
-from controller.cli.gzip_lines import Damage, is_gzip
+from controller.cli.gzip_lines import Damage, recording_lines
 
 
 def _member(first: int, n: int) -> bytes:
@@ -61,15 +62,31 @@ def test_a_member_larger_than_what_is_held_goes_on_in_whole_lines(monkeypatch: p
     assert (lines, damage) == (list(range(500)), Damage())
 
 
-def test_only_gzip_data_is_taken_for_gzip_and_nothing_is_consumed(tmp_path: Path) -> None:
-    assert is_gzip(io.BufferedReader(io.BytesIO(_member(0, 1))))
-    plain = io.BufferedReader(io.BytesIO(b'{"line": 0}\n'))
-    assert not is_gzip(plain) and plain.read() == b'{"line": 0}\n'
-    assert not is_gzip(io.BufferedReader(io.BytesIO(b"")))
-    read, write = os.pipe()  # a pipe cannot seek: peeked, not read and put back
-    os.write(write, _member(0, 2))
-    os.close(write)
+def test_only_gzip_data_is_taken_for_gzip_and_plain_lines_are_kept_whole() -> None:
+    compressed, lines = recording_lines(io.BytesIO(_member(0, 2)), Damage())
+    assert compressed and list(lines) == [b'{"line": 0}\n', b'{"line": 1}\n']
+    for text in (b'{"line": 0}\n{"line": 1}\n', b"{}\n{}\n", b"\n\n{}", b"{", b""):
+        compressed, lines = recording_lines(io.BytesIO(text), Damage())
+        assert not compressed and list(lines) == io.BytesIO(text).readlines(), text
+
+
+def test_a_pipe_whose_first_write_is_short_is_still_taken_for_gzip() -> None:
+    """Its first bytes are read (a read waits for them), not peeked at: a peek gets what one read of
+    the pipe brought, which may be a single byte."""
+    data = _member(0, 3)
+    read, write = os.pipe()
+    os.write(write, data[:1])
+
+    def rest() -> None:
+        time.sleep(0.2)
+        os.write(write, data[1:])
+        os.close(write)
+
+    writer = threading.Thread(target=rest)
+    writer.start()
     with open(read, "rb") as piped:
-        assert is_gzip(piped)
-        damage = Damage()
-        assert len(list(gzip_lines.gzip_lines(piped, damage))) == 2 and damage == Damage()
+        counted: list[int] = []
+        compressed, lines = recording_lines(piped, Damage(), counted.append)
+        assert compressed and len(list(lines)) == 3
+    writer.join()
+    assert sum(counted) == len(data)
