@@ -48,6 +48,7 @@ from controller.loop_lag import LoopLag
 from controller.metrics_record import PASS_BUCKETS, SecondsHistogram
 from controller.probing import Probing
 from controller.record_lines import Converter
+from controller.record_space import SpaceGuard
 from controller.recording import FileSink, RecordHub
 from controller.remediate.audit import Auditor
 from controller.remediate.guard import Breaker
@@ -121,7 +122,11 @@ class ControllerApp:
         self.recording = RecordHub()
         self.record_sink: FileSink | None = None
         if config.record:
-            self.record_sink = FileSink(config.record, converter=Converter(config.record_workers))
+            self.record_sink = FileSink(
+                config.record,
+                converter=Converter(config.record_workers),
+                space=SpaceGuard(config.record, config.record_min_free_bytes),
+            )
             self.record_sink.start()
             self.recording.add(self.record_sink)
         self.ingest = Ingest(

@@ -400,6 +400,9 @@ class ControllerConfig(_Config):
     # frame (~1.5 compressed, a .gz name): two keep up with ~1,300 frames a second (12,500 nodes at a
     # 10 s cadence is 1,250); give more on a host with cores to spare, or recording loses lines.
     record_workers: int = 2
+    # Recording pauses while its filesystem has less than this free (the store beside it needs the
+    # room: controller/record_space.py); 0: no check.
+    record_min_free_bytes: int = 1 << 30
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     probes: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
@@ -415,6 +418,8 @@ class ControllerConfig(_Config):
             check_address(self.metrics_address, "metrics_address")
         if self.health_listen is not None:
             check_address(self.health_listen, "health_listen")
+        if self.record_min_free_bytes < 0:
+            raise ValueError("record_min_free_bytes must be >= 0 (0: no check)")
         if not 0 <= self.record_workers <= MAX_RECORD_WORKERS:
             raise ValueError(f"record_workers must be between 0 and {MAX_RECORD_WORKERS}")
         if not 0 <= self.db_state_seconds <= 3600:

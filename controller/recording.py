@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from controller.record_lines import Converter
+from controller.record_space import SpaceGuard
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -173,8 +174,11 @@ class FileSink:
         retry_seconds: float = RETRY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         converter: Converter | None = None,
+        space: SpaceGuard | None = None,
     ) -> None:
         self.path = path
+        # Below record_min_free_bytes free, batches are not written (record_space.py); none: no check
+        self.space = space
         self.compressed = compressed(path)
         self.converter = converter or Converter()
         self.written = 0
@@ -239,6 +243,9 @@ class FileSink:
         self.converter.close()
 
     def _write(self, batch: list[Accepted], pending: int) -> int:
+        if self.space is not None and not self.space.allows(len(batch)):
+            self._lose(len(batch))
+            return pending
         f = self._open()
         if f is None:
             self._lose(len(batch))

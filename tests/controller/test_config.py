@@ -88,6 +88,7 @@ probes:
         ("listeners: 65\n", "listeners must be between 1 and 64"),
         ("record_workers: -1\n", "record_workers must be between 0 and 32"),
         ("record_workers: 33\n", "record_workers must be between 0 and 32"),
+        ("record_min_free_bytes: -1\n", "record_min_free_bytes must be >= 0"),
         ("log_level: loud\n", "log_level"),
         ("event_loop: uv\n", "event_loop"),
         ("stale_after_seconds: soon\n", "stale_after_seconds"),
