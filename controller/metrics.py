@@ -294,6 +294,12 @@ class ControllerCollector(Collector):
             "(a full disk); telemetry ingest is never held back.",
             value=0 if sink is None else sink.dropped,
         )
+        yield GaugeMetricFamily(
+            PREFIX + "record_paused",
+            "1 while the --record file is not written for want of room: its filesystem has less than "
+            "record_min_free_bytes free (the store beside it needs it).",
+            value=int(sink is not None and sink.space is not None and sink.space.paused),
+        )
 
     def _findings(self) -> Iterator[Metric]:
         active = [s.finding for s in self.app.active.values()]

@@ -16,6 +16,7 @@ import pytest
 from controller.record_space import CHECK_SECONDS, SpaceGuard, free_bytes
 from controller.recording import Accepted, FileSink
 from tests.controller.harness import T0, Clock, config, frame, hello, running_controller
+from tests.controller.test_recording import generate
 
 MB = 1 << 20
 
@@ -105,6 +106,9 @@ def test_the_controller_records_with_its_reserve_and_never_holds_back_telemetry(
             for seq in range(1, 4):
                 assert await c.app.ingest.frame("n1", frame(seq)) == seq  # stored and acked all the same
             _wait(lambda: sink.dropped == 4)
+            page = generate(c.app)
+            assert "gpufleet_controller_record_paused 1.0" in page
+            assert "gpufleet_controller_record_dropped_total 4.0" in page
 
     asyncio.run(go())
     assert not path.exists()

@@ -268,7 +268,9 @@ def test_the_dropped_metric_is_zero_without_a_record_file() -> None:
     async def go() -> None:
         async with running_controller(config(), Clock()) as running:
             assert running.app.record_sink is None
-            assert "gpufleet_controller_record_dropped_total 0.0" in generate(running.app)
+            page = generate(running.app)
+            assert "gpufleet_controller_record_dropped_total 0.0" in page
+            assert "gpufleet_controller_record_paused 0.0" in page
 
     asyncio.run(go())
 
