@@ -22,6 +22,7 @@ CHUNK = 1 << 20
 # A member's text held back until its end at most: ours are a batch of lines (~3 MB of JSON); past
 # this (one member for a whole file gzip made of a recording) its whole lines go on as decoded.
 HOLD_BYTES = 64 << 20
+KEEP_BYTES = 4 * CHUNK  # a member's compressed bytes kept for a resync: its last ones
 
 
 @dataclass(slots=True)
@@ -90,12 +91,16 @@ def _members(raw: _Counting, damage: Damage) -> Iterator[bytes]:
             pending = raw.read(CHUNK)
             if not pending:
                 return
-        member = bytearray()  # this member's compressed bytes, for a resync if it is damaged
+        member = bytearray()  # this member's last compressed bytes, for a resync if it is damaged
+        trimmed = 0  # its bytes before those (a large member's: the next header follows the damage)
         text = bytearray()
         decompressor = zlib.decompressobj(wbits=31)
         ok = False
         while True:
             member += pending
+            if len(member) > KEEP_BYTES:
+                trimmed += len(member) - KEEP_BYTES
+                del member[: len(member) - KEEP_BYTES]
             try:
                 text += decompressor.decompress(pending)
             except zlib.error:  # bad data, or the CRC or length at its end does not match
@@ -116,18 +121,19 @@ def _members(raw: _Counting, damage: Damage) -> Iterator[bytes]:
             yield bytes(text)
             continue
         # Damaged: skip to the next member's header after this one's start.
-        after = member.find(MAGIC, 1)
+        after = member.find(MAGIC, 0 if trimmed else 1)
         while after < 0:
             more = raw.read(CHUNK)
             if not more:
                 damage.parts += 1
-                damage.bytes += len(member)
+                damage.bytes += trimmed + len(member)
                 return
-            searched = max(1, len(member) - len(MAGIC) + 1)
-            member += more
-            after = member.find(MAGIC, searched)
+            keep = len(MAGIC) - 1  # (a header may begin in the bytes read before)
+            trimmed += len(member) - keep
+            member = member[-keep:] + more
+            after = member.find(MAGIC)
         damage.parts += 1
-        damage.bytes += after
+        damage.bytes += trimmed + after
         pending = bytes(member[after:])
 
 

@@ -55,6 +55,20 @@ def test_a_damaged_byte_loses_its_member_not_garbage_lines() -> None:
     assert _read(data) == ([*range(5), *range(45, 50)], Damage(1, len(middle)))
 
 
+def test_a_large_damaged_member_is_skipped_holding_only_its_last_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gzip_lines, "CHUNK", 64)
+    monkeypatch.setattr(gzip_lines, "KEEP_BYTES", 128)  # of a member of ~900 bytes
+    large = bytearray(_member(5, 400))
+    large[len(large) // 3] ^= 0xFF
+    data = _member(0, 5) + bytes(large) + _member(405, 5)
+    assert len(large) > 4 * 128
+    assert _read(data) == ([*range(5), *range(405, 410)], Damage(1, len(large)))
+    cut = _member(5, 400)[:-100]  # cut short at the end, nothing after it
+    assert _read(_member(0, 5) + cut) == (list(range(5)), Damage(1, len(cut)))
+
+
 def test_a_member_larger_than_what_is_held_goes_on_in_whole_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gzip_lines, "HOLD_BYTES", 100)
     monkeypatch.setattr(gzip_lines, "CHUNK", 64)  # fed in small pieces: whole lines before the member ends
