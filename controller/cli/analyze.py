@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from controller.cli import recording_file
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.recording_file import (
     PARSE_WORKERS,
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from controller.detect.offline import OfflineDetector
 
 PROGRESS_SECONDS = 5.0
+MIN_WINDOW = 64  # each of many recordings' reorder window, at least
+MIN_BATCH = 16  # lines each of many recordings parses at once, at least
 
 
 def analyze(
@@ -106,9 +109,17 @@ def _replay(
             shown = now
             _progress(label, total(stats), replayed, now - began, len(detector.active))
 
-    workers = max(1, min(PARSE_WORKERS, os.cpu_count() or 1) // len(paths))  # the cores, shared out
+    # Each recording is read at once (heapq.merge takes the first message of each): the cores, the
+    # window and the lines read ahead are shared out among them, so many files (a day of hourly
+    # ones) hold what one would.
+    n = len(paths)
+    workers = max(1, min(PARSE_WORKERS, os.cpu_count() or 1) // n)
+    each_window = window if window is None or n == 1 else max(MIN_WINDOW, window // n)
+    batch = None if n == 1 else max(MIN_BATCH, recording_file.PARSE_BATCH // n)  # None: PARSE_BATCH
     streams = [
-        in_order(path, counted, window=window, converter=Converter(workers), each_batch=progress)
+        in_order(
+            path, counted, window=each_window, converter=Converter(workers), each_batch=progress, batch=batch
+        )
         for path, counted in zip(paths, stats, strict=True)
     ]
     try:

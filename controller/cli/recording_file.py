@@ -109,21 +109,24 @@ def in_order(
     window: int | None = REORDER_WINDOW,
     converter: Converter | None = None,
     each_batch: Callable[[], None] = lambda: None,
+    batch: int | None = None,
 ) -> Generator[operator_pb2.RecordedMessage, None, None]:
     """The recording's well-formed messages in order of receive time (file order among equal times),
     counted into `stats` as read (each_batch called after each batch of lines is counted: progress);
-    window=None: the whole file sorted in memory. Raises OSError when the file cannot be opened or
-    read, OutOfOrder when a message falls behind the window."""
+    window=None: the whole file sorted in memory; batch: lines parsed at once (PARSE_BATCH). Raises
+    OSError when the file cannot be opened or read, OutOfOrder when a message falls behind the
+    window."""
     source = open(path, "rb")  # noqa: SIM115 (handed to the reading thread, which closes it)
     with contextlib.suppress(OSError):
         stats.size = os.fstat(source.fileno()).st_size
-    reader = _Reader(source, converter or Converter(min(PARSE_WORKERS, os.cpu_count() or 1)), stats)
+    converter = converter or Converter(min(PARSE_WORKERS, os.cpu_count() or 1))
+    reader = _Reader(source, converter, stats, batch or PARSE_BATCH)
     reader.start()
     held: list[tuple[float, int, bytes]] = []  # (received, line, message): a heap
     let_out: float | None = None  # the receive time of the last message let out
     try:
-        for batch in reader.batches():
-            for number, ok, data in batch:
+        for parsed in reader.batches():
+            for number, ok, data in parsed:
                 received = _count(stats, number, ok, data)
                 if received is None:
                     continue
@@ -172,9 +175,10 @@ class _Reader(threading.Thread):
     replay. Ends (closing the file and the converter) at the file's end, on an error (handed on to
     the replay), or when stopped."""
 
-    def __init__(self, source: IO[bytes], converter: Converter, stats: RecordingStats) -> None:
+    def __init__(self, source: IO[bytes], converter: Converter, stats: RecordingStats, batch: int) -> None:
         super().__init__(name="gpufleet-analyze-reader", daemon=True)
         self.source = source
+        self.batch = batch
         self.converter = converter
         self.stats = stats
         self.parsed: queue.Queue[_Batch | BaseException | None] = queue.Queue(maxsize=AHEAD)
@@ -189,7 +193,7 @@ class _Reader(threading.Thread):
                     self.stats.read += len(line)
                 if line.strip():
                     lines.append((number, line))
-                if len(lines) >= PARSE_BATCH:
+                if len(lines) >= self.batch:
                     if not self._hand_on(self._parse(lines)):
                         return
                     lines = []

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 
 from agent.sources.sim import FaultSpec
 from controller.app import ControllerApp
+from controller.cli import analyze as analyze_module
 from controller.cli import recording_file
 from controller.cli.analyze import analyze
 from controller.cli.jsonify import finding_to_dict
@@ -257,7 +258,9 @@ def test_ctrl_c_ends_analyze_with_one_line_and_its_reader_stopped(
     assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
 
 
-def test_analyze_merges_each_replica_s_recording_in_receive_order(tmp_path: Path, capsys: Capture) -> None:
+def test_analyze_merges_each_replica_s_recording_in_receive_order(
+    tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two replicas' recordings (each its own agents' messages; one compressed, one out of order
     within its window) give what one recording of the whole fleet gives."""
     messages = simulated(
@@ -282,12 +285,37 @@ def test_analyze_merges_each_replica_s_recording_in_receive_order(tmp_path: Path
     )
     assert merged_err.split("; ", 1)[1] == err.split("; ", 1)[1]  # passes and findings alike
     # the first out of order beyond a small window: both read again whole, the same findings
+    monkeypatch.setattr(analyze_module, "MIN_WINDOW", 1)
     assert analyze([str(first), str(second)], "json", config=config, window=2) == 0
     out, err = capsys.readouterr()
     assert out == expected and f"gpufleet analyze: {first}: line " in err and "reading it whole" in err
     assert main(["analyze", str(first), str(tmp_path / "gone.jsonl")]) == 2
     assert f"cannot read {tmp_path / 'gone.jsonl'}: No such file" in capsys.readouterr().err
     assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
+
+
+def test_many_recordings_share_out_the_window_the_lines_read_ahead_and_the_cores(
+    tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """heapq.merge takes the first message of every recording at once: each one's window fills
+    before it gives one, so each gets its share (a day of hourly files holds what one file would)."""
+    calls: list[dict[str, Any]] = []
+    real = recording_file.in_order
+
+    def spy(path: str, stats: Any, **kwargs: Any) -> Any:
+        calls.append({"workers": kwargs["converter"].workers, **kwargs})
+        return real(path, stats, **kwargs)
+
+    monkeypatch.setattr("controller.cli.analyze.in_order", spy)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    messages = simulated({}, nodes=4, seconds=3)
+    paths = [str(write(tmp_path / f"hour-{i}.jsonl", messages[i::5])) for i in range(5)]
+    assert analyze(paths, "json") == 0
+    assert "16 messages (4 hellos, 12 frames) from 4 nodes" in capsys.readouterr().err
+    assert [(c["window"], c["batch"], c["workers"]) for c in calls] == [(4096 // 5, 512 // 5, 1)] * 5
+    assert analyze(paths[:1] * 20, "json", window=640) == 0  # (one file 20 times: at the window's floor)
+    capsys.readouterr()
+    assert {(c["window"], c["batch"], c["workers"]) for c in calls[5:]} == {(64, 512 // 20, 1)}
 
 
 def test_analyze_refuses_a_missing_file_or_a_bad_config(tmp_path: Path, capsys: Capture) -> None:
