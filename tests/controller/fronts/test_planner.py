@@ -174,6 +174,17 @@ def test_planned_frames_through_fronts_leave_the_fleet_as_direct_ingest_does() -
                     call.cancel()
             assert running.fronts.planned == len(nodes) * count
             # An agent that does not wait for the answer to its Hello: its frames are planned here.
+            # The answer is held back a moment, so that the front surely reads the early frames
+            # before it (on a busy machine it could otherwise come first: the front then plans them
+            # all, rightly, and this test would see another case than the one it names).
+            answer_hello = running.app.ingest.hello
+
+            async def held_back(hello: pb.Hello) -> int:
+                if hello.node == "p4":
+                    await asyncio.sleep(1.0)
+                return await answer_hello(hello)
+
+            running.app.ingest.hello = held_back  # type: ignore[method-assign]
             async with grpc.aio.insecure_channel(running.address, options=OWN_CONNECTION) as channel:
                 call = telemetry_pb2_grpc.TelemetryStub(channel).Stream(None)
                 await call.write(as_hello(hello("p4")))
