@@ -118,15 +118,14 @@ class _Plan:
     """A message type's fields: by descriptor (writing) and by JSON key (reading: the field's name
     and its JSON name both)."""
 
-    __slots__ = ("by_field", "by_key", "fields", "message_class")
+    __slots__ = ("by_field", "by_key")
 
-    def __init__(self, message: Descriptor, message_class: type[Message] | None) -> None:
-        self.message_class = message_class
-        self.fields = {field: _Field(field) for field in message.fields}
-        self.by_field = {field.number: self.fields[field] for field in message.fields}
+    def __init__(self, message: Descriptor) -> None:
+        fields = {field: _Field(field) for field in message.fields}
+        self.by_field = {field.number: plan for field, plan in fields.items()}
         self.by_key: dict[str, tuple[_Field, Descriptor | None]] = {}
         for attribute in ("name", "json_name"):  # a JSON name first, as json_format looks them up
-            for field, plan in self.fields.items():
+            for field, plan in fields.items():
                 sub = field.message_type
                 if plan.mapped is not None:
                     sub = field.message_type.fields_by_name["value"].message_type
@@ -136,10 +135,10 @@ class _Plan:
 _PLANS: dict[Descriptor, _Plan] = {}
 
 
-def _plan(message: Descriptor, message_class: type[Message] | None = None) -> _Plan:
+def _plan(message: Descriptor) -> _Plan:
     plan = _PLANS.get(message)
     if plan is None:
-        plan = _PLANS[message] = _Plan(message, message_class)
+        plan = _PLANS[message] = _Plan(message)
     return plan
 
 
@@ -220,7 +219,7 @@ def from_json(text: str, message_class: type[M]) -> M:
         raise Unsupported("not JSON") from exc
     if type(js) is not dict:
         raise Unsupported("not an object")
-    kwargs = _arguments(_plan(message_class.DESCRIPTOR, message_class), js)
+    kwargs = _arguments(_plan(message_class.DESCRIPTOR), js)
     try:
         return message_class(**kwargs)
     except (ValueError, TypeError) as exc:  # a value out of its field's range
