@@ -230,6 +230,15 @@ class ControllerApp:
             reprobe=self.probing.recovery_probe,
         )
 
+    async def _open_store(self) -> None:
+        """store.open(); an error names the store (gpufleet controller prints it in one line)."""
+        try:
+            await self.store.open()
+        except StoreUnavailable as exc:
+            reason, where = str(exc).removeprefix("store unavailable: "), self.store.description
+            text = reason if reason.startswith(where) else f"{where}: {reason}"
+            raise StoreUnavailable(f"cannot open the store {text}") from exc
+
     async def start(
         self,
         on_standby: Callable[[], None] | None = None,
@@ -237,7 +246,7 @@ class ControllerApp:
     ) -> None:
         """Open the store, lead it (waiting as a standby while another leads: on_standby() then, and
         standby_work() runs until the lead is won: serving agents, with replica_ingest), load."""
-        await self.store.open()
+        await self._open_store()
         # One controller leads a store; any other waits here, before it loads, listens or acts.
         description = self.store.description
         work: list[asyncio.Task[None]] = []

@@ -11,7 +11,7 @@ import yaml
 
 from controller import event_loop
 from controller.config import ConfigError, load
-from controller.errors import NotLeader
+from controller.errors import NotLeader, StoreUnavailable
 from protos.logsafe import configure_logging
 from protos.transport import TransportError
 
@@ -54,6 +54,9 @@ def run_controller(args: argparse.Namespace) -> int:
         return 2
     except NotLeader as exc:  # another controller leads the store now
         print(f"gpufleet controller: {exc}", file=sys.stderr)
+        return 1
+    except StoreUnavailable as exc:  # e.g. the store's server unreachable at start, its disk unwritable
+        print(f"gpufleet controller: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"gpufleet controller: {exc}", file=sys.stderr)

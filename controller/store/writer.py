@@ -181,7 +181,7 @@ class StoreThread:
         except failures as exc:
             # Disk full, I/O error, locked, server gone: nothing in this batch is stored, so nothing
             # may be acked.
-            log.error("store commit failed: %s", exc)
+            log.error("store transaction failed: %s", exc)
             self._abandon()
             failure: BaseException = self._translate(exc)
             outcomes = [(job, None, failure) for job in batch]
