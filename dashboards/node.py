@@ -379,6 +379,31 @@ def _nvlink(layout: Layout) -> None:
         ),
         8,
     )
+    # A link carrying far less than its GPU's other links under the same collective: a degraded or
+    # down link, a wrong topology. Idle GPUs (no traffic) are left out rather than shown as 0.
+    link = (
+        "sum by (node, gpu, link) ("
+        f"{rate('gpufleet_gpu_nvlink_link_transmit_bytes_total', GPU)}"
+        f" + {rate('gpufleet_gpu_nvlink_link_receive_bytes_total', GPU)})"
+    )
+    layout.add(
+        bargauge(
+            "Weakest NVLinks: traffic against the GPU's mean link",
+            [
+                target(
+                    f"bottomk(16, ({link}) / on (node, gpu) group_left () (avg by (node, gpu) ({link}) > 0))",
+                    GPU_LEGEND + " link {{link}}",
+                )
+            ],
+            "percentunit",
+            description="The 16 links carrying the least against the mean of their GPU's links (tx + rx): "
+            "the links of a GPU share a collective evenly, so one well below 100% is degraded, down or "
+            "cabled to the wrong peer. GPUs moving nothing over NVLink are left out.",
+            min_value=0,
+            max_value=1.2,
+        ),
+        24,
+    )
 
 
 def _bmc(layout: Layout) -> None:

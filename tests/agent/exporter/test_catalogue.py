@@ -45,7 +45,14 @@ FIXED: dict[str, list[str]] = {
     "gpufleet_gpu_clock_event_reason": [*GPU, "reason"],
     **{
         f"gpufleet_gpu_nvlink_{name}": [*GPU, "link"]
-        for name in ("active", "crc_errors_total", "replay_errors_total", "recovery_errors_total")
+        for name in (
+            "active",
+            "crc_errors_total",
+            "replay_errors_total",
+            "recovery_errors_total",
+            "link_transmit_bytes_total",
+            "link_receive_bytes_total",
+        )
     },
     "gpufleet_host_info": ["node", "kernel", "os", "cpu_model"],
     **{
