@@ -159,10 +159,10 @@ def _watch(
 def _record_summary(out: str, output: str, tally: Tally) -> None:
     """The closing line on stderr and, with -o json|yaml, the same as a document on stdout."""
     seconds = tally.seconds()
+    why = " (read too slowly: the controller's queue for this reader overflowed)" if tally.dropped else ""
     print(
         f"gpufleet record: wrote {tally.messages} messages ({tally.hellos} hellos, {tally.frames} frames, "
-        f"{len(tally.nodes)} nodes) to {out} in {seconds:.1f} s; {tally.dropped} dropped "
-        "(read too slowly: the controller's queue for this reader overflowed)",
+        f"{len(tally.nodes)} nodes) to {out} in {seconds:.1f} s; {tally.dropped} dropped{why}",
         file=sys.stderr,
     )
     if output in DOCUMENT_FORMATS:

@@ -438,3 +438,19 @@ def test_record_to_a_full_disk_ends_with_one_clear_line(capsys: Capture) -> None
     assert "gpufleet: cannot write /dev/full: No space left on device" in err
     assert "wrote 0 messages" in err
     assert took < 20  # ended by the error, not by --duration
+
+
+def test_the_summary_says_why_messages_were_dropped_only_when_some_were(capsys: Capture) -> None:
+    from controller.cli.record import Tally, _record_summary
+
+    tally = Tally()
+    for node, dropped in (("n1", 0), ("n2", 3)):
+        msg = operator_pb2.RecordedMessage(node=node, dropped_before=dropped)
+        msg.message.hello.node = node
+        tally.add(msg)
+    _record_summary("r.jsonl", "table", tally)
+    assert "wrote 2 messages (2 hellos, 0 frames, 2 nodes) to r.jsonl" in (err := capsys.readouterr().err)
+    assert "; 3 dropped (read too slowly: the controller's queue for this reader overflowed)" in err
+    _record_summary("r.jsonl", "table", Tally())
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("; 0 dropped"), err
