@@ -289,6 +289,11 @@ class ControllerCollector(Collector):
         )
         sink = self.app.record_sink
         yield CounterMetricFamily(
+            PREFIX + "record_written_total",
+            "Accepted messages written to the --record file (flushed to it).",
+            value=0 if sink is None else sink.written,
+        )
+        yield CounterMetricFamily(
             PREFIX + "record_dropped_total",
             "Accepted messages the --record file lost: its writer fell behind, or a write failed "
             "(a full disk); telemetry ingest is never held back.",

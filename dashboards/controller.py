@@ -179,6 +179,28 @@ def _ingest(layout: Layout) -> None:
         ),
         8,
     )
+    layout.add(
+        timeseries(
+            "Recording (--record)",
+            [
+                target(
+                    f"sum by (instance) ({rate('gpufleet_controller_record_written_total')})",
+                    "{{instance}} written",
+                ),
+                target(
+                    f"sum by (instance) ({rate('gpufleet_controller_record_dropped_total')})",
+                    "{{instance}} lost",
+                ),
+            ],
+            "cps",
+            description="Accepted messages each controller's --record file takes, and those it loses: "
+            "its writer behind (record_workers), its writes failing, or paused while its filesystem is "
+            "nearly full (alerts GpufleetRecordingLosingMessages, GpufleetRecordingPaused). Telemetry "
+            "ingest is never held back for it. Zero without --record.",
+            min_value=0,
+        ),
+        8,
+    )
 
 
 def _findings(layout: Layout) -> None:

@@ -149,6 +149,12 @@ def test_controller_record_appends_json_lines(tmp_path: Path) -> None:
     async def go() -> None:
         async with running_controller(config(record=str(path)), Clock()) as running:
             await _ingest_some(running.app, 3)
+            sink = running.app.record_sink
+            assert sink is not None
+            _wait(lambda: sink.written == 4)
+            page = generate(running.app)
+            assert "gpufleet_controller_record_written_total 4.0" in page
+            assert "gpufleet_controller_record_dropped_total 0.0" in page
 
     asyncio.run(go())  # closing the app writes what is queued
     msgs = _lines(path)
@@ -269,6 +275,7 @@ def test_the_dropped_metric_is_zero_without_a_record_file() -> None:
         async with running_controller(config(), Clock()) as running:
             assert running.app.record_sink is None
             page = generate(running.app)
+            assert "gpufleet_controller_record_written_total 0.0" in page
             assert "gpufleet_controller_record_dropped_total 0.0" in page
             assert "gpufleet_controller_record_paused 0.0" in page
 
