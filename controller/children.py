@@ -26,6 +26,19 @@ from typing import Any, TypeVar
 
 P = TypeVar("P", bound=asyncio.SubprocessProtocol)
 STREAM_LIMIT = 2**16  # asyncio's StreamReader default
+# Sent to the controller's whole process group or cgroup (Ctrl-C in a terminal, systemd's stop,
+# `timeout`), these reach its children too; the controller acts on them and ends its children itself.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_stop_signals() -> None:
+    """In a child (a detection process, an ingest front, a record worker), first thing: leave SIGINT
+    and SIGTERM to the controller, which ends the child by closing its stdin (and kills one that
+    outstays that); its stdin also ends when the controller dies. Otherwise a Ctrl-C or a service
+    stop killed the children before the controller stopped them: a traceback, an error logged for
+    each, and an ingest front started again during the stop."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class _Pipe(asyncio.Protocol):

@@ -26,7 +26,6 @@ import gzip
 import logging
 import os
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -309,5 +308,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's; stdin's end is ours
+    from controller.children import ignore_stop_signals
+
+    ignore_stop_signals()  # Ctrl-C and a service stop are the controller's (or gpufleet record's)
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import IO, Any
 
+from controller.children import ignore_stop_signals
 from controller.config import DetectConfig
 from controller.detect.base import DetectContext
 from controller.detect.runner import run_detectors
@@ -85,6 +86,7 @@ def serve(source: IO[bytes], sink: IO[bytes]) -> None:
 
 
 def main() -> None:
+    ignore_stop_signals()  # the controller ends this process: its stdin's end
     configure_logging("info")  # to stderr: the controller's own log
     serve(sys.stdin.buffer, sys.stdout.buffer)
 

@@ -24,6 +24,7 @@ import grpc
 
 from controller import event_loop
 from controller.batched_writes import BatchedWriter
+from controller.children import ignore_stop_signals
 from controller.fronts import wire
 from controller.fronts.planner import StreamPlanner
 from controller.security.tls import ServerTls
@@ -228,6 +229,7 @@ async def serve() -> None:
 
 
 def main() -> None:
+    ignore_stop_signals()  # the controller ends this process: its stdin's end
     configure_logging("info")  # to stderr: the controller's own log
     with contextlib.suppress(KeyboardInterrupt):
         event_loop.run(serve(), os.environ.get(event_loop.ENV, "auto"))  # the controller's loop
