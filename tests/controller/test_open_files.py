@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import grpc
@@ -147,8 +148,11 @@ def test_the_controller_raises_its_limit_at_start_and_takes_more_connections_tha
     try:
         address = ready_address(process, ready, log)["address"]
         assert _open_files_limit(process.pid) == (8192, 8192)
-        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        assert children, "the controller started no detection process"
+        # The detection process starts once the controller listens (after its ready file): wait for it
+        deadline = time.monotonic() + 30
+        while not (children := Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()):
+            assert time.monotonic() < deadline, "the controller started no detection process"
+            time.sleep(0.05)
         assert all(_open_files_limit(int(child)) == (8192, 8192) for child in children)
         assert "open files: soft limit raised from 64 to 8192" in log.read_text()
         assert asyncio.run(_connect_all(address)) == CONNECTIONS
