@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started = time.monotonic()
+    runner: TorchProbes | None = None
     try:
         cfg = load(args.config).probes if args.config else ProbesConfig()
         device: Device = "cpu" if (args.device or _default_device(cfg)) == "cpu" else "cuda"
@@ -100,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except SourceError as exc:
         print(f"gpufleet probe: cannot read the GPUs for the safety checks: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: the worker (its own process group) is killed, not left running
+        if runner is not None:
+            runner.close()
+        print("gpufleet probe: interrupted; no results printed", file=sys.stderr)
+        return 130
     elapsed = time.monotonic() - started
     if args.json:
         print(json.dumps(document(runner, device, args.suite, outcomes, elapsed), indent=2, allow_nan=False))

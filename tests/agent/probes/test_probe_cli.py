@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -112,3 +114,45 @@ def test_the_table_has_a_row_per_result() -> None:
         "1.25",
     ]
     assert lines[2].endswith("refused: GPU 1 is 90% busy")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc (Linux)")
+def test_ctrl_c_ends_the_command_in_one_line_and_kills_its_worker() -> None:
+    """Ctrl-C in a terminal: SIGINT to the command's process group (its worker has a group of its
+    own, so only the command hears it): one line, exit 130, no traceback, no worker left running."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller", "probe", "--device", "cpu", "--suite", "full"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (workers := Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no probe worker started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the command now waits on its worker's results
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "gpufleet probe: interrupted; no results printed", err
+    assert "Traceback" not in err and out == ""
+    deadline = time.monotonic() + 10
+    while any(_alive(int(pid)) for pid in workers):
+        assert time.monotonic() < deadline, f"probe worker(s) {workers} left running"
+        time.sleep(0.05)
