@@ -31,3 +31,13 @@ def test_a_closed_pipe_ends_the_command_quietly(package: str) -> None:
     code = f"from {package} import pipes; import sys; sys.exit(pipes.run(lambda: {FLOOD}))"
     status, err = _read_one_line_then_close(["-c", code])
     assert (status, err) == (141, "")
+
+
+@pytest.mark.parametrize("package", ["agent", "controller"])
+def test_ctrl_c_ends_the_command_in_one_line(package: str) -> None:
+    interrupted = "exec('raise KeyboardInterrupt')"
+    code = f"from {package} import pipes; import sys; sys.exit(pipes.run(lambda: {interrupted}))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "gpufleet: interrupted\n")
