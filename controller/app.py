@@ -26,6 +26,7 @@ from controller.connection_log import ConnectionLog
 from controller.detect.base import DetectContext, discover
 from controller.detect.runner import PassReport, run_detectors_yielding
 from controller.detection.pool import DetectionPool
+from controller.detection.process import DetectionUnavailable
 from controller.errors import StoreUnavailable
 from controller.fleet.adopt import adopt_history, carry
 from controller.fleet.expiry import forget, gone_nodes
@@ -536,7 +537,10 @@ class ControllerApp:
                 try:
                     await self.detection_pass()
                     await self.forget_gone()
-                except Exception:  # a failed pass (store down) is logged and retried next interval
+                except (DetectionUnavailable, StoreUnavailable) as exc:  # retried next interval; one line
+                    self.failed_passes += 1  # (a detection process that died is started again then)
+                    log.error("detection pass failed: %s", exc)
+                except Exception:  # not foreseen: its traceback
                     self.failed_passes += 1
                     log.exception("detection pass failed")
                 # Hourly, beside the passes: an old store's prune is many jobs (logged_history.py).

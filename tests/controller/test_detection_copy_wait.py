@@ -6,10 +6,15 @@ during the copy ends the loop without a pass."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+
+import pytest
 
 from controller.app import ControllerApp
 from controller.config import DetectConfig
+from controller.detection.process import DetectionUnavailable
+from controller.errors import StoreUnavailable
 from tests.controller.harness import Clock, config
 
 
@@ -98,3 +103,38 @@ def _counting(passes: list[int]) -> Callable[[], Awaitable[None]]:
         passes[0] += 1
 
     return counted
+
+
+def test_a_pass_that_fails_for_a_known_reason_is_one_line_and_an_unforeseen_one_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A detection process that died (started again by the next pass) or a store that is down are
+    operational: one error line each. Anything else keeps its traceback."""
+    failures: list[Exception] = [
+        DetectionUnavailable("the detection process ended"),
+        StoreUnavailable("store unavailable: disk I/O error"),
+        KeyError("bug"),
+    ]
+
+    async def body(app: ControllerApp, passes: list[int]) -> None:
+        async def failing() -> None:
+            passes[0] += 1
+            if failures:
+                raise failures.pop(0)
+
+        stop = asyncio.Event()
+        app.detection_pass = failing  # type: ignore[method-assign,assignment]
+        loop = asyncio.create_task(app.detect_forever(stop))
+        await _until(lambda: passes[0] >= 4)
+        stop.set()
+        await loop
+        assert app.failed_passes == 3
+
+    caplog.set_level(logging.ERROR, "gpufleet.controller")
+    _run(body)
+    failed = [r for r in caplog.records if r.getMessage().startswith("detection pass failed")]
+    assert [(r.getMessage(), r.exc_info is not None) for r in failed] == [
+        ("detection pass failed: the detection process ended", False),
+        ("detection pass failed: store unavailable: disk I/O error", False),
+        ("detection pass failed", True),
+    ]
