@@ -83,6 +83,11 @@ def analyze(
     stored = sorted(detector.findings.values(), key=finding_key)
     found = [finding_to_proto(s) for s in stored]
     print(_summary(label, total(stats), detector.skipped, len(detector.passes), stored), file=sys.stderr)
+    unread = [path for path, counted in zip(paths, stats, strict=True) if _unreadable(counted)]
+    for path in unread:
+        print(f"gpufleet analyze: {path}: no recorded message in it: not a recording?", file=sys.stderr)
+    if len(unread) == len(paths):  # nothing to judge: no empty table that looks like a healthy fleet
+        return 1
     if output in DOCUMENT_FORMATS:
         print_document({"findings": [finding_to_dict(f) for f in found]}, output)
     else:
@@ -152,6 +157,11 @@ def _size(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f} GB"
     return f"{n / 1e6:.0f} MB" if n >= 1e7 else f"{n / 1e6:.1f} MB"
+
+
+def _unreadable(stats: RecordingStats) -> bool:
+    """Something was there, and none of it a recorded message (an empty file is a quiet recording)."""
+    return stats.messages == 0 and (stats.bad_lines > 0 or stats.damage.parts > 0)
 
 
 def _summary(path: str, stats: RecordingStats, skipped: int, passes: int, stored: list[Any]) -> str:

@@ -150,6 +150,32 @@ def test_analyze_skips_malformed_lines_naming_them(tmp_path: Path, capsys: Captu
     assert "2 malformed lines skipped" in err
 
 
+def test_analyze_of_a_file_that_holds_no_recorded_message_fails_naming_it(
+    tmp_path: Path, capsys: Capture
+) -> None:
+    """A file with nothing readable in it (the wrong file, a recording damaged throughout) is no
+    quiet fleet: exit 1, no empty table; beside a readable recording it is named and the rest read.
+    An empty file is a recording of nothing."""
+    wrong = tmp_path / "notes.txt"
+    wrong.write_text("this is not\na recording\n")
+    damaged = tmp_path / "rec.jsonl.gz"
+    damaged.write_bytes(b"\x1f\x8b\x08garbage")  # a gzip header, then nothing gzip can read
+    for path in (wrong, damaged):
+        assert main(["analyze", str(path), "-o", "json"]) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.rstrip().endswith(f"gpufleet analyze: {path}: no recorded message in it: not a recording?")
+    good = write(tmp_path / "rec.jsonl", simulated({"node-03": [FaultSpec("thermal_throttle", 2)]}))
+    assert main(["analyze", str(good), str(wrong), "-o", "json", "--config", config_file(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert {(f["node"], f["cause"]) for f in json.loads(out)["findings"]} == {("node-03", "thermal_throttle")}
+    assert f"{wrong}: no recorded message in it" in err and f"{good}: no recorded" not in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["analyze", str(empty), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"findings": []}
+
+
 def test_analyze_sorts_a_recording_out_of_order_beyond_its_window(tmp_path: Path, capsys: Capture) -> None:
     """Lines far from their receive order (two files joined, a clock stepped back) are read again and
     sorted whole: the same findings as from the lines in order, and a note on stderr."""
