@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from controller.cli.output import DEFAULT_CONTROLLER, add_operator_arguments
+from controller.cli.output import DEFAULT_CONTROLLER, add_limit_argument, add_operator_arguments
 from controller.cli.version import version
 
 __all__ = ["DEFAULT_CONTROLLER", "build_parser", "main"]
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "result.",
     )
     cmds.add_argument("--node", default="", help="only this node")
-    cmds.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_limit_argument(cmds)
     add_operator_arguments(cmds)
 
     _add_safety_commands(sub)
@@ -336,7 +336,7 @@ def _add_safety_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="D",
         help="an ISO date/time (UTC unless it says) or a duration: 30m, 2h, 3d",
     )
-    hist.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_limit_argument(hist)
     add_operator_arguments(hist)
 
 
@@ -351,7 +351,7 @@ def _add_tuning_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "state (proposed, approved, applying, verified, rolled_back, failed, needs_attention).",
     )
     recs.add_argument("--node", default="", help="only this node")
-    recs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_limit_argument(recs)
     add_operator_arguments(recs)
 
     retune = sub.add_parser(
@@ -433,12 +433,22 @@ def main(argv: list[str] | None = None) -> int:
     return pipes.run(lambda: _main(argv))
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but arguments the command does not take are refused by the command's own
+    parser: `gpufleet silence: error: ...` under silence's usage, not gpufleet's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in AGENT_COMMANDS:
         # A fresh interpreter keeps the agent's import graph its own.
         os.execv(sys.executable, [sys.executable, "-m", AGENT_COMMANDS[argv[0]], *argv[1:]])
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     if args.command == "controller":
         from controller.cli.run_controller import run_controller
 

@@ -178,17 +178,26 @@ def _record_summary(out: str, output: str, tally: Tally) -> None:
         print_document(doc, output)
 
 
+def _refused(out: str, duration: float, workers: int) -> str:
+    """Why these arguments cannot be used ('' when they can)."""
+    if not out:
+        return "--out FILE is required"
+    if not duration >= 0:  # NaN too
+        return f"--duration must be a number of seconds >= 0 (0: until Ctrl-C), not {duration}"
+    if not 1 <= workers <= MAX_RECORD_WORKERS:
+        return f"--workers must be between 1 and {MAX_RECORD_WORKERS}"
+    return ""
+
+
 def record(
     target: str, out: str, output: str, *, duration: float = 0.0, node: str = "", workers: int = WORKERS
 ) -> int:
     """Append the controller's Record stream to `out` until `duration` passes or Ctrl-C."""
     from controller.cli.operator import OperatorError, call_operator
 
-    if not out:
-        print("gpufleet record: --out FILE is required", file=sys.stderr)
-        return 2
-    if not 1 <= workers <= MAX_RECORD_WORKERS:
-        print(f"gpufleet record: --workers must be between 1 and {MAX_RECORD_WORKERS}", file=sys.stderr)
+    refused = _refused(out, duration, workers)
+    if refused:
+        print(f"gpufleet record: {refused}", file=sys.stderr)
         return 2
     try:
         sink = open(out, "ab")  # noqa: SIM115 - UTF-8 lines, flushed after each batch

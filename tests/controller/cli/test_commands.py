@@ -107,3 +107,18 @@ def test_an_unreachable_controller_is_one_line_and_exit_1(capsys: Capture) -> No
     code, out, err = run(capsys, "commands", "--controller", f"127.0.0.1:{free_port()}", "-o", "json")
     assert (code, out) == (1, "")
     assert err.startswith("gpufleet: cannot reach controller at 127.0.0.1:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["commands", "history", "recommendations"])
+@pytest.mark.parametrize("limit", ["-3", "0", "ten"])
+def test_a_limit_below_one_or_not_a_number_is_a_usage_error_not_a_traceback(
+    capsys: Capture, command: str, limit: str
+) -> None:
+    """Before, a negative --limit raised ValueError from the request's uint32 field (a traceback),
+    and 0 silently meant the controller's default of 100."""
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--limit", limit, "--controller", f"127.0.0.1:{free_port()}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"gpufleet {command}: error: argument --limit: must be" in err
+    assert "Traceback" not in err

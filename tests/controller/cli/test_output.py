@@ -216,3 +216,24 @@ def test_the_env_reaches_the_controller(
     dead = f"127.0.0.1:{free_port()}"
     assert main(["nodes", "--controller", dead]) == 1  # the flag wins over the env
     assert f"cannot reach controller at {dead}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "extra"),
+    [
+        (["silence", "n1", "--for", "1h"], "silence", "n1"),
+        (["nodes", "extra"], "nodes", "extra"),
+        (["breaker", "reset", "-x"], "breaker", "-x"),
+    ],
+)
+def test_an_argument_a_command_does_not_take_is_refused_under_that_command(
+    capsys: Capture, argv: list[str], command: str, extra: str
+) -> None:
+    """Before, gpufleet's own parser refused it: `gpufleet: error: unrecognized arguments` under
+    the list of every command, not the usage of the one the operator typed."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: gpufleet {command} ")
+    assert f"gpufleet {command}: error: unrecognized arguments: {extra}" in err

@@ -427,6 +427,15 @@ def test_record_refuses_a_worker_count_it_cannot_use(tmp_path: Path, capsys: Cap
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_record_refuses_a_negative_duration_instead_of_running_until_ctrl_c(
+    tmp_path: Path, capsys: Capture
+) -> None:
+    for duration in ("-1", "nan"):
+        assert main(["record", "--out", str(tmp_path / "r.jsonl"), "--duration", duration]) == 2
+        assert "--duration must be a number of seconds >= 0 (0: until Ctrl-C)" in capsys.readouterr().err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 def test_record_without_a_controller_says_so(tmp_path: Path, capsys: Capture) -> None:
     from tests.support import free_port
 
