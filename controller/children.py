@@ -21,7 +21,7 @@ import functools
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 P = TypeVar("P", bound=asyncio.SubprocessProtocol)
@@ -36,9 +36,25 @@ def ignore_stop_signals() -> None:
     and SIGTERM to the controller, which ends the child by closing its stdin (and kills one that
     outstays that); its stdin also ends when the controller dies. Otherwise a Ctrl-C or a service
     stop killed the children before the controller stopped them: a traceback, an error logged for
-    each, and an ingest front started again during the stop."""
+    each, and an ingest front started again during the stop.
+
+    A child started by `popen` has had them blocked since before its interpreter started, so one
+    sent while it was still importing waited, and is dropped here (POSIX discards a pending signal
+    whose action becomes SIG_IGN) instead of killing it."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """subprocess.Popen for a child that calls `ignore_stop_signals`: it starts with SIGINT and
+    SIGTERM blocked (a child inherits its starter's signal mask across fork and exec), so one sent
+    to the process group in its first ~0.3 s, before it could ignore them, no longer kills it."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(argv, **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _Pipe(asyncio.Protocol):
@@ -192,9 +208,9 @@ async def subprocess_exec(
     env: Mapping[str, str] | None = None,
 ) -> tuple[SubprocessTransport, P]:
     """loop.subprocess_exec(protocol_factory, *argv, ...), the child started by subprocess.Popen."""
-    popen = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, bufsize=0)
+    process = popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, bufsize=0)
     protocol = protocol_factory()
-    transport = SubprocessTransport(popen, protocol)
+    transport = SubprocessTransport(process, protocol)
     try:
         await transport._connect()
     except BaseException:

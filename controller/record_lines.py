@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 from google.protobuf import json_format
 
-from controller import record_json
+from controller import children, record_json
 from protos.gpufleet.v1 import operator_pb2
 
 log = logging.getLogger("gpufleet.controller.recording")
@@ -142,7 +142,7 @@ class WorkerFailed(Exception):
 class _Worker:
     def __init__(self) -> None:
         try:
-            self.process = subprocess.Popen(
+            self.process = children.popen(
                 [sys.executable, "-m", "controller.record_lines"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -308,7 +308,5 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
-    from controller.children import ignore_stop_signals
-
-    ignore_stop_signals()  # Ctrl-C and a service stop are the controller's (or gpufleet record's)
+    children.ignore_stop_signals()  # Ctrl-C and a service stop are the controller's (or gpufleet record's)
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -202,8 +202,8 @@ async def serve() -> None:
     ended = asyncio.create_task(front.done.wait())
     await asyncio.wait([ready, ended], return_when=asyncio.FIRST_COMPLETED)
     ended.cancel()
-    if front.settings is None:
-        return
+    if front.settings is None or front.done.is_set() or out.is_closing():
+        return  # the controller went (its pipes with it) as it started this front: nothing to serve
     settings = front.settings
     out.set_write_buffer_limits(high=settings.high_water)
     server = grpc.aio.server(options=[*settings.options, ("grpc.so_reuseport", 1)])

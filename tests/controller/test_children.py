@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -113,3 +114,48 @@ def test_closing_a_running_childs_transport_ends_it() -> None:
         return status
 
     assert event_loop.run(go(), "uvloop") == -signal.SIGKILL
+
+
+# A child whose imports take a while (the detection process's take ~0.3 s) before it ignores the
+# stop signals, as every child of the controller does first thing.
+SLOW_START = (
+    "import sys, time; time.sleep(0.5)\n"
+    "from controller.children import ignore_stop_signals\n"
+    "ignore_stop_signals()\n"
+    "print('started', flush=True); sys.stdin.read()"
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_sent_while_a_child_is_still_starting_does_not_kill_it(signum: int) -> None:
+    """Ctrl-C or a service stop reaches the controller's whole process group, children too; one
+    sent in a child's first moments, before it could ignore it, killed it (a KeyboardInterrupt
+    traceback, or status -15). Started by children.popen, it waits blocked and is dropped."""
+    with children.popen(
+        [sys.executable, "-c", SLOW_START], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            child.send_signal(signum)
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline() == b"started\n"
+            child.send_signal(signum)  # and once it ignores them
+            child.stdin.close()
+            assert child.wait(10) == 0
+        finally:
+            child.kill()
+    assert not set(children.STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, []), (
+        "the starter's mask is kept"
+    )
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_loops_children_start_with_the_stop_signals_blocked_too(loop: str) -> None:
+    async def go() -> tuple[bytes, int]:
+        child = await children.create_subprocess_exec(sys.executable, "-c", SLOW_START)
+        os.kill(child.pid, signal.SIGINT)
+        assert child.stdout is not None and child.stdin is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 10)
+        child.stdin.close()
+        return line, await asyncio.wait_for(child.wait(), 10)
+
+    assert event_loop.run(go(), loop) == (b"started\n", 0)
