@@ -1,8 +1,14 @@
-"""`python -m agent`: the agent's command line (what `gpufleet agent` runs)."""
+"""`python -m agent`: the agent's command line (`gpufleet agent` runs it through agent.launch)."""
 
 import sys
 
 from agent import pipes
-from agent.cli import main
 
-sys.exit(pipes.run(main))
+
+def _main() -> int:
+    from agent.cli import main  # inside pipes.run: a Ctrl-C while it loads is one line too
+
+    return main()
+
+
+sys.exit(pipes.run(_main))

@@ -2,6 +2,6 @@
 
 import sys
 
-from controller.main import main
+from controller.command import main
 
 sys.exit(main())

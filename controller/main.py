@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from controller.cli.output import DEFAULT_CONTROLLER, add_limit_argument, add_operator_arguments
@@ -17,7 +18,7 @@ from controller.cli.version import version
 __all__ = ["DEFAULT_CONTROLLER", "build_parser", "main"]
 
 # command -> the agent module run with -m
-AGENT_COMMANDS = {"agent": "agent", "bmc": "agent.bmc_cli", "probe": "agent.probe_cli"}
+AGENT_COMMANDS = {"agent": "agent.cli", "bmc": "agent.bmc_cli", "probe": "agent.probe_cli"}
 
 
 def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -427,10 +428,11 @@ def _node_views(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `gpufleet` command; a reader that goes away (`| head`) ends it quietly."""
+    """The `gpufleet` command; a reader that goes away (`| head`) ends it quietly (the installed
+    command is controller.command's main, which loads this module inside the same guard)."""
     from controller import pipes
 
-    return pipes.run(lambda: _main(argv))
+    return pipes.run(lambda: run(sys.argv[1:] if argv is None else argv))
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -443,11 +445,24 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return args
 
 
-def _main(argv: list[str] | None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _exec_agent_command(argv: list[str]) -> None:
+    """Replace this process with `python -m agent.launch MODULE ARG...`: a fresh interpreter keeps
+    the agent's import graph its own. SIGINT stays blocked across the exec (the signal mask is
+    kept) until agent.launch is inside pipes.run, so a Ctrl-C while the new interpreter starts
+    waits and then ends it in one line, not with a traceback from its start-up."""
+    command = [sys.executable, "-m", "agent.launch", AGENT_COMMANDS[argv[0]], *argv[1:]]
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        os.execv(sys.executable, command)
+    finally:  # only if the exec failed
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def run(argv: list[str]) -> int:
+    """The command, without the guard for a closed stdout or Ctrl-C (main's, or the caller's)."""
     if argv and argv[0] in AGENT_COMMANDS:
         # A fresh interpreter keeps the agent's import graph its own.
-        os.execv(sys.executable, [sys.executable, "-m", AGENT_COMMANDS[argv[0]], *argv[1:]])
+        _exec_agent_command(argv)
     args = _parse(build_parser(), argv)
     if args.command == "controller":
         from controller.cli.run_controller import run_controller
