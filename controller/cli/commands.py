@@ -15,7 +15,7 @@ from rich.table import Table
 
 from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
-from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
+from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator, node_list
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.tables import age
 from protos.gpufleet.v1 import operator_pb2
@@ -93,7 +93,9 @@ def commands_table(commands: Sequence[operator_pb2.CommandInfo], *, wide: bool =
 def commands(target: str, output: str, node: str = "", limit: int = 0) -> int:
     request = operator_pb2.ListCommandsRequest(node=node, limit=limit)
     try:
-        resp = call_operator(target, lambda s: s.ListCommands(request, timeout=TIMEOUT_S))
+        resp = call_operator(
+            target, lambda s: node_list(s, node, s.ListCommands(request, timeout=TIMEOUT_S), "commands")
+        )
     except OperatorError as exc:
         print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
-from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
+from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator, node_list
 from controller.cli.output import DOCUMENT_FORMATS, print_document
 from controller.cli.since import set_since
 from controller.cli.tables import age
@@ -66,7 +66,9 @@ def history(target: str, output: str, node: str = "", since: str = "", limit: in
     if since and not set_since(request.since, since):
         return 2
     try:
-        resp = call_operator(target, lambda s: s.ListAudit(request, timeout=TIMEOUT_S))
+        resp = call_operator(
+            target, lambda s: node_list(s, node, s.ListAudit(request, timeout=TIMEOUT_S), "entries")
+        )
     except OperatorError as exc:
         print(f"gpufleet: {clean(str(exc))}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ error) gives one line on stderr and exit status 1, never a traceback.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -26,6 +26,7 @@ from protos.names import clock_event_reason_names
 TIMEOUT_S = 10.0
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class OperatorError(Exception):
@@ -60,6 +61,20 @@ def call_operator(target: str, fn: Callable[[operator_pb2_grpc.OperatorStub], T]
                 f"cannot reach controller at {target}: {details or code.name}{hint}", code
             ) from None
         raise OperatorError(f"controller at {target} answered {code.name}: {details}", code) from None
+
+
+def of_known_node(stub: operator_pb2_grpc.OperatorStub, node: str, items: Sized) -> None:
+    """For a list filtered by --node that came back empty: a node this controller does not know is
+    NOT_FOUND (an OperatorError from call_operator), so that a mistyped name does not read as a
+    node with nothing to show. A known node with nothing listed, or any listed item, passes."""
+    if node and not len(items):
+        stub.GetNode(operator_pb2.GetNodeRequest(name=node), timeout=TIMEOUT_S)
+
+
+def node_list(stub: operator_pb2_grpc.OperatorStub, node: str, response: R, field: str) -> R:
+    """`response` (a List... answer filtered by `node`), once of_known_node passed its `field`."""
+    of_known_node(stub, node, getattr(response, field))
+    return response
 
 
 def _run(action: Callable[[], None]) -> int:
@@ -219,7 +234,12 @@ def findings(
             warning = stub.ListNodes(operator_pb2.ListNodesRequest(page_size=1), timeout=TIMEOUT_S).warning
             return warning, [f for p in all_pages(lambda token: page(stub, token)) for f in p.findings]
 
-        warning, found = call_operator(target, fetch)
+        def checked(stub: operator_pb2_grpc.OperatorStub) -> tuple[str, list[findings_pb2.Finding]]:
+            warning, found = fetch(stub)
+            of_known_node(stub, node, found)
+            return warning, found
+
+        warning, found = call_operator(target, checked)
         warn(warning)
         if output in DOCUMENT_FORMATS:
             print_document({"findings": [finding_to_dict(f) for f in found]}, output)

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from controller.cli.jsonify import finding_to_dict, message_to_dict
 from controller.cli.layout import Cell, Col, clean, make_table, plain, show
-from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator
+from controller.cli.operator import TIMEOUT_S, OperatorError, call_operator, node_list
 from controller.cli.output import DOCUMENT_FORMATS, add_operator_arguments, print_document
 from controller.cli.since import UNITS
 from controller.cli.tables import age, cause_name
@@ -181,7 +181,9 @@ def silence(target: str, output: str, *, node: str, cause: str, duration: str, c
 def silences(target: str, output: str, *, node: str, include_expired: bool) -> int:
     request = operator_pb2.ListSilencesRequest(node=node, include_expired=include_expired)
     try:
-        resp = call_operator(target, lambda s: s.ListSilences(request, timeout=TIMEOUT_S))
+        resp = call_operator(
+            target, lambda s: node_list(s, node, s.ListSilences(request, timeout=TIMEOUT_S), "silences")
+        )
     except OperatorError as exc:
         return _fail("silences", exc)
     if output in DOCUMENT_FORMATS:

@@ -122,3 +122,24 @@ def test_a_limit_below_one_or_not_a_number_is_a_usage_error_not_a_traceback(
     err = capsys.readouterr().err
     assert f"gpufleet {command}: error: argument --limit: must be" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["findings", "commands", "history", "recommendations", "silences"])
+def test_a_node_filter_naming_no_node_the_controller_knows_is_an_error_not_an_empty_list(
+    tmp_path: Path, capsys: Capture, command: str
+) -> None:
+    """Before, `--node nowhere` (a typo) printed an empty list and exit 0: read as a node with
+    nothing to show. A known node with nothing to list stays an empty list."""
+    with ControllerThread(config(db=str(tmp_path / "c.db")), clock=time.time) as c:
+
+        async def one_node(app: ControllerApp) -> None:
+            await app.ingest.hello(hello("n1", gpus=2))
+
+        c.call(one_node)
+        code, out, err = run(capsys, command, "--node", "nowhere", "--controller", c.address, "-o", "json")
+        assert (code, out) == (1, "")
+        assert "answered NOT_FOUND: node 'nowhere' is not known to this controller" in err
+        assert err.count("\n") == 1
+        code, out, err = run(capsys, command, "--node", "n1", "--controller", c.address, "-o", "json")
+        assert code == 0, err
+        assert list(json.loads(out).values()) == [[]]
