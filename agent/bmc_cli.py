@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")  # BMC text escaped
     try:
+        if args.timeout is not None and not math.isfinite(args.timeout):
+            raise ValueError(f"--timeout must be a finite number of seconds, not {args.timeout}")
         given = {"read_timeout_seconds": args.timeout, "log_entries": args.log_entries}
         cfg = BmcConfig(
             url=args.url,

@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from agent.sources.sim.faults import FaultSpec
+from protos.finite import finite_message, non_finite
 from protos.transport import is_loopback
 
 
@@ -281,6 +282,9 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Ag
         data = loaded or {}
     _merge(data, overrides or {})
     where = f" {path}" if path else ""
+    found = non_finite(data)
+    if found is not None:
+        raise ConfigError(f"invalid agent config{where}: {finite_message(found)}")
     try:
         config = msgspec.convert(data, AgentConfig)
     except msgspec.ValidationError as exc:

@@ -12,6 +12,7 @@ import yaml
 
 from controller.db_url import is_postgres_url, redact_url
 from controller.profiles import ProfileError, load_catalogue
+from protos.finite import finite_message, non_finite
 from protos.names import CAUSES
 from protos.transport import is_loopback
 
@@ -512,6 +513,9 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Co
         data["tls"] = {}
         data["insecure"] = True
     data.update(overrides or {})
+    found = non_finite(data)
+    if found is not None:
+        raise ConfigError(f"invalid controller config{f' {path}' if path else ''}: {finite_message(found)}")
     try:
         return msgspec.convert(data, ControllerConfig)
     except msgspec.ValidationError as exc:

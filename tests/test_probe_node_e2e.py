@@ -106,7 +106,10 @@ def test_probe_node_exits_2_for_an_unknown_node_or_bad_arguments(fleet: str) -> 
     bad = gpufleet("probe-node", NODE, "--gpu", "7", "--controller", fleet)
     assert bad.returncode == 2 and "has no GPU 7" in bad.stderr
     usage = gpufleet("probe-node", NODE, "--timeout", "0", "--controller", fleet)
-    assert (usage.returncode, usage.stderr.strip()) == (2, "gpufleet probe-node: --timeout must be > 0")
+    assert (usage.returncode, usage.stderr.strip()) == (
+        2,
+        "gpufleet probe-node: --timeout must be a finite number of seconds > 0",
+    )
 
 
 def test_commands_json_lists_the_probe_commands_with_their_outcome(fleet: str) -> None:

@@ -12,6 +12,7 @@ cluster configured, a node under maintenance, busy or cordoned by someone else.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -127,8 +128,11 @@ def _confirm(node: str) -> bool | None:
 def drain(
     target: str, node: str, output: str, *, reason: str, dry_run: bool, timeout: float, yes: bool
 ) -> int:
-    if timeout < 0:
-        print("gpufleet drain: --timeout must be > 0 (or 0: the controller's default)", file=sys.stderr)
+    if not 0 <= timeout < math.inf:  # NaN and infinity too: a deadline that fires at once
+        print(
+            "gpufleet drain: --timeout must be a finite number of seconds > 0 (0: the controller's default)",
+            file=sys.stderr,
+        )
         return 2
     if not dry_run and not yes:
         confirmed = _confirm(node)

@@ -73,19 +73,11 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_limit_argument(parser: argparse.ArgumentParser) -> None:
     """--limit N for the list commands: a whole number from 1 (the controller caps the top)."""
+    from controller.cli.arg_types import limit
+
     parser.add_argument(
-        "--limit", type=_limit, default=100, metavar="N", help="at most this many (default 100)"
+        "--limit", type=limit, default=100, metavar="N", help="at most this many (default 100)"
     )
-
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def print_document(doc: Any, output: str) -> None:

@@ -7,6 +7,7 @@ no probes, already probing).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -75,8 +76,8 @@ def probe_node(
     wait: bool,
     timeout: float,
 ) -> int:
-    if not timeout > 0:
-        print("gpufleet probe-node: --timeout must be > 0", file=sys.stderr)
+    if not 0 < timeout < math.inf:
+        print("gpufleet probe-node: --timeout must be a finite number of seconds > 0", file=sys.stderr)
         return 2
     if any(g < 0 for g in gpus):
         print("gpufleet probe-node: --gpu must be a GPU index (>= 0)", file=sys.stderr)

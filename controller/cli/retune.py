@@ -15,6 +15,7 @@ arguments, unknown node, profile or recommendation, or a node that cannot take i
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -157,8 +158,8 @@ def retune(
     if not profile:
         print("gpufleet retune: --profile P is required (gpufleet profiles lists them)", file=sys.stderr)
         return 2
-    if not timeout > 0:
-        print("gpufleet retune: --timeout must be > 0", file=sys.stderr)
+    if not 0 < timeout < math.inf:
+        print("gpufleet retune: --timeout must be a finite number of seconds > 0", file=sys.stderr)
         return 2
     if any(g < 0 for g in gpus):
         print("gpufleet retune: --gpu must be a GPU index (>= 0)", file=sys.stderr)
@@ -189,8 +190,8 @@ def retune(
 
 
 def approve(target: str, rec_id: str, output: str, *, reason: str, wait: bool, timeout: float) -> int:
-    if not timeout > 0:
-        print("gpufleet approve: --timeout must be > 0", file=sys.stderr)
+    if not 0 < timeout < math.inf:
+        print("gpufleet approve: --timeout must be a finite number of seconds > 0", file=sys.stderr)
         return 2
     message = operator_pb2.ApproveRequest(id=rec_id, reason=reason, wait=wait, timeout_seconds=timeout)
     what = f"recommendation {rec_id}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import random
 import signal
 import sys
@@ -133,8 +134,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise DemoError("--nodes must be >= 1")
     if not 1 <= args.gpus_per_node <= 64:
         raise DemoError("--gpus-per-node must be within 1..64")
-    if args.seconds is not None and args.seconds <= 0:
-        raise DemoError("--seconds must be > 0")
+    if args.seconds is not None and not 0 < args.seconds < math.inf:
+        raise DemoError("--seconds must be a finite number > 0")
 
 
 def _plan(args: argparse.Namespace) -> int | tuple[list[str], list[str], list[Injected]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,14 @@ def test_bad_types_name_the_field(tmp_path: Path, text: str, where: str) -> None
     assert where in message
 
 
-@pytest.mark.parametrize("interval", [0, -1, 0.01, 3601, float("nan"), float("inf")])
+@pytest.mark.parametrize("interval", [0, -1, 0.01, 3601])
 def test_interval_out_of_range(interval: float) -> None:
     assert "interval_seconds must be within" in config_error(None, {"interval_seconds": interval})
+
+
+@pytest.mark.parametrize("interval", [float("nan"), float("inf")])
+def test_interval_not_a_finite_number(interval: float) -> None:
+    assert "interval_seconds must be a finite number" in config_error(None, {"interval_seconds": interval})
 
 
 def test_bad_fault_name_lists_the_known_faults(tmp_path: Path) -> None:
@@ -311,6 +317,7 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     [
         (["--sim", "--once", "--interval=0"], "interval_seconds must be within"),
         (["--sim", "--once", "--interval=-2"], "interval_seconds must be within"),
+        (["--sim", "--once", "--interval=nan"], "interval_seconds must be a finite number, not nan"),
         (["--sim", "--once", "--controller=nohost"], "stream.controller must be HOST:PORT"),
         (["--sim", "--once", "--gpus=0"], "sim.gpus must be within"),
         (["--sim", "--once", "--fault=overheating"], "unknown fault 'overheating'"),
@@ -456,3 +463,22 @@ def test_disabled_probes_say_so() -> None:
     assert runner.available() == []
     with pytest.raises(RuntimeError, match=r"probes\.enabled: false"):
         runner.run([])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("bmc:\n  read_timeout_seconds: .nan\n", "bmc.read_timeout_seconds must be a finite number, not nan"),
+        ("probes:\n  timeout_seconds: .inf\n", "probes.timeout_seconds must be a finite number, not inf"),
+        (
+            "stream:\n  backoff_max_seconds: -.inf\n",
+            "stream.backoff_max_seconds must be a finite number, not -inf",
+        ),
+    ],
+)
+def test_nan_or_infinity_anywhere_in_the_file_is_refused_naming_the_key(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """Before, NaN passed every `x <= 0` range check: a BMC read 'within nan s'."""
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load(write(tmp_path, text))

@@ -95,6 +95,12 @@ probes:
         ("detect: {margin: 5}\n", "detect.margin must be within 0..1"),
         ("detect: {min_peers: 1}\n", "min_peers must be >= 2"),
         ("detect: {interval_seconds: 0}\n", "interval_seconds must be > 0"),
+        # before: NaN passed `<= 0`, and a controller with it did not stop on SIGTERM
+        ("detect: {interval_seconds: .nan}\n", "detect.interval_seconds must be a finite number, not nan"),
+        (
+            "limits: {page_size: 10, stale_after_seconds: 1}\nstale_after_seconds: .inf\n",
+            "stale_after_seconds must be a finite number, not inf",
+        ),
         ("detect: {detectors: {throttle: {enabled: maybe}}}\n", "enabled"),
         ("listne: 127.0.0.1:1\n", "listne"),
         ("metrics_address: nonsense\n", "metrics_address must be HOST:PORT, not 'nonsense'"),

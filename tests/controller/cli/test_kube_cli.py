@@ -151,3 +151,19 @@ def test_no_cluster_says_so_in_one_line(capsys: Capture, monkeypatch: pytest.Mon
             assert (code, out) == (2, "")
             assert err.count("\n") == 1
             assert "FAILED_PRECONDITION: no Kubernetes cluster is configured" in err
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "inf"])
+def test_a_drain_timeout_that_is_not_a_finite_number_of_seconds_is_refused_before_asking(
+    capsys: Capture, timeout: str
+) -> None:
+    """Before, NaN and infinity passed `timeout < 0` and became the call's deadline: `cannot reach
+    controller: Deadline Exceeded` from a controller that was up."""
+    code, out, err = run(
+        capsys, "drain", "n0", "--dry-run", "--timeout", timeout, "--controller", "127.0.0.1:1"
+    )
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == "gpufleet drain: --timeout must be a finite number of seconds > 0 (0: the controller's default)\n"
+    )

@@ -166,7 +166,16 @@ def test_no_wait_prints_the_command_id(controller: ControllerThread, capsys: Cap
         (("good", "--gpu", "2"), "INVALID_ARGUMENT: node good has no GPU 2 (it has: 0, 1)"),
         (("good", "--probe", "warp"), "INVALID_ARGUMENT: node good does not offer probe warp"),
         (("good", "--gpu", "-1"), "gpufleet probe-node: --gpu must be a GPU index (>= 0)"),
-        (("good", "--timeout", "0"), "gpufleet probe-node: --timeout must be > 0"),
+        (("good", "--timeout", "0"), "gpufleet probe-node: --timeout must be a finite number of seconds > 0"),
+        # before: a deadline of NaN or infinity, and "cannot reach controller: Deadline Exceeded"
+        (
+            ("good", "--timeout", "inf"),
+            "gpufleet probe-node: --timeout must be a finite number of seconds > 0",
+        ),
+        (
+            ("good", "--timeout", "nan"),
+            "gpufleet probe-node: --timeout must be a finite number of seconds > 0",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

@@ -204,3 +204,15 @@ def test_retune_confirms_dry_runs_applies_and_says_how_it_went(capsys: Capture) 
             c.address,
         )
         assert code == 1 and "breaker tripped" in err
+
+
+@pytest.mark.parametrize("timeout", ["0", "nan", "inf"])
+@pytest.mark.parametrize(
+    "command", [["retune", "n1", "--profile", "p", "--yes"], ["approve", "abc"]], ids=["retune", "approve"]
+)
+def test_a_wait_that_is_not_a_finite_number_of_seconds_is_refused_before_asking(
+    capsys: Capture, command: list[str], timeout: str
+) -> None:
+    code = main([*command, "--timeout", timeout, "--controller", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"gpufleet {command[0]}: --timeout must be a finite number of seconds > 0\n")

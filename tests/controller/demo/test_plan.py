@@ -64,3 +64,14 @@ def test_one_node_one_gpu_and_zero_faults() -> None:
 def test_impossible_plans_are_refused_with_a_reason(nodes: int, faults: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan_faults(node_names(nodes), 8, faults, 0, KINDS)
+
+
+@pytest.mark.parametrize("seconds", ["0", "nan", "inf"])
+def test_a_run_length_that_is_not_a_finite_number_of_seconds_is_refused(
+    seconds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, NaN passed `seconds <= 0` and the demo ran until Ctrl-C."""
+    from controller.main import main
+
+    assert main(["demo", "--nodes", "2", "--seconds", seconds]) == 2
+    assert "gpufleet demo: --seconds must be a finite number > 0" in capsys.readouterr().err
