@@ -24,6 +24,7 @@ from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import Col, clean, make_table, plain, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
+from controller.cli.waiting import waited
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 USAGE_ERRORS = (
@@ -150,7 +151,14 @@ def drain(
     )
     deadline = (timeout or NO_TIMEOUT_RPC_S) + RPC_MARGIN_S
     try:
-        status: operator_pb2.DrainStatus = call_operator(target, lambda s: s.Drain(request, timeout=deadline))
+        status: operator_pb2.DrainStatus = call_operator(
+            target,
+            lambda s: (
+                waited(s.Drain.future(request, timeout=deadline), f"draining {node}", timeout)
+                if not dry_run
+                else s.Drain(request, timeout=deadline)
+            ),
+        )
     except OperatorError as exc:
         return _fail("drain", exc)
     show_drain(status, output)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from typing import Any
 
 import grpc
-from rich.console import Console
 
 from controller.cli.gpu_tables import probe_run_table
 from controller.cli.jsonify import message_to_dict
-from controller.cli.layout import clean, plain, show
+from controller.cli.layout import clean, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
+from controller.cli.waiting import waited
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 USAGE_ERRORS = (
@@ -46,23 +45,9 @@ def _wait(stub: operator_pb2_grpc.OperatorStub, request: operator_pb2.ProbeNodeR
     """The RPC, with a progress line on stderr while it runs when stderr is a terminal."""
     deadline = (request.timeout_seconds if request.wait else 0.0) + RPC_MARGIN_S
     call: Any = stub.ProbeNode.future(request, timeout=deadline)  # a grpc.Future; untyped in the stubs
-    if not (request.wait and sys.stderr.isatty()):
+    if not request.wait:
         return call.result()
-    started = time.monotonic()
-    try:
-        with Console(stderr=True).status(plain(f"probing {request.node}...")) as status:
-            while not call.done():
-                status.update(
-                    plain(
-                        f"probing {request.node}: {time.monotonic() - started:.0f}s "
-                        f"(at most {request.timeout_seconds:.0f}s)"
-                    )
-                )
-                time.sleep(0.2)
-    except KeyboardInterrupt:
-        call.cancel()
-        raise
-    return call.result()
+    return waited(call, f"probing {request.node}", request.timeout_seconds)
 
 
 def probe_node(

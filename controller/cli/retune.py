@@ -27,6 +27,7 @@ from controller.cli.jsonify import message_to_dict
 from controller.cli.layout import Col, clean, make_table, plain, show
 from controller.cli.operator import OperatorError, call_operator
 from controller.cli.output import DOCUMENT_FORMATS, print_document
+from controller.cli.waiting import waited
 from protos.gpufleet.v1 import operator_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -111,7 +112,12 @@ def _call(target: str, message: Any, *, rpc: str, what: str, output: str, wait: 
     deadline = (timeout if wait else 0.0) + RPC_MARGIN_S
     try:
         resp: operator_pb2.RetuneResponse = call_operator(
-            target, lambda s: getattr(s, rpc)(message, timeout=deadline)
+            target,
+            lambda s: (
+                waited(getattr(s, rpc).future(message, timeout=deadline), f"{command} {what}", timeout)
+                if wait
+                else getattr(s, rpc)(message, timeout=deadline)
+            ),
         )
     except OperatorError as exc:
         print(f"gpufleet {command}: {clean(str(exc))}", file=sys.stderr)

@@ -5,6 +5,7 @@ cluster, which says so in one line."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from controller.config import KubernetesConfig
 from controller.kube.fake import FakeApiServer
 from controller.kube.fake.objects import daemon_set, node, pdb, pod, replica_set
 from controller.main import main
+from tests.controller.cli.test_waiting import Terminal
 from tests.controller.harness import ControllerThread, config, hello
 from tests.kube.harness import FakeTime, evictions, kubeconfig
 
@@ -167,3 +169,14 @@ def test_a_drain_timeout_that_is_not_a_finite_number_of_seconds_is_refused_befor
         err
         == "gpufleet drain: --timeout must be a finite number of seconds > 0 (0: the controller's default)\n"
     )
+
+
+def test_a_drain_on_a_terminal_says_what_it_waits_for(
+    cluster: tuple[FakeApiServer, ControllerThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `gpufleet drain` was silent on a terminal until the drain ended (minutes, with a PDB)."""
+    _, c = cluster
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert main(["drain", "n0", "--yes", "--controller", c.address, "-o", "json"]) == 0
+    assert "draining n0" in screen.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from controller.app import ControllerApp
 from controller.config import BreakerConfig, ProbeConfig
 from controller.main import main
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.cli.test_waiting import Terminal
 from tests.controller.harness import ControllerThread, add_findings, config, hello, stored_finding
 from tests.controller.remediate.test_retune import Answer, committed, fleet_of_five, rolled_back
 
@@ -216,3 +218,14 @@ def test_a_wait_that_is_not_a_finite_number_of_seconds_is_refused_before_asking(
     code = main([*command, "--timeout", timeout, "--controller", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert (code, err) == (2, f"gpufleet {command[0]}: --timeout must be a finite number of seconds > 0\n")
+
+
+def test_a_retune_waited_for_on_a_terminal_says_what_it_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, retune and approve were silent on a terminal for up to --timeout (600 s)."""
+    with ControllerThread(config()) as c:
+        screen = Terminal()
+        monkeypatch.setattr(sys, "stderr", screen)
+        code = main(["retune", "ghost", "--profile", "gpu-defaults", "--yes", "--controller", c.address])
+        shown = screen.getvalue()
+    assert code == 2 and "NOT_FOUND: node 'ghost' is not known" in shown
+    assert "retune ghost: gpu-defaults" in shown
