@@ -145,6 +145,8 @@ class Tuner:
                 kept.append(
                     Pending(entry.profile, [c for c in entry.changes if c.setting in state.pending], entry.at)
                 )
+        if kept == entries:  # nothing verified or lost (nothing pending at all, often): nothing to write
+            return seen
         try:
             self.pending.save(kept)
         except TuningError as exc:

@@ -175,3 +175,17 @@ def test_a_bios_change_dropped_at_the_reboot_is_reported_lost(
     assert state.lost == ["bmc.bios.C1EState"]
     assert "BIOS changes lost at the reboot" in caplog.text
     agent.close()
+
+
+def test_with_nothing_pending_a_start_writes_nothing_and_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, every start rewrote the (empty) list of changes pending a reboot: with a spool
+    directory that cannot be made, an ERROR at each start of an agent that had never tuned."""
+    (tmp_path / "spool").write_text("a file where the directory should be")
+    agent, _ = sim_agent(tmp_path, [])
+    assert agent.tuner is not None
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.tuning"):
+        assert agent.tuner.check_pending() == []
+    assert [r for r in caplog.records if r.name.startswith("gpufleet.agent.tuning")] == []
+    agent.close()
