@@ -15,6 +15,7 @@ import yaml
 
 from agent.sources.sim.faults import FaultSpec
 from protos.finite import finite_message, non_finite
+from protos.names import MAX_NODE_NAME
 from protos.transport import is_loopback
 
 
@@ -249,6 +250,10 @@ class AgentConfig(_Config):
             raise ValueError("expected_gpus must be within 0..1024")
         if not self.node:
             self.node = socket.gethostname()
+        if len(self.node) > MAX_NODE_NAME:  # the controller would refuse every Hello
+            raise ValueError(
+                f"node must be at most {MAX_NODE_NAME} characters (a DNS name), not {len(self.node)}"
+            )
 
     def enabled_collectors(self, registered: list[str]) -> list[str]:
         unknown = sorted(set(self.collectors) - set(registered))

@@ -22,9 +22,10 @@ from controller.recording import RecordHub
 from controller.store.store import Store
 from controller.store.stored_nodes import StoredNodes
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+from protos.names import MAX_NODE_NAME
 
 log = logging.getLogger("gpufleet.controller.ingest")
-MAX_NAME = 253  # a DNS name, as Kubernetes node names are
+MAX_NAME = MAX_NODE_NAME  # a DNS name, as Kubernetes node names are
 
 
 class FleetMirror(Protocol):
@@ -104,7 +105,7 @@ class Ingest:
     async def hello(self, hello: pb.Hello) -> int:
         """Register the agent; return the highest seq already stored for its boot (0 if none)."""
         if not hello.node or len(hello.node) > MAX_NAME:
-            raise InvalidMessage("hello: node name must be 1..253 characters")
+            raise InvalidMessage(f"hello: node name must be 1..{MAX_NAME} characters")
         if not hello.boot_id:
             raise InvalidMessage("hello: boot_id is required")
         if len(hello.boot_id) > checks.MAX_BOOT_ID:

@@ -12,6 +12,10 @@ from typing import Any
 
 from protos.gpufleet.v1 import findings_pb2, operator_pb2, telemetry_pb2
 
+# A node's name: 1 to this many characters, a DNS name's limit, as Kubernetes node names are. The
+# controller refuses a Hello with a longer one; the agent refuses it in its config, at start.
+MAX_NODE_NAME = 253
+
 
 def _prefix(enum: Any) -> str:
     return str(enum.DESCRIPTOR.values[0].name).removesuffix("UNSPECIFIED")

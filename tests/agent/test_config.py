@@ -320,6 +320,11 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--sim", "--once", "--interval=nan"], "interval_seconds must be a finite number, not nan"),
         (["--sim", "--once", "--controller=nohost"], "stream.controller must be HOST:PORT"),
         (["--sim", "--once", "--gpus=0"], "sim.gpus must be within"),
+        # before: accepted, then every Hello refused by the controller (INVALID_ARGUMENT), retried forever
+        (
+            ["--sim", "--once", "--node=" + "n" * 254],
+            "node must be at most 253 characters (a DNS name), not 254",
+        ),
         (["--sim", "--once", "--fault=overheating"], "unknown fault 'overheating'"),
         (["--sim", "--once", "--fault=power_cap:x"], "must be an index"),
         (["--sim", "--once", "--gpus=2", "--fault=power_cap:2"], "gpu out of range"),
