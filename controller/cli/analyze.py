@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,27 @@ MIN_WINDOW = 64  # each of many recordings' reorder window, at least
 MIN_BATCH = 16  # lines each of many recordings parses at once, at least
 
 
+def _once_each(paths: list[str]) -> list[str]:
+    """`paths` with a file named twice (`rec.jsonl ./rec.jsonl`, overlapping globs) kept once, said
+    on stderr: read twice, its messages were counted twice and its nodes said hello twice."""
+    kept: list[str] = []
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:  # said when it is read
+            kept.append(path)
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in seen or not stat.S_ISREG(st.st_mode):  # a pipe or a device: each name is a read
+            seen.setdefault(key, path)
+            kept.append(path)
+            continue
+        same = "given twice" if seen[key] == path else f"the same file as {seen[key]}"
+        print(f"gpufleet analyze: {path}: {same}: read once", file=sys.stderr)
+    return kept
+
+
 def analyze(
     paths: str | Sequence[str],
     output: str,
@@ -50,7 +72,7 @@ def analyze(
     from controller.operator.wire import finding_to_proto
     from controller.paging import finding_key
 
-    paths = [paths] if isinstance(paths, str) else list(paths)
+    paths = _once_each([paths] if isinstance(paths, str) else list(paths))
     label = paths[0] if len(paths) == 1 else f"{len(paths)} recordings"
     try:
         detect = load(config).detect if config else DetectConfig()

@@ -320,6 +320,23 @@ def test_analyze_merges_each_replica_s_recording_in_receive_order(
     assert not [t for t in threading.enumerate() if t.name == "gpufleet-analyze-reader"]
 
 
+def test_a_recording_named_twice_is_read_once_and_said(tmp_path: Path, capsys: Capture) -> None:
+    """Before, `analyze rec.jsonl ./rec.jsonl` (overlapping globs, say) counted every message
+    twice and every node said hello twice."""
+    messages = simulated({"node-01": [FaultSpec("power_cap", 0)]})
+    config = config_file(tmp_path)
+    rec = write(tmp_path / "rec.jsonl", messages)
+    assert main(["analyze", str(rec), "-o", "json", "--config", config]) == 0
+    once, err_once = capsys.readouterr()
+    again = f"{tmp_path}/./rec.jsonl"
+    assert main(["analyze", str(rec), again, str(rec), "-o", "json", "--config", config]) == 0
+    out, err = capsys.readouterr()
+    assert out == once
+    assert f"gpufleet analyze: {again}: the same file as {rec}: read once" in err
+    assert f"gpufleet analyze: {rec}: given twice: read once" in err
+    assert err_once.rsplit("\n", 2)[-2].split(": ", 2)[2] in err  # the one file's counts
+
+
 def test_many_recordings_share_out_the_window_the_lines_read_ahead_and_the_cores(
     tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
