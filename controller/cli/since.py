@@ -15,11 +15,14 @@ UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_since(text: str, now: float | None = None) -> float:
-    """A duration back from now (30m, 2h, 3d, 1w) or an ISO date/time (UTC unless it says otherwise)."""
+    """A duration back from now (30m, 2h, 3d, 1w) or an ISO date/time (UTC unless it says otherwise).
+    A duration back past 1970 is 1970: nothing is older (it was a Timestamp out of range). A time
+    still to come is kept: the controller's clock, not this machine's, says what is past."""
     text = text.strip()
+    now = time.time() if now is None else now
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text)
     if match:
-        return (time.time() if now is None else now) - float(match[1]) * UNITS[match[2]]
+        return max(0.0, now - float(match[1]) * UNITS[match[2]])
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -123,9 +123,15 @@ def test_history_audits_probe_node_and_filters_by_node_and_since(tmp_path: Path,
         [unknown] = json.loads(out)["entries"]
         assert unknown["outcome"] == "refused" and "not known" in unknown["detail"]
 
+        code, out, _ = run(capsys, "history", "--since", "0s", "--controller", c.address, "-o", "json")
+        assert (code, json.loads(out)) == (0, {"entries": []})  # nothing since now
         future = "2999-01-01T00:00:00Z"
         code, out, _ = run(capsys, "history", "--since", future, "--controller", c.address, "-o", "json")
         assert (code, json.loads(out)) == (0, {"entries": []})
+        code, out, _ = run(capsys, "history", "--controller", c.address, "-o", "json")
+        every = json.loads(out)["entries"]
+        code, out, _ = run(capsys, "history", "--since", "9999999d", "--controller", c.address, "-o", "json")
+        assert (code, json.loads(out)["entries"]) == (0, every)  # before: a Timestamp out of range
         code, out, _ = run(capsys, "history", "--controller", c.address, "-o", "yaml")
         assert code == 0 and "action: probe_node" in out
 
@@ -143,6 +149,8 @@ def test_since_is_a_duration_or_an_iso_time() -> None:
     assert parse_since("2026-11-25") == parse_since("2026-11-25T00:00:00+00:00")
     with pytest.raises(ValueError, match="duration"):
         parse_since("2 fortnights")
+    # before: a Timestamp out of range, in protobuf's words
+    assert parse_since("9999999d", now) == 0.0  # back past 1970 is 1970: nothing is older
 
 
 def test_reset_asks_on_a_terminal_and_the_api_wants_a_reason(
