@@ -221,6 +221,8 @@ class FileSink:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        if self.space is None or self.space.allows(0):  # (a disk under the reserve: said, not opened)
+            self._open()  # now, not at the first message: a path that cannot be written is said at start
         pending = 0  # lines written since the last flush: lost if the flush fails
         while True:
             try:

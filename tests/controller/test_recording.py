@@ -270,6 +270,27 @@ def test_an_unwritable_record_file_loses_recording_not_telemetry(
     assert len([r for r in caplog.records if "recording to" in r.getMessage()]) == 1
 
 
+def test_a_record_file_that_cannot_be_written_is_said_at_start_and_a_good_one_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the file was first opened with the first message: a controller started with a
+    mistyped --record said nothing until an agent connected."""
+    caplog.set_level(logging.ERROR, "gpufleet.controller.recording")
+    bad = FileSink(str(tmp_path / "no-such-dir" / "fleet.jsonl"))
+    good = FileSink(str(tmp_path / "fleet.jsonl"))
+    for sink in (bad, good):
+        sink.start()
+    try:
+        _wait(lambda: any("recording to" in r.getMessage() for r in caplog.records))
+        _wait((tmp_path / "fleet.jsonl").exists)
+    finally:
+        bad.close()
+        good.close()
+    [error] = [r.getMessage() for r in caplog.records]
+    assert error.startswith(f"recording to {tmp_path / 'no-such-dir' / 'fleet.jsonl'} failed: No such file")
+    assert bad.dropped == 0  # nothing was offered: nothing lost
+
+
 def test_the_dropped_metric_is_zero_without_a_record_file() -> None:
     async def go() -> None:
         async with running_controller(config(), Clock()) as running:
