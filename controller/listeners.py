@@ -20,7 +20,9 @@ drop, with 8 servers at 4.2-4.4 s. The generator then used the cores the server 
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -92,6 +94,31 @@ def shares_port(address: str) -> bool:
     return not address.startswith("unix")
 
 
+def taken_by_another(address: str) -> str:
+    """Why `address` (HOST:PORT, port not 0) is already being listened on, by another process or
+    server ('' if it is free). gRPC sets SO_REUSEPORT on its listening sockets, so a second
+    controller (an old one left running, a second copy started by hand) bound the same port without
+    an error, and the kernel then spread the agents' connections over two controllers and two
+    stores. A socket of our own without SO_REUSEPORT cannot bind a port another socket listens on
+    (SO_REUSEADDR: a restarted controller's connections in TIME_WAIT do not count)."""
+    host, _, port = address.rpartition(":")
+    if not shares_port(address) or port in ("", "0"):
+        return ""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return ""  # gRPC's own bind says what is wrong with it
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "already in use (another gpufleet controller, or another program)"
+    return ""
+
+
 async def listen_on(
     address: str,
     count: int,
@@ -102,6 +129,9 @@ async def listen_on(
     chooses), the others to the port it got; all started. OSError when a bind fails, with none of them
     left listening."""
     host = address.rpartition(":")[0]
+    taken = taken_by_another(address)
+    if taken:
+        raise OSError(f"cannot listen on {address}: {taken}")
     started: list[grpc.aio.Server] = []
     try:
         port = 0

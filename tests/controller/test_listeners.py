@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.listeners import REUSEPORT, Listeners, listen_on
+from controller.listeners import REUSEPORT, Listeners, listen_on, taken_by_another
 from controller.server import build_server
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
@@ -123,6 +123,40 @@ def test_a_port_another_socket_holds_is_an_error() -> None:
                 await listen_on(f"127.0.0.1:{port}", 2, build, bind)
 
     asyncio.run(go())
+
+
+def test_a_port_another_grpc_server_listens_on_is_refused_though_both_share_ports() -> None:
+    """gRPC sets SO_REUSEPORT: before, a second controller on the first one's port started without
+    an error, and the kernel spread the agents over two controllers and two stores."""
+
+    async def go() -> None:
+        other = grpc.aio.server(options=[REUSEPORT])  # another process's controller, say
+        port = other.add_insecure_port("127.0.0.1:0")
+        await other.start()
+        try:
+            assert taken_by_another(f"127.0.0.1:{port}").startswith("already in use")
+            build, bind = _builder([])
+            with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}: already in use"):
+                await listen_on(f"127.0.0.1:{port}", 2, build, bind)
+        finally:
+            await other.stop(None)
+        assert taken_by_another(f"127.0.0.1:{port}") == ""  # once it is gone, the port is free
+
+    asyncio.run(go())
+
+
+def test_a_restarted_controller_is_not_refused_for_its_old_connections_in_time_wait() -> None:
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+            client.recv(1)
+    assert taken_by_another(f"127.0.0.1:{port}") == ""
+    assert taken_by_another("127.0.0.1:0") == ""  # the OS picks a free one
 
 
 def test_a_unix_socket_gets_one_server(tmp_path: Path) -> None:
