@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -15,7 +16,7 @@ from agent import version
 from agent.compose.bmc import build_bmc
 from agent.compose.metrics import metrics_server
 from agent.compose.sources import build_sources
-from agent.config import ConfigError, load
+from agent.config import AgentConfig, ConfigError, load
 from agent.exporter import MetricsServer, MetricsServerError
 from agent.jsonout import finite
 from agent.snapshot import Snapshot
@@ -23,6 +24,7 @@ from agent.sources.errors import SourceError
 from agent.sources.gpu import Inventory
 from agent.sources.sim.faults import FaultSpec
 from agent.sources.sim.faults.listing import fault_list
+from agent.state_lock import StateInUse, StateLock
 from protos.gpufleet.v1 import telemetry_pb2
 from protos.logsafe import configure_logging
 from protos.names import clock_event_reason_names, enum_name
@@ -197,6 +199,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)  # node text escaped, repeated lines rate-limited (protos/logsafe.py)
+    state = StateLock()
+    try:
+        if not args.once:  # a snapshot keeps no state
+            for directory, what in _state_dirs(config):
+                state.take(directory, what)
+    except StateInUse as exc:
+        state.close()
+        print(f"gpufleet agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, config)
+    finally:
+        state.close()
+
+
+def _state_dirs(config: AgentConfig) -> list[tuple[str, str]]:
+    """The directories a running agent keeps state in, each once: the spool (frames, the commands'
+    memory, the tuning journal by default) and tuning.state_dir when it is elsewhere."""
+    found: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    spool = config.stream.spool_dir
+    for directory, what in ((spool, "spool directory"), (config.tuning.state_dir, "tuning.state_dir")):
+        if directory and os.path.realpath(directory) not in seen:
+            seen.add(os.path.realpath(directory))
+            found.append((directory, what))
+    return found
+
+
+def _run(args: argparse.Namespace, config: AgentConfig) -> int:
     try:
         gpu, host, probes = build_sources(config)
     except (SourceError, ValueError) as exc:
