@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import queue
@@ -135,12 +137,21 @@ def compressed(path: str) -> bool:
     return path.endswith(".gz")
 
 
-def _append(path: str) -> IO[bytes]:
+IN_USE = "being written by another recorder (gpufleet record, or a controller's --record)"
+
+
+def open_recording(path: str) -> IO[bytes]:
     """The file for appending (UTF-8 lines, as the Converter makes them); a line a full disk cut
     short is ended first, so the next is whole. (A compressed one's cut-short member is skipped
-    when it is read: cli/gzip_lines.py.)"""
+    when it is read: cli/gzip_lines.py.) The file is this writer's alone while open (an flock):
+    another recorder appending to it is an OSError saying so. Before, two of them (a `gpufleet
+    record` started twice) appended every message twice, and `gpufleet analyze` counted both."""
     f = open(path, "ab")  # noqa: SIM115 - the sink keeps it open
     try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(errno.EBUSY, IN_USE, path) from None
         if f.tell() > 0 and not compressed(path):
             with open(path, "rb") as existing:
                 existing.seek(-1, os.SEEK_END)
@@ -170,7 +181,7 @@ class FileSink:
         path: str,
         *,
         maxsize: int = FILE_QUEUE,
-        opener: Opener = _append,
+        opener: Opener = open_recording,
         retry_seconds: float = RETRY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         converter: Converter | None = None,

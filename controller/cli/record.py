@@ -25,7 +25,7 @@ from controller.cli.output import DOCUMENT_FORMATS, OUTPUT_FORMATS, add_operator
 from controller.cli.record_writer import RecordWriter
 from controller.config import MAX_RECORD_WORKERS
 from controller.record_lines import WORKERS, Converter
-from controller.recording import compressed
+from controller.recording import compressed, open_recording
 from protos.gpufleet.v1 import operator_pb2, operator_pb2_grpc
 
 PROGRESS_SECONDS = 5.0  # how often `gpufleet record` reports on stderr
@@ -200,7 +200,7 @@ def record(
         print(f"gpufleet record: {refused}", file=sys.stderr)
         return 2
     try:
-        sink = open(out, "ab")  # noqa: SIM115 - UTF-8 lines, flushed after each batch
+        sink = open_recording(out)  # UTF-8 lines, flushed after each batch; this writer's alone
     except OSError as exc:
         print(f"gpufleet: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -191,14 +191,14 @@ def test_controller_record_to_a_gz_name_appends_gzip_members(tmp_path: Path) -> 
 
 
 def test_a_cut_line_is_ended_before_appending_but_a_gz_file_is_left_as_it_is(tmp_path: Path) -> None:
-    from controller.recording import _append
+    from controller.recording import open_recording
 
     plain, packed = tmp_path / "cut.jsonl", tmp_path / "cut.jsonl.gz"
     plain.write_bytes(b'{"received": "2026')
     cut = gzip.compress(b'{"node": "n"}\n')[:-5]  # a member cut short: skipped when read
     packed.write_bytes(cut)
     for path in (plain, packed):
-        _append(str(path)).close()
+        open_recording(str(path)).close()
     assert plain.read_bytes() == b'{"received": "2026\n'
     assert packed.read_bytes() == cut
 
@@ -356,3 +356,27 @@ def test_the_file_sink_s_lines_are_made_out_of_this_process(
     sink.close()
     assert sink.written == 150 and sink.dropped == 0 and sink.converter.fallbacks == 0
     assert path.read_text() == "".join(to_json_line(a.to_proto()) for a in accepted)
+
+
+def test_a_recording_is_its_writer_s_alone_while_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, two recorders on one file (a `gpufleet record` started twice, or one beside the
+    controller's --record) appended every message twice. The second is told, and a controller's
+    sink tries again later, as for any write error."""
+    from controller.recording import IN_USE, open_recording
+
+    path = str(tmp_path / "fleet.jsonl")
+    first = open_recording(path)
+    with pytest.raises(OSError, match=r"being written by another recorder") as refused:
+        open_recording(path)
+    assert refused.value.strerror == IN_USE
+    caplog.set_level(logging.ERROR, "gpufleet.controller.recording")
+    sink = FileSink(path)
+    sink.start()
+    try:
+        _wait(lambda: any(IN_USE in r.getMessage() for r in caplog.records))
+    finally:
+        sink.close()
+        first.close()
+    open_recording(path).close()  # free again once its writer closed it

@@ -454,6 +454,20 @@ def test_record_refuses_a_negative_duration_instead_of_running_until_ctrl_c(
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_record_to_a_file_another_recorder_writes_is_refused(tmp_path: Path, capsys: Capture) -> None:
+    from controller.recording import open_recording
+    from tests.support import free_port
+
+    out = tmp_path / "r.jsonl"
+    with open_recording(str(out)):  # another `gpufleet record --out r.jsonl`, say
+        code = main(["record", "--out", str(out), "--controller", f"127.0.0.1:{free_port()}"])
+    assert code == 1
+    assert capsys.readouterr().err == (
+        f"gpufleet: cannot write {out}: being written by another recorder (gpufleet record, or a "
+        "controller's --record)\n"
+    )
+
+
 def test_record_without_a_controller_says_so(tmp_path: Path, capsys: Capture) -> None:
     from tests.support import free_port
 
