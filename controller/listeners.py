@@ -94,6 +94,13 @@ def shares_port(address: str) -> bool:
     return not address.startswith("unix")
 
 
+def refuse_if_taken(address: str) -> None:
+    """OSError (`cannot listen on ADDRESS: already in use ...`) when another server listens there."""
+    taken = taken_by_another(address)
+    if taken:
+        raise OSError(f"cannot listen on {address}: {taken}")
+
+
 def taken_by_another(address: str) -> str:
     """Why `address` (HOST:PORT, port not 0) is already being listened on, by another process or
     server ('' if it is free). gRPC sets SO_REUSEPORT on its listening sockets, so a second
@@ -129,9 +136,7 @@ async def listen_on(
     chooses), the others to the port it got; all started. OSError when a bind fails, with none of them
     left listening."""
     host = address.rpartition(":")[0]
-    taken = taken_by_another(address)
-    if taken:
-        raise OSError(f"cannot listen on {address}: {taken}")
+    refuse_if_taken(address)
     started: list[grpc.aio.Server] = []
     try:
         port = 0

@@ -33,7 +33,7 @@ from controller.fronts import wire
 from controller.fronts.planner import planned_parts, state_of
 from controller.ingest import PlannedFrame
 from controller.interceptors import guarded
-from controller.listeners import taken_by_another
+from controller.listeners import refuse_if_taken
 from controller.pipe_sizes import widen
 from controller.servicer import EOF, AgentMessage, TelemetryServicer
 from protos.gpufleet.v1 import telemetry_pb2 as pb
@@ -277,9 +277,7 @@ class Fronts:
     async def start(self) -> str:
         """Start every front; the address they share (the first one's port when `listen` says 0)."""
         host = self.settings.listen.rpartition(":")[0]
-        taken = taken_by_another(self.settings.listen)
-        if taken:
-            raise OSError(f"cannot listen on {self.settings.listen}: {taken}")
+        refuse_if_taken(self.settings.listen)
         first = await self._launch(0, self.settings.listen)
         address = f"{host}:{await self._listening(first)}"
         try:
