@@ -35,6 +35,7 @@ from agent.stream import frames
 from agent.stream.backoff import Backoff
 from agent.stream.client import StreamClient
 from agent.stream.spool import Spool
+from agent.stream.status import StreamStatus
 from agent.tuning.tuner import Tuner
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
@@ -94,6 +95,11 @@ class Agent:
         )
         self.spool: Spool | None = None
         self.client: StreamClient | None = None
+
+    def stream_status(self) -> StreamStatus | None:
+        """Where the stream to the controller stands (the /metrics page); None when not streaming."""
+        client = self.client
+        return None if client is None else client.status()
 
     def _expected_gpus(self) -> int | None:
         """The configured GPU count, else the most any view shows (NVML, or the PCI bus for NVML)."""

@@ -1,4 +1,5 @@
-"""Node detail: one node's (or a few nodes') GPUs, BMC, host CPU and memory, InfiniBand and PCIe AER."""
+"""Node detail: one node's (or a few nodes') GPUs, BMC, host CPU and memory, InfiniBand and PCIe AER,
+and its agent's stream to the controller."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dashboards.grafana import (
     heatmap,
     query_variable,
     stat,
+    state_timeline,
     status_history,
     table,
     target,
@@ -23,6 +25,15 @@ from dashboards.grafana import (
 from dashboards.promql import GPU, NODE, rate
 
 GPU_LEGEND = "{{node}} GPU {{gpu}}"
+CONNECTED_MAPPING: list[JSON] = [
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "not connected", "color": "red", "index": 0},
+            "1": {"text": "connected", "color": "green", "index": 1},
+        },
+    }
+]
 PORT_LEGEND = "{{node}} {{device}}/{{port}}"
 
 
@@ -693,6 +704,52 @@ def _aer(layout: Layout) -> None:
     )
 
 
+def _agent_stream(layout: Layout) -> None:
+    """The agent's stream to the controller (agent/exporter/stream_families.py): whether the controller
+    has it, the frames waiting for its ack, and frames lost."""
+    layout.row("Stream to the controller")
+    layout.add(
+        state_timeline(
+            "Stream to the controller",
+            [target(f"gpufleet_agent_controller_connected{{{NODE}}}", "{{node}} to {{controller}}")],
+            description="Whether the controller has accepted the agent's stream. While not, frames wait in "
+            "the agent's spool; the agent's log says why on every retry.",
+            mappings=CONNECTED_MAPPING,
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Frames waiting for the controller's ack",
+            [
+                target(f"gpufleet_agent_spool_frames{{{NODE}}}", "{{node}} spooled"),
+                target(f"gpufleet_agent_spool_max_frames{{{NODE}}}", "{{node}} limit"),
+            ],
+            "none",
+            description="Frames in the agent's spool. At the limit (stream.spool_max_frames) the oldest "
+            "are dropped.",
+            min_value=0,
+        ),
+        8,
+    )
+    layout.add(
+        timeseries(
+            "Frames lost or set aside",
+            [
+                target(
+                    rate("gpufleet_agent_spool_dropped_frames_total", NODE), "{{node}} dropped (spool full)"
+                ),
+                target(rate("gpufleet_agent_spool_rejected_frames_total", NODE), "{{node}} set aside"),
+            ],
+            "none",
+            description="Frames a second: dropped from a full spool (telemetry the controller never gets), "
+            "or set aside in the spool's rejected/ directory (refused by the controller for good).",
+            min_value=0,
+        ),
+        8,
+    )
+
+
 def build() -> JSON:
     layout = Layout()
     _gpu_identity(layout)
@@ -705,6 +762,7 @@ def build() -> JSON:
     _host(layout)
     _infiniband(layout)
     _aer(layout)
+    _agent_stream(layout)
     variables = [
         query_variable("job", "Agent job", "label_values(gpufleet_agent_info, job)"),
         query_variable("node", "Node", 'label_values(gpufleet_agent_info{job=~"$job"}, node)'),
@@ -714,7 +772,7 @@ def build() -> JSON:
         "gpufleet-node",
         "gpufleet / Node detail",
         "One node in depth: per-GPU clocks, power, temperatures, errors, PCIe and NVLink; the BMC; the "
-        "host's CPU, memory, InfiniBand and PCIe AER.",
+        "host's CPU, memory, InfiniBand and PCIe AER; the agent's stream to the controller.",
         layout,
         variables,
     )

@@ -21,5 +21,6 @@ def metrics_server(agent: Any, config: AgentConfig) -> MetricsServer | None:
         title=f"gpufleet agent on {config.node}",
         web_config=config.metrics.web_config,
     )
+    exporter.stream_status = agent.stream_status
     agent.exporter = exporter
     return server

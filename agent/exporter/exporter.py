@@ -14,19 +14,22 @@ agent.exporter.text, byte for byte what prometheus_client's generate_latest make
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from agent.exporter import families
 from agent.exporter.catalogue import Catalogue, load
+from agent.exporter.stream_families import stream_families
 from agent.exporter.text import log_lines_suppressed_text, render_page
 from agent.exporter.view import ExportView, ProbeKey
 from agent.probes.base import ProbeOutcome
 from agent.snapshot import Snapshot
 from agent.sources.gpu import Inventory
 from agent.sources.host import HostFacts
+from agent.stream.status import StreamStatus
 from protos.logsafe import SUPPRESSED
 
 
@@ -57,6 +60,9 @@ class Exporter:
         self._xid_last: dict[str, int] = {}
         self._generation = 0  # observations so far: the kept page is for one of them
         self._page: tuple[int, bytes] | None = None
+        # Where the stream to the controller stands, read at each scrape (set by the agent that
+        # streams: agent/compose/metrics.py); None, or a None answer: no stream families.
+        self.stream_status: Callable[[], StreamStatus | None] | None = None
         # The Collector contract, for anything that reads a registry (prometheus_client's own
         # exposition, a push gateway); the page itself is written by agent.exporter.text.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -90,14 +96,28 @@ class Exporter:
         yield from families.native(self.catalogue.metrics, view)
         if self.dcgm_compat:
             yield from families.dcgm(self.catalogue.dcgm, view)
+        yield from self._stream()
         logs = families.log_lines_suppressed(SUPPRESSED.snapshot())
         if logs is not None:
             yield logs
 
     def render(self) -> bytes:
         """The page in the Prometheus text format 0.0.4 (kept until the next snapshot is observed),
-        then the process's suppressed log lines (counted as they happen, so never kept)."""
-        return self._snapshot_page() + log_lines_suppressed_text(SUPPRESSED.snapshot())
+        then the stream's families and the process's suppressed log lines (read as they are now, so
+        never kept)."""
+        return self._snapshot_page() + self._stream_text() + log_lines_suppressed_text(SUPPRESSED.snapshot())
+
+    def _stream(self) -> Iterator[Metric]:
+        status = self.stream_status() if self.stream_status is not None else None
+        if status is not None:
+            yield from stream_families(self.node, status)
+
+    def _stream_text(self) -> bytes:
+        """The stream's few families as prometheus_client writes them (a dozen lines: its own writer
+        costs nothing here)."""
+        if self.stream_status is None:
+            return b""
+        return generate_latest(_Families(list(self._stream())))
 
     def _snapshot_page(self) -> bytes:
         with self._lock:
@@ -112,3 +132,13 @@ class Exporter:
             if self._generation == generation:
                 self._page = (generation, page)
         return page
+
+
+class _Families:
+    """Families already made, as a registry generate_latest can write."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)

@@ -19,12 +19,14 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from agent.stream.backoff import Backoff
 from agent.stream.spool import Spool
+from agent.stream.status import StreamStatus
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.gpufleet.v1 import telemetry_pb2_grpc
 from protos.refusal import refused_frame
@@ -72,6 +74,7 @@ class StreamClient:
         self.backoff = backoff or Backoff()
         self.log = log or logging.getLogger("gpufleet.agent.stream")
         self.connected = False
+        self.last_ack_time: float | None = None  # Unix time of the latest ack (the /metrics page)
         self.max_message_bytes = max_message_bytes  # larger frames are set aside, never sent
         self._node = ""  # the node name of the session's Hello: frames made under another are set aside
         self._acked = asyncio.Event()  # set on every ack
@@ -89,6 +92,20 @@ class StreamClient:
     def rejected(self) -> int:
         """Frames set aside since start: refused by the controller for good, or unsendable."""
         return self.spool.rejected
+
+    def status(self) -> StreamStatus:
+        """Where the stream stands now, for the /metrics page (read from the exporter's thread)."""
+        spool = self.spool
+        return StreamStatus(
+            controller=self.target,
+            connected=self.connected,
+            last_ack_time=self.last_ack_time,
+            spooled=len(spool),
+            max_frames=spool.max_frames,
+            on_disk=spool.persistent if spool.directory is not None else None,
+            dropped=spool.dropped,
+            rejected=spool.rejected,
+        )
 
     def notify(self) -> None:
         """A frame was appended to the spool: wake the sender."""
@@ -240,6 +257,7 @@ class StreamClient:
             kind = msg.WhichOneof("msg")
             if kind == "ack":
                 self.spool.ack(msg.ack.boot_id, msg.ack.seq)
+                self.last_ack_time = time.time()
                 self._acked.set()
             elif kind == "command":
                 task = asyncio.create_task(self._run_command(msg.command))

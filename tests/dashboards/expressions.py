@@ -109,9 +109,12 @@ def metric_names(expr: str) -> set[str]:
 
 @cache
 def catalogue_names() -> frozenset[str]:
-    """Every series name the agent exports (gpufleet_* and dcgm-exporter's), from its catalogue."""
+    """Every series name the agent exports (gpufleet_* and dcgm-exporter's): its catalogue's, and its
+    stream's (read at each scrape, outside the catalogue)."""
+    from agent.exporter.stream_families import NAMES as STREAM_NAMES
+
     data = yaml.safe_load(CATALOGUE.read_text())
-    return frozenset([*data["metrics"], *data["dcgm"]["metrics"]])
+    return frozenset([*data["metrics"], *data["dcgm"]["metrics"], *STREAM_NAMES])
 
 
 @cache
