@@ -24,6 +24,7 @@ from controller.fleet.finding import SEVERITIES
 from controller.fleet.findings import by_node
 from controller.fleet.health import node_health
 from controller.fleet.node_order import node_names
+from controller.metrics_actions import breaker_families
 from controller.metrics_record import SecondsHistogram
 from controller.metrics_text import OneHotGauge, TextGauge
 from controller.open_files import open_files, soft_limit
@@ -78,6 +79,7 @@ class ControllerCollector(Collector):
         yield from self._collector()
         yield _log_lines_suppressed()
         yield from self._identity()
+        yield from breaker_families(self.app.breaker, self.app.breaker.clock())
         yield from self._fronts()
         yield from self._open_files()
         yield from self._replicas()

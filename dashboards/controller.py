@@ -1,5 +1,5 @@
 """Controller: agents and nodes it knows, frames ingested, ingest lag, store latency, findings,
-node health, detector passes and probe commands."""
+node health, detector passes, probe commands, and actions with the blast-radius breaker."""
 
 from __future__ import annotations
 
@@ -350,6 +350,63 @@ def _probes(layout: Layout) -> None:
     )
 
 
+def _actions(layout: Layout) -> None:
+    """The acting half: the blast-radius breaker and the actions asked of it (controller/metrics_actions.py).
+    The leader's only: a standby replica acts on nothing."""
+    layout.row("Actions and the breaker")
+    layout.add(
+        stat(
+            "Breaker",
+            [target("max(gpufleet_controller_breaker_tripped)")],
+            "none",
+            description="Tripped: an action would have exceeded the blast-radius budget; every retune, drain "
+            "and cordon is refused until `gpufleet breaker reset` (recovery still proceeds).",
+            mappings=[
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "armed", "color": "green", "index": 0},
+                        "1": {"text": "tripped", "color": "red", "index": 1},
+                    },
+                }
+            ],
+        ),
+        6,
+    )
+    layout.add(
+        timeseries(
+            "Nodes in action against the budget",
+            [
+                target('gpufleet_controller_breaker_nodes_in_action{scope="fleet"}', "in action"),
+                target('gpufleet_controller_breaker_node_limit{scope="fleet"}', "budget"),
+            ],
+            "none",
+            description="Distinct nodes with an action in the breaker's window (in progress, or ended within "
+            "breaker.window_seconds), fleet-wide, against max(1, ceil(breaker.share x nodes)). Automatic "
+            "actions wait while it is full; an operator's is refused and trips the breaker.",
+            min_value=0,
+        ),
+        9,
+    )
+    layout.add(
+        timeseries(
+            "Actions by outcome",
+            [
+                target(
+                    "sum by (kind, outcome) (increase(gpufleet_controller_actions_total[$__rate_interval]))",
+                    "{{kind}} {{outcome}}",
+                )
+            ],
+            "none",
+            description="Per window: retunes, drains and cordons refused by the breaker, or allowed and then "
+            "succeeded, failed or rolled back (a retune whose re-probe did not verify). `gpufleet history` "
+            "has each one.",
+            min_value=0,
+        ),
+        9,
+    )
+
+
 def build() -> JSON:
     layout = Layout()
     _summary(layout)
@@ -357,11 +414,12 @@ def build() -> JSON:
     _findings(layout)
     _detectors(layout)
     _probes(layout)
+    _actions(layout)
     return dashboard(
         "gpufleet-controller",
         "gpufleet / Controller",
         "The controller itself: streams, ingest rate and lag, store latency, findings, node health, "
-        "detector passes, probe commands.",
+        "detector passes, probe commands, actions and the blast-radius breaker.",
         layout,
         [],
     )

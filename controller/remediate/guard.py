@@ -7,6 +7,7 @@ restarted controller keeps its window and stays tripped). Tuning and drains call
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -59,6 +60,9 @@ class Breaker:
         self.clock = clock
         self.stale_after_seconds = stale_after_seconds
         self.state = breaker.State()
+        # (kind, outcome) -> actions since this process started: refused, succeeded, failed,
+        # rolled_back (the /metrics page; the audit log keeps every one for good)
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = asyncio.Lock()  # one decision at a time: two requests never spend one slot
 
     async def load(self) -> None:
@@ -112,6 +116,8 @@ class Breaker:
             await self._save(decision.state)
         if decision.state.tripped and not was_tripped:
             log.error("breaker tripped: %s", decision.why)
+        if not decision.allowed:
+            self.counts[kind, "refused"] += 1
         await self.auditor.outcome(entry, "allowed" if decision.allowed else "refused", decision.why)
         return Verdict(decision.allowed, decision.why, req.id, entry)
 
@@ -119,6 +125,7 @@ class Breaker:
         """The allowed action ended: succeeded, failed or rolled_back (it keeps counting either way)."""
         async with self._lock:
             await self._save(breaker.finish(self.state, verdict.action_id, outcome, self.clock()))
+        self.counts[verdict.audit.action, outcome] += 1
         await self.auditor.outcome(verdict.audit, outcome, detail)
 
     async def reset(self, requester: str, reason: str) -> AuditEntry:

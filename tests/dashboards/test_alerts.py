@@ -56,9 +56,10 @@ def test_every_alert_has_a_severity_and_names_where() -> None:
         assert rule["labels"]["severity"] in {"warning", "critical"}, name
         summary, description = rule["annotations"]["summary"], rule["annotations"]["description"]
         assert summary and description, name
-        # A process's own health (an agent's scrape, the controller's detection, open files or
-        # recording) names its instance.
-        process = re.search(r"\bup\b|gpufleet_controller_(detect|open_files|record)", rule["expr"])
+        # A process's own health (an agent's scrape, the controller's detection, open files,
+        # recording, breaker or actions) names its instance.
+        own = r"\bup\b|gpufleet_controller_(detect|open_files|record|breaker|actions)"
+        process = re.search(own, rule["expr"])
         where = "$labels.instance" if process else "$labels.node"
         assert where in summary and where in description, name
         if "gpufleet_gpu_" in rule["expr"] or "finding_active" in rule["expr"]:
