@@ -32,6 +32,13 @@ PIPE_WIDTH = 1000  # text beside the tables when piped: never folded
 WRAP_MIN = 16
 
 
+class Listing(Table):
+    """A table that, with no rows, prints as one line, `<title>: <empty>` (no box of headers over
+    nothing): "Silences: none active (--all shows ended ones too)"."""
+
+    empty: str = "none"
+
+
 @dataclass
 class Col(Column):
     key: bool = False  # identifies the row: never wrapped, cut or dropped
@@ -94,11 +101,18 @@ def _safe(item: RenderableType) -> RenderableType:
 
 
 def make_table(
-    title: str, columns: Sequence[Col], rows: Iterable[Sequence[Cell]], *, wide: bool = False
+    title: str,
+    columns: Sequence[Col],
+    rows: Iterable[Sequence[Cell]],
+    *,
+    wide: bool = False,
+    empty: str = "none",
 ) -> Table:
-    """A table of the columns `wide` selects; each row gives a cell for every column in `columns`."""
+    """A table of the columns `wide` selects; each row gives a cell for every column in `columns`.
+    With no rows, `show` prints `<title>: <empty>` instead."""
     shown = [i for i, c in enumerate(columns) if wide or not c.wide]
-    table = Table(*(columns[i] for i in shown), title=plain(title), title_justify="left")
+    table = Listing(*(columns[i] for i in shown), title=plain(title), title_justify="left")
+    table.empty = empty
     for row in rows:
         # Cells are data (node names, BMC messages, sources like "tuned.conf ([cpu] governor)"):
         # plain text, never rich markup, control characters escaped.
@@ -180,9 +194,18 @@ def show(*items: RenderableType, width: int | None = None) -> None:
     """Print tables (fitted to the terminal) and text on stdout; `width` overrides the terminal's."""
     width = width or terminal_width()
     for item in map(_safe, items):
+        if isinstance(item, Listing) and not item.row_count:
+            Console(width=width or PIPE_WIDTH).print(_empty_line(item), markup=False)
+            continue
         if not isinstance(item, Table):
             Console(width=width or PIPE_WIDTH).print(item, markup=False)  # data, not markup
             continue
         fitted, needed = fit_table(item, width)
         console = Console(width=max(width or PIPE_WIDTH, needed))
         console.print(fitted, markup=False, crop=fitted is item)  # whole rows are never cropped
+
+
+def _empty_line(table: Listing) -> Text:
+    """`<title>: <empty>`, what a listing with no rows prints."""
+    title = table.title if isinstance(table.title, Text) else plain(str(table.title or ""))
+    return Text.assemble(title, plain(f": {table.empty}"))

@@ -244,6 +244,8 @@ def findings(
         if output in DOCUMENT_FORMATS:
             print_document({"findings": [finding_to_dict(f) for f in found]}, output)
         else:
-            show(tables.findings_table(found, wide=output == "wide"))
+            where = f" on {node}" if node else ""
+            shown = "none" if include_resolved or since else "none active"
+            show(tables.findings_table(found, wide=output == "wide", empty=f"{shown}{where}"))
 
     return _run(action)

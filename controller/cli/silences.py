@@ -107,7 +107,9 @@ def until(ts_seconds: int, now: float | None = None) -> str:
     return f"in {delta:.0f}s"
 
 
-def silences_table(silences: Sequence[operator_pb2.SilenceInfo], *, wide: bool = False) -> Table:
+def silences_table(
+    silences: Sequence[operator_pb2.SilenceInfo], *, wide: bool = False, empty: str = "none"
+) -> Table:
     columns = (
         Col("ID", key=True),
         Col("NODE", key=True),
@@ -131,7 +133,7 @@ def silences_table(silences: Sequence[operator_pb2.SilenceInfo], *, wide: bool =
         )
         for s in silences
     ]
-    return make_table("Silences", columns, rows, wide=wide)
+    return make_table("Silences", columns, rows, wide=wide, empty=empty)
 
 
 def _fail(command: str, exc: OperatorError) -> int:
@@ -189,7 +191,8 @@ def silences(target: str, output: str, *, node: str, include_expired: bool) -> i
     if output in DOCUMENT_FORMATS:
         print_document({"silences": [message_to_dict(s) for s in resp.silences]}, output)
     else:
-        show(silences_table(resp.silences, wide=output == "wide"))
+        empty = "none" if include_expired else "none active (--all shows ended ones too)"
+        show(silences_table(resp.silences, wide=output == "wide", empty=empty))
     return 0
 
 

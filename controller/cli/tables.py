@@ -59,7 +59,11 @@ def age(ts_seconds: int, now: float | None = None) -> str:
 
 
 def findings_table(
-    findings: Sequence[findings_pb2.Finding], title: str = "Findings", *, wide: bool = False
+    findings: Sequence[findings_pb2.Finding],
+    title: str = "Findings",
+    *,
+    wide: bool = False,
+    empty: str = "none",
 ) -> Table:
     """One row a finding: where, what, how bad (and whether resolved, acknowledged or silenced), its
     evidence (in units, with the baseline's origin) and what to do about it (finding_view.py)."""
@@ -97,7 +101,7 @@ def findings_table(
                 finding_view.remediation_cell(f),
             )
         )
-    return make_table(title, columns, rows, wide=wide)
+    return make_table(title, columns, rows, wide=wide, empty=empty)
 
 
 def node_name(n: operator_pb2.NodeSummary) -> Text:
@@ -110,7 +114,11 @@ def node_name(n: operator_pb2.NodeSummary) -> Text:
 
 
 def nodes_table(
-    nodes: Sequence[operator_pb2.NodeSummary], *, wide: bool = False, title: str | None = None
+    nodes: Sequence[operator_pb2.NodeSummary],
+    *,
+    wide: bool = False,
+    title: str | None = None,
+    empty: str = "none (no agent has connected to this controller yet)",
 ) -> Table:
     columns = (
         Col("NODE", key=True),
@@ -145,4 +153,4 @@ def nodes_table(
                 Text(n.transport or "-", style="yellow" if n.transport == PLAINTEXT else ""),
             )
         )
-    return make_table(title or f"Nodes ({len(nodes)})", columns, rows, wide=wide)
+    return make_table(title or f"Nodes ({len(nodes)})", columns, rows, wide=wide, empty=empty)
