@@ -573,6 +573,7 @@ class ControllerApp:
     async def _prune(self, before: float) -> None:
         try:
             await self.store.prune_history(before)
+            self.tuning.forget_finished(before)  # the rows the store just dropped, in memory too
         except StoreUnavailable as exc:
             log.warning("pruning the store's old rows failed (again in an hour): %s", exc)
         except Exception:  # (a task's error is not seen otherwise)

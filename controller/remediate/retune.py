@@ -35,7 +35,7 @@ from controller.remediate.guard import Breaker
 from controller.remediate.operator_requests import NO_CLUSTER, OperatorRequests
 from controller.remediate.recommend import Knowledge, Proposal, group_findings, profiles_for, propose_for
 from controller.store.audit import AuditEntry
-from controller.store.recommendations import Recommendation
+from controller.store.recommendations import FINAL_STATES, Recommendation
 from controller.store.store import Store
 
 log = logging.getLogger("gpufleet.controller.tuning")
@@ -107,6 +107,17 @@ class Tuner(OperatorRequests):
         await self._late_answers()
         if self.drains is not None:  # drain rows: started (auto) and kept in step with their drains
             await self.drains.after_pass()
+
+    def forget_finished(self, before: float) -> int:
+        """Drop the finished rows last changed before `before` from memory, as the store's prune drops
+        them from the store (open rows stay, however old); how many went. Without it a long-running
+        controller kept every row it ever finished, and every pass walked them all."""
+        gone = [r for r in self.recs.values() if r.state in FINAL_STATES and r.updated < before]
+        for rec in gone:
+            del self.recs[rec.id]
+            if rec.command_id and self._by_command.get(rec.command_id) == rec.id:
+                del self._by_command[rec.command_id]
+        return len(gone)
 
     async def _reconcile(self) -> None:
         now = self.clock()
