@@ -166,7 +166,7 @@ class RateLimitFilter(logging.Filter):
         self._windows: dict[Key, _Window] = {}  # in the order they started, so in the order they end
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "logsafe_summary", False):
+        if getattr(record, "logsafe_summary", False) or getattr(record, "logsafe_keep", False):
             return True
         now = self.clock()
         with self._lock:
@@ -232,6 +232,8 @@ class RateLimitFilter(logging.Filter):
 
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# `log.info(..., extra=KEEP)`: a line the rate limit never holds back (the controller's audit lines).
+KEEP = {"logsafe_keep": True}
 
 
 def configure_logging(

@@ -1,14 +1,22 @@
 """Writing the audit log: an entry committed before anything acts, then its outcome (see
-controller/store/audit.py for the row)."""
+controller/store/audit.py for the row). Each is also one line of the controller's log (logger
+gpufleet.controller.audit, INFO), for a site that ships its logs to where audits are kept: the
+request once it is stored, then its outcome, both led by the entry's id. The log's rate limit
+(protos/logsafe.py) never holds one back."""
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller.store.audit import AuditEntry
 from controller.store.store import Store
+from protos.logsafe import KEEP
+
+log = logging.getLogger("gpufleet.controller.audit")
 
 
 class Auditor:
@@ -38,6 +46,17 @@ class Auditor:
             findings=list(findings),
         )
         await self.store.add_audit(entry)
+        log.info(
+            "audit %s: %s requested %s%s, reason %s, parameters %s%s",
+            entry.id,
+            requester,
+            action,
+            f" on {node}" if node else "",
+            json.dumps(reason),
+            json.dumps(entry.parameters, sort_keys=True, default=str),
+            f", findings {','.join(entry.findings)}" if entry.findings else "",
+            extra=KEEP,
+        )
         return entry
 
     async def outcome(self, entry: AuditEntry, outcome: str, detail: str = "") -> None:
@@ -45,3 +64,12 @@ class Auditor:
         now = self.clock()
         await self.store.set_audit_outcome(entry.id, outcome, now, detail)
         entry.outcome, entry.outcome_time, entry.detail = outcome, now, detail
+        log.info(
+            "audit %s: %s%s %s%s",
+            entry.id,
+            entry.action,
+            f" on {entry.node}" if entry.node else "",
+            outcome,
+            f": {detail}" if detail else "",
+            extra=KEEP,
+        )
