@@ -7,12 +7,16 @@ explains nothing, the cause is slow_unknown: we never guess.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller.config import DetectConfig
 from controller.detect.nvlink_errors import link_errors, link_evidence
 from controller.fleet.finding import Evidence
 from controller.fleet.model import NodeState
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from protos.names import clock_event_reason_names
+
+UsualLinks = Callable[[NodeState, int, int], int]  # (node, GPU index, its links) -> active links expected
 
 THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 Explanation = tuple[str, list[Evidence]]
@@ -102,19 +106,26 @@ def pcie_cause(sample: pb.GpuSample) -> Explanation:
     return UNKNOWN
 
 
-def nvlink_evidence(sample: pb.GpuSample) -> Evidence | None:
+def nvlink_evidence(sample: pb.GpuSample, usual: int | None = None) -> Evidence | None:
+    """The GPU's inactive NVLinks as evidence; None when none is, or when at least `usual` links
+    (what its peers have active, detect/nvlink_peers.py; None: every link) are active."""
     down = [link.link for link in sample.nvlinks if not link.active]
     if not down:
         return None
     total = len(sample.nvlinks)
+    active = total - len(down)
+    expected = total if usual is None else usual
+    if active >= expected:
+        return None
+    peers = f"; its peers have {expected} of {total} active" if expected < total else ""
     return Evidence(
         metric="nvlink_active",
-        value=float(total - len(down)),
-        baseline=float(total),
-        deviation=-len(down) / total,
+        value=float(active),
+        baseline=float(expected),
+        deviation=(active - expected) / expected,
         unit="links",
         reasons=tuple(f"link{n}_inactive" for n in down),
-        detail=f"{len(down)} of {total} NVLinks inactive: {', '.join(map(str, down))}",
+        detail=f"{len(down)} of {total} NVLinks inactive: {', '.join(map(str, down))}{peers}",
     )
 
 
@@ -144,14 +155,16 @@ def explain_gpu(probe: str, sample: pb.GpuSample | None) -> Explanation:
 
 
 def explain_node(
-    node: NodeState, config: DetectConfig | None = None
+    node: NodeState, config: DetectConfig | None = None, usual: UsualLinks | None = None
 ) -> list[tuple[int, str, list[Evidence]]]:
-    """GPUs of `node` whose readings explain a slow node-level (collective) result: inactive NVLinks,
-    then active ones with rising error counters (rates from node.trends, thresholds from `config`,
-    else the defaults), then clock causes."""
+    """GPUs of `node` whose readings explain a slow node-level (collective) result: inactive NVLinks
+    (fewer active than `usual(node, gpu, links)` says its peers have; None: any inactive), then
+    active ones with rising error counters (rates from node.trends, thresholds from `config`, else
+    the defaults), then clock causes."""
     out: list[tuple[int, str, list[Evidence]]] = []
     for index, gpu in sorted(node.gpus.items()):
-        link = nvlink_evidence(gpu.sample)
+        expected = None if usual is None else usual(node, index, len(gpu.sample.nvlinks))
+        link = nvlink_evidence(gpu.sample, expected)
         if link is not None:
             out.append((index, "nvlink_down", [link]))
     if out:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import explain_gpu, explain_node
+from controller.detect.nvlink_peers import link_norms
 from controller.detect.own_history import own_baseline, recent_change
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
@@ -224,7 +225,7 @@ def _explain(ctx: DetectContext, record: ProbeRecord, slow: Slow, higher_better:
         latest = node.gpus[record.gpu].sample if record.gpu in node.gpus else None
         cause, support = explain_gpu(record.probe, during if during is not None else latest)
         return [Finding(record.node, record.gpu, cause, severity, summary, evidence, support, [NAME])]
-    explained = explain_node(ctx.fleet.nodes[record.node])
+    explained = explain_node(ctx.fleet.nodes[record.node], usual=link_norms(ctx).usual)
     if not explained:
         return [Finding(record.node, None, "slow_unknown", severity, summary, evidence, [], [NAME])]
     return [
