@@ -5,8 +5,10 @@ kept; the log's rate limit never holds one back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from controller.app import ControllerApp
@@ -25,6 +27,22 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@contextlib.asynccontextmanager
+async def audited(tmp_path: Path, handler: logging.Handler) -> AsyncIterator[ControllerApp]:
+    """A started app whose audit lines reach `handler` (and only for the block)."""
+    logger = logging.getLogger(AUDIT)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    app = ControllerApp(config(db=str(tmp_path / "c.db")), clock=Clock())
+    await app.start()
+    try:
+        yield app
+    finally:
+        app.close()
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+
+
 async def fleet_of(app: ControllerApp, nodes: int) -> None:
     for i in range(nodes):
         name = f"n{i:02d}"
@@ -34,12 +52,8 @@ async def fleet_of(app: ControllerApp, nodes: int) -> None:
 
 
 async def check_each_entry_is_a_line_when_stored_and_another_with_its_outcome(tmp_path: Path) -> None:
-    handler, logger = Lines(), logging.getLogger(AUDIT)
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    app = ControllerApp(config(db=str(tmp_path / "c.db")), clock=Clock())
-    await app.start()
-    try:
+    handler = Lines()
+    async with audited(tmp_path, handler) as app:
         await fleet_of(app, 10)
         allowed = await app.breaker.request(
             "retune", "n00", "operator:alice", "clocks low", parameters={"profile": "p1"}, findings=["f1"]
@@ -60,10 +74,6 @@ async def check_each_entry_is_a_line_when_stored_and_another_with_its_outcome(tm
         stored = await app.store.get_audit(entry)
         assert stored is not None
         assert (stored.outcome, stored.detail) == ("rolled_back", "re-probe still slow")
-    finally:
-        app.close()
-        logger.removeHandler(handler)
-        logger.setLevel(logging.NOTSET)
 
 
 def test_each_entry_is_a_line_when_stored_and_another_with_its_outcome(tmp_path: Path) -> None:
@@ -74,22 +84,13 @@ async def check_the_rate_limit_never_holds_an_audit_line_back(tmp_path: Path) ->
     # The controller's own handler, at its tightest: one line per key a minute, one key in flight.
     out = io.StringIO()
     handler = configure_logging("info", stream=out, per_window=1, max_keys=1, counts=SuppressedCounts())
-    logger = logging.getLogger(AUDIT)
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    app = ControllerApp(config(db=str(tmp_path / "c.db")), clock=Clock())
-    await app.start()
-    try:
+    async with audited(tmp_path, handler) as app:
         for i in range(5):
             entry = await app.audit.begin("operator:alice", "probe_node", f"n{i}")
             await app.audit.outcome(entry, "succeeded", "command c1")
         lines = out.getvalue().splitlines()
         assert len([line for line in lines if " audit " in line or ": audit " in line]) == 10
         assert "suppressed" not in out.getvalue()
-    finally:
-        app.close()
-        logger.removeHandler(handler)
-        logger.setLevel(logging.NOTSET)
 
 
 def test_the_rate_limit_never_holds_an_audit_line_back(tmp_path: Path) -> None:
