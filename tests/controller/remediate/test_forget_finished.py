@@ -10,22 +10,15 @@ from pathlib import Path
 from controller.app import PROBE_HISTORY_DAYS, ControllerApp
 from controller.store.recommendations import Recommendation
 from tests.controller.harness import Clock, config
+from tests.controller.store.test_recommendations import row as stored_row
 
 DAY = 86400.0
 
 
 def row(rec_id: str, state: str, updated: float, command_id: str = "") -> Recommendation:
-    return Recommendation(
-        id=rec_id,
-        node="n0",
-        cause="power_cap",
-        action="tune",
-        profile="power-default",
-        state=state,
-        created=updated,
-        updated=updated,
-        command_id=command_id,
-    )
+    rec = stored_row(rec_id, "n0", updated, state)
+    rec.command_id = command_id
+    return rec
 
 
 async def check_old_finished_rows_leave_memory_with_the_store(tmp_path: Path) -> None:
