@@ -25,6 +25,7 @@ class GpuInfo:
     memory_total_bytes: int | None = None
     nvlink_count: int | None = None
     mig_mode_enabled: bool | None = None
+    default_power_limit_watts: float | None = None
 
 
 @dataclass(slots=True)

@@ -123,6 +123,9 @@ class NodeState:
     # agent says hello again. ListNodes asks for every node's (a fifth of its time at 12,500
     # nodes), detection's peer groups for every probe result's.
     model_of: tuple[pb.Hello, str] | None = field(default=None, repr=False, compare=False)
+    # fleet/peers.py probe_classes' answer and the Hello it read it from, likewise: grouping every
+    # probe result reads it for each node.
+    classes_of: tuple[pb.Hello, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def boot_id(self) -> str:

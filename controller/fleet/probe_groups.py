@@ -1,8 +1,9 @@
 """Probe results by peer group: what detect/probe_outlier.py compares each result with.
 
-Peers are results of the same probe, variant and unit on the same GPU model (node-level results: the
-same model and GPU count), and the same direction of "better" (the node's ProbeInfo): all of it from
-the result and its node's Hello.
+Peers are results of the same probe, variant and unit on GPUs of the same class (controller/fleet/
+peers.py gpu_class: model, board part number, NVLink count, default power limit, driver branch;
+node-level results: the node's model, GPU count and its GPUs' classes), and the same direction of
+"better" (the node's ProbeInfo): all of it from the result and its node's Hello.
 
 Finding every result's group each pass was half of probe_outlier's judgement at 12,500 nodes
 (712,500 results), and under load a result arrives between nearly every two passes. So the grouping
@@ -22,21 +23,23 @@ from collections.abc import Iterable
 
 from controller.fleet.derived import carried, forget, keep, kept, probes_version
 from controller.fleet.model import Fleet, ProbeKey, ProbeRecord
-from controller.fleet.peers import node_peer_key
+from controller.fleet.peers import GpuClass, probe_classes
 from controller.fleet.probe_info import probe_infos
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
-Group = tuple[str, ...]  # (model, count or "gpu", probe, variant, unit, "higher" | "lower")
+# (model, the rest of its GpuClass, "gpu", probe, variant, unit, "higher" | "lower"), or for a
+# node-level result (*node_class, probe, variant, unit, "higher" | "lower")
+Group = tuple[str, ...]
 GROUPED = "probe_groups"  # Fleet.derived: ((probe_version, len(probes)), group -> {key: record})
 
 
 class PeerGroups:
-    """The peer group of results: each node's probe facts and GPU names read once, not once per
+    """The peer group of results: each node's probe facts and GPU classes read once, not once per
     result."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self._nodes: dict[str, tuple[dict[str, pb.ProbeInfo], dict[int, str], tuple[str, ...]]] = {}
+        self._nodes: dict[str, tuple[dict[str, pb.ProbeInfo], dict[int, GpuClass], tuple[str, ...]]] = {}
 
     def of(self, record: ProbeRecord) -> Group | None:
         """None: the result's node is not in the fleet."""
@@ -45,15 +48,14 @@ class PeerGroups:
             node = self.fleet.nodes.get(record.node)
             if node is None:
                 return None
-            gpus = node.gpu_names()
-            facts = self._nodes[record.node] = (probe_infos(node.hello), gpus, node_peer_key(node))
+            facts = self._nodes[record.node] = (probe_infos(node.hello), *probe_classes(node))
         infos, gpus, node_key = facts
         info = infos.get(record.probe)
         better = "higher" if info is None or info.higher_is_better else "lower"
         what = (record.probe, record.variant, record.unit, better)
         if record.gpu is None:
             return (*node_key, *what)
-        return (gpus.get(record.gpu, ""), "gpu", *what)
+        return (*gpus.get(record.gpu, ("", "")), "gpu", *what)
 
 
 def peer_group(fleet: Fleet, record: ProbeRecord) -> Group | None:

@@ -35,6 +35,7 @@ IDENTITY = (
     "memory_total_bytes",
     "nvlink_count",
     "mig_mode_enabled",
+    "default_power_limit_watts",
 )
 
 # Reading fields by family, as the brief for full NVML coverage lists them.

@@ -375,4 +375,12 @@ IDENTITY: tuple[Query, ...] = (
     asked("pci_bus_id", fn("nvmlDeviceGetPciInfo"), _bus_id),
     asked("vbios_version", fn("nvmlDeviceGetVbiosVersion"), text),
     asked("board_part_number", fn("nvmlDeviceGetBoardPartNumber"), text),
+    # The board's default limit (its power class), also read every slow cycle as a GpuSample field:
+    # its own label, so that either's NOT_SUPPORTED memory leaves the other asked.
+    Query(
+        "identity.default_power_limit_watts",
+        ("default_power_limit_watts",),
+        fn("nvmlDeviceGetPowerManagementDefaultLimit"),
+        one(milli),
+    ),
 )

@@ -164,6 +164,7 @@ class SimNode:
                 memory_total_bytes=p.memory_total_bytes,
                 nvlink_count=p.nvlink_count,
                 mig_mode_enabled=False,
+                default_power_limit_watts=p.default_power_limit_watts,
             )
             for g in self.gpus
         ]

@@ -323,6 +323,7 @@ class GpuInfo(_message.Message):
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     NVLINK_COUNT_FIELD_NUMBER: _builtins.int
     MIG_MODE_ENABLED_FIELD_NUMBER: _builtins.int
+    DEFAULT_POWER_LIMIT_WATTS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     name: _builtins.str
@@ -336,6 +337,11 @@ class GpuInfo(_message.Message):
     nvlink_count: _builtins.int
     mig_mode_enabled: _builtins.bool
     """current MIG mode"""
+    default_power_limit_watts: _builtins.float
+    """The board's default power limit (NVML's default, not the one enforced now): with name, board part
+    number, NVLink count and driver branch, what makes GPUs comparable (controller/fleet/peers.py).
+    14..29: room
+    """
     @_builtins.property
     def unsupported_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """GpuSample fields this GPU cannot report"""
@@ -355,17 +361,22 @@ class GpuInfo(_message.Message):
         memory_total_bytes: _builtins.int | None = ...,
         nvlink_count: _builtins.int | None = ...,
         mig_mode_enabled: _builtins.bool | None = ...,
+        default_power_limit_watts: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "nvlink_count", b"nvlink_count"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_default_power_limit_watts", b"_default_power_limit_watts", "_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "default_power_limit_watts", b"default_power_limit_watts", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "nvlink_count", b"nvlink_count"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "board_part_number", b"board_part_number", "driver_version", b"driver_version", "index", b"index", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "name", b"name", "nvlink_count", b"nvlink_count", "pci_bus_id", b"pci_bus_id", "serial", b"serial", "unsupported_fields", b"unsupported_fields", "uuid", b"uuid", "vbios_version", b"vbios_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_power_limit_watts", b"_default_power_limit_watts", "_memory_total_bytes", b"_memory_total_bytes", "_mig_mode_enabled", b"_mig_mode_enabled", "_nvlink_count", b"_nvlink_count", "board_part_number", b"board_part_number", "default_power_limit_watts", b"default_power_limit_watts", "driver_version", b"driver_version", "index", b"index", "memory_total_bytes", b"memory_total_bytes", "mig_mode_enabled", b"mig_mode_enabled", "name", b"name", "nvlink_count", b"nvlink_count", "pci_bus_id", b"pci_bus_id", "serial", b"serial", "unsupported_fields", b"unsupported_fields", "uuid", b"uuid", "vbios_version", b"vbios_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__default_power_limit_watts: _TypeAlias = _typing.Literal["default_power_limit_watts"]  # noqa: Y015
+    _WhichOneofArgType__default_power_limit_watts: _TypeAlias = _typing.Literal["_default_power_limit_watts", b"_default_power_limit_watts"]  # noqa: Y015
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
     _WhichOneofReturnType__mig_mode_enabled: _TypeAlias = _typing.Literal["mig_mode_enabled"]  # noqa: Y015
     _WhichOneofArgType__mig_mode_enabled: _TypeAlias = _typing.Literal["_mig_mode_enabled", b"_mig_mode_enabled"]  # noqa: Y015
     _WhichOneofReturnType__nvlink_count: _TypeAlias = _typing.Literal["nvlink_count"]  # noqa: Y015
     _WhichOneofArgType__nvlink_count: _TypeAlias = _typing.Literal["_nvlink_count", b"_nvlink_count"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__default_power_limit_watts) -> _WhichOneofReturnType__default_power_limit_watts | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
     @_typing.overload

@@ -80,6 +80,7 @@ def test_inventory_fields(source: NvmlSource) -> None:
     assert h100.memory_total_bytes == 85_520_809_984
     assert h100.nvlink_count == H100_LINKS
     assert h100.mig_mode_enabled is False
+    assert (h100.default_power_limit_watts, l40s.default_power_limit_watts) == (700.0, 350.0)  # power class
     # Reported once, in the inventory: what each GPU answered NOT_SUPPORTED for.
     assert sorted(h100.unsupported_fields) == sorted([*RETIRED_FIELDS, "fan_speed_ratio"])
     assert l40s.nvlink_count == 0

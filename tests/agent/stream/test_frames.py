@@ -313,6 +313,7 @@ def test_hello_round_trips_with_inventory_and_host() -> None:
     assert again.inventory.expected_gpu_count == 4
     assert [g.pci_bus_id for g in again.inventory.gpus] == [g.pci_bus_id for g in agent.inventory.gpus]
     assert again.inventory.gpus[0].nvlink_count == 18
+    assert again.inventory.gpus[0].default_power_limit_watts == 700.0
     assert agent.host_facts is not None and again.host.hostname == agent.host_facts.hostname
     assert nanos_near(again.started_at, NOW)
 
