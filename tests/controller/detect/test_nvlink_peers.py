@@ -10,10 +10,12 @@ from controller.detect import nvlink
 from controller.detect.base import DetectContext
 from controller.detect.explain import explain_node
 from controller.detect.nvlink_peers import link_norms, usual_active
+from controller.fleet.state import apply_hello
 from tests.simfleet import SimFleet
 
 BY_DESIGN = {4, 5, 10, 11, 16, 17}  # the six links an H100 PCIe SKU leaves unused
 H100 = "NVIDIA H100 80GB HBM3"
+PART = "692-2G520-0200-000"
 
 
 def fleet(nodes: int, down: dict[tuple[str, int], set[int]], every_gpu: set[int] | None = None) -> SimFleet:
@@ -33,7 +35,7 @@ def found(sim: SimFleet) -> list[tuple[str, int | None, str, float | None, float
 
 def test_links_off_by_design_on_every_gpu_are_no_fault() -> None:
     sim = fleet(3, {}, every_gpu=BY_DESIGN)
-    assert usual_active(sim.fleet) == {(H100, 18): 12}
+    assert usual_active(sim.fleet) == {(H100, PART, 18): 12}
     assert found(sim) == []
 
 
@@ -52,7 +54,7 @@ def test_a_link_down_beyond_the_design_is_found_against_the_peers() -> None:
 
 def test_cards_without_any_active_link_are_no_fault() -> None:
     sim = fleet(2, {}, every_gpu=set(range(18)))  # PCIe cards without their NVLink bridge
-    assert usual_active(sim.fleet) == {(H100, 18): 0}
+    assert usual_active(sim.fleet) == {(H100, PART, 18): 0}
     assert found(sim) == []
 
 
@@ -76,3 +78,24 @@ def test_a_slow_collective_is_not_put_down_to_links_off_by_design() -> None:
     assert "nvlink_down" not in {cause for _, cause, _ in explained}
     assert {cause for _, cause, _ in explain_node(node)} == {"nvlink_down"}  # link by link, as before
     assert link_norms(ctx) is link_norms(ctx)  # worked out once a pass
+
+
+def test_a_variant_of_the_same_model_is_judged_against_its_own_design() -> None:
+    """Four nodes of 18-link boards and two of a variant with the same name and another part number
+    that uses 12 of its 18: by model alone the majority's 18 made the variant's 16 GPUs nvlink_down."""
+    sim = SimFleet(6)
+    variant = {"node-01", "node-04"}
+    for name in variant:
+        hello = sim.hello(name)
+        for info in hello.inventory.gpus:
+            info.board_part_number = "692-2G520-0202-000"
+        apply_hello(sim.fleet, hello, 0, sim.now)
+        for gpu in sim.sims[name].gpus:
+            beyond = {3} if (name, gpu.index) == ("node-04", 6) else set()
+            gpu.condition.nvlinks_down = BY_DESIGN | beyond
+    sim.step(10)
+    sim.step(10)
+    assert [(node, gpu, value, baseline) for node, gpu, _, value, baseline in found(sim)] == [
+        ("node-04", 6, 11.0, 12.0)
+    ]
+    assert usual_active(sim.fleet) == {(H100, PART, 18): 18, (H100, "692-2G520-0202-000", 18): 12}
