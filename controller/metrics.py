@@ -321,13 +321,17 @@ class ControllerCollector(Collector):
         yield by_kind
         each = TextGauge(
             PREFIX + "finding_active",
-            "1 per active finding; gpu empty: node-level; slow true: a probe measured it slow.",
-            labels=["node", "gpu", "cause", "severity", "slow"],
+            "1 per active finding; gpu empty: node-level; slow true: a probe measured it slow; silenced "
+            "true: a silence or maintenance covers it (gpufleet silence, gpufleet maintenance), so "
+            "gpufleet's alerts leave it out.",
+            labels=["node", "gpu", "cause", "severity", "slow", "silenced"],
         )
+        silenced_by, now = self.app.silencing.silenced_by, self.app.clock()
         for f in sorted(active, key=lambda f: (f.node, -1 if f.gpu is None else f.gpu, f.cause)):
             gpu = "" if f.gpu is None else str(f.gpu)
             slow = "true" if SLOW_DETECTOR in f.detectors else "false"
-            each.add_metric([f.node, gpu, f.cause, f.severity, slow], 1)
+            silenced = "true" if silenced_by(f.node, f.cause, now) else "false"
+            each.add_metric([f.node, gpu, f.cause, f.severity, slow, silenced], 1)
         yield each
 
     def _nodes(self) -> Iterator[Metric]:

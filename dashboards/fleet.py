@@ -127,7 +127,8 @@ def _slow(layout: Layout) -> None:
             [target(f"gpufleet_controller_finding_active{{{NODE}}}", table=True)],
             "none",
             description="Every active finding the controller holds; slow GPUs and nodes (raised by "
-            "the peer-baseline probe detector) first. gpu is empty for node-level findings.",
+            "the peer-baseline probe detector) first. gpu is empty for node-level findings; silenced is true "
+            "where a silence or maintenance covers it (gpufleet's alerts leave those out).",
             hide=("Time", "__name__", "job", "instance", "Value"),
             sort=(("slow", True),),
         ),

@@ -245,6 +245,7 @@ def test_findings_node_health_and_last_frames_of_a_populated_fleet() -> None:
                 "cause": "nvlink_down",
                 "severity": "critical",
                 "slow": "false",
+                "silenced": "false",
             }
             assert active["a-healthy/1"]["slow"] == "true"
             assert active["b-degraded/1"]["cause"] == "power_cap"
@@ -306,6 +307,9 @@ def test_node_health_leaves_silenced_findings_out_as_gpufleet_nodes_does() -> No
             summary = next(n for n in after.nodes if n.name == name)
             assert summary.health != flagged[0].health and summary.active_findings == 0
             assert page.value(P + "node_health", node=name, state=health_name(summary.health)) == 1
+            # Its findings stay on the page, marked silenced, which gpufleet's alerts leave out.
+            marked = {dict(k)["node"]: dict(k)["silenced"] for k in page.series(P + "finding_active")}
+            assert marked[name] == "true" and set(marked.values()) == {"true", "false"}
 
     run(body)
 
@@ -388,7 +392,12 @@ def test_a_detection_pass_is_timed_and_its_finding_exported_until_resolved() -> 
             assert set(app.detectors) <= set(discover())
             assert page.value(P + "findings", cause="ecc_row_remap_pending", severity="critical") == 1
             labels = dict(
-                node="n1", gpu="0", cause="ecc_row_remap_pending", severity="critical", slow="false"
+                node="n1",
+                gpu="0",
+                cause="ecc_row_remap_pending",
+                severity="critical",
+                slow="false",
+                silenced="false",
             )
             assert page.value(P + "finding_active", **labels) == 1
             assert page.value(P + "node_health", node="n1", state="critical") == 1
