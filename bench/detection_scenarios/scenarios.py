@@ -27,7 +27,11 @@ H200_SXM = dataclasses.replace(
     membw_gbps=H100_SXM.membw_gbps * 4800.0 / H100_SXM.membw_peak_gbps,
     membw_peak_gbps=4800.0,
 )
-MODELS: dict[str, GpuProfile] = {"h100": H100_SXM, "h200": H200_SXM}
+# The same model name at another power class: an HGX H100 whose board's default (and maximum) power
+# limit is 500 W, as some OEM boards ship. It runs GEMM about 12% below the 700 W boards by design:
+# by the model name alone, its healthy GPUs were slow outliers (controller/fleet/peers.py).
+H100_SXM_500W = dataclasses.replace(H100_SXM, default_power_limit_watts=500.0, max_power_limit_watts=500.0)
+MODELS: dict[str, GpuProfile] = {"h100": H100_SXM, "h200": H200_SXM, "h100-500w": H100_SXM_500W}
 
 # Faults whose evidence is only in what the agent announces at connect (the Hello's inventory):
 # a standing condition from the start, not something that appears mid-run.
@@ -206,21 +210,43 @@ def small_fleet(timing: Timing, seed: int) -> Scenario:
     )
 
 
-def mixed_fleet(timing: Timing, seed: int) -> Scenario:
-    """Five H100 nodes and three H200 nodes (a small group of its own), with faults on both."""
+def _mixed(
+    name: str,
+    models: tuple[str, ...],
+    cases: list[tuple[str, str]],
+    timing: Timing,
+    *,
+    rng: random.Random,
+    seed: int,
+) -> Scenario:
+    """A fleet of several kinds of node (`models`, node-00 first), one fault of `cases` per node from
+    node-00 on (GPUs drawn from `rng`), after enough probe rounds for a GPU's own history."""
     t = history_timing(timing)
-    rng = random.Random(f"{seed}:mixed")
-    models = ("h200", "h200", "h100", "h100", "h100", "h100", "h100", "h200")
-    cases = [("hbm_degraded", "mild"), ("clocks_locked_low", "mild"), ("thermal_throttle", "mild")]
     return Scenario(
-        name="mixed-models",
+        name=name,
         kind="mixed",
         models=models,
         seconds=t.seconds,
         step=10.0,
         probe_interval=t.probe_interval,
         injections=tuple(_place([c for c in cases if c[0] in FAULTS], len(models), rng, t.warmup, 8)),
-        seed=seed + 300,
+        seed=seed,
+    )
+
+
+def mixed_fleet(timing: Timing, seed: int) -> Scenario:
+    """Five H100 nodes and three H200 nodes (a small group of its own), with faults on both."""
+    models = ("h200", "h200", "h100", "h100", "h100", "h100", "h100", "h200")
+    cases = [("hbm_degraded", "mild"), ("clocks_locked_low", "mild"), ("thermal_throttle", "mild")]
+    return _mixed("mixed-models", models, cases, timing, rng=random.Random(f"{seed}:mixed"), seed=seed + 300)
+
+
+def mixed_power_fleet(timing: Timing, seed: int) -> Scenario:
+    """Five 700 W and three 500 W H100 nodes of one model name, with faults on both classes."""
+    models = ("h100-500w", "h100", "h100-500w", "h100", "h100", "h100", "h100", "h100-500w")
+    cases = [("clocks_locked_low", "mild"), ("power_brake", "moderate"), ("power_cap", "moderate")]
+    return _mixed(
+        "mixed-power", models, cases, timing, rng=random.Random(f"{seed}:mixed-power"), seed=seed + 500
     )
 
 
@@ -242,13 +268,15 @@ def healthy_fleet(
 
 
 def full_suite(seed: int, *, day_step: float = 30.0, day_nodes: int = 4) -> Suite:
-    """Every fault at each severity, intermittent faults, a small group, mixed models, a healthy day."""
+    """Every fault at each severity, intermittent faults, a small group, mixed models and power
+    classes, a healthy day."""
     return Suite(
         [
             *fault_fleets(fault_cases(), FULL, nodes=6, per_fleet=4, seed=seed),
             *intermittent_fleets(FULL, nodes=6, per_fleet=3, seed=seed),
             small_fleet(FULL, seed),
             mixed_fleet(FULL, seed),
+            mixed_power_fleet(FULL, seed),
             healthy_fleet(
                 "healthy-day",
                 ("h100",) * day_nodes,
@@ -277,6 +305,7 @@ def quick_suite(seed: int) -> Suite:
     return Suite(
         [
             *fault_fleets(cases, QUICK, nodes=4, per_fleet=3, seed=seed),
+            mixed_power_fleet(QUICK, seed),
             healthy_fleet(
                 "healthy-hour",
                 ("h100",) * 4,
