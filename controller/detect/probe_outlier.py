@@ -30,7 +30,7 @@ from controller.detect.own_history import own_baseline, recent_change
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import ProbeRecord
-from controller.fleet.probe_groups import grouped
+from controller.fleet.probe_groups import described, grouped
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
@@ -96,7 +96,7 @@ def _judge_all(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
         if len(records) >= min_peers:
             peers = baseline([r.value for r in records])
             for record in _past_thresholds(ctx, records, peers, higher_better):
-                slow = _against_peers(ctx, record, peers, higher_better)
+                slow = _against_peers(ctx, record, peers, higher_better, described(group))
                 if slow is not None:
                     slow_ones.append((record, slow, higher_better))
             continue
@@ -138,11 +138,12 @@ def usual_peak_ratios(records: Iterable[ProbeRecord], min_results: int) -> dict[
 
 
 def _against_peers(
-    ctx: DetectContext, record: ProbeRecord, peers: Baseline, higher_better: bool
+    ctx: DetectContext, record: ProbeRecord, peers: Baseline, higher_better: bool, kind: str
 ) -> Slow | None:
+    """`kind`: the peers' class in words (probe_groups.described)."""
     config = ctx.config
     worse = worse_by(peers.deviation(record.value), higher_better)
-    peer_words = f"the median of {peers.count} peers ({peers.median:.1f})"
+    peer_words = f"the median of {peers.count} peers ({peers.median:.1f}; {kind})"
     if worse > peers.margin(config.margin, config.min_robust_z):
         return Slow("peers", record.value, peers.median, peers.count, peer_words)
     if worse <= config.change_peer_margin:

@@ -58,6 +58,16 @@ class PeerGroups:
         return (*gpus.get(record.gpu, ("", "")), "gpu", *what)
 
 
+def described(group: Group) -> str:
+    """The GPUs a group's results come from, in words: "NVIDIA H100 80GB HBM3, 692-2G520-0200-000,
+    18 NVLinks, 700 W, driver 550" (per GPU), "8 x NVIDIA H100 80GB HBM3, ..." (per node)."""
+    if group[2] == "gpu":
+        model, rest = group[0], group[1]
+    else:
+        model, rest = f"{group[1]} x {group[0]}", group[2]
+    return f"{model or 'unknown model'}, {rest}" if rest else model or "unknown model"
+
+
 def peer_group(fleet: Fleet, record: ProbeRecord) -> Group | None:
     return PeerGroups(fleet).of(record)
 

@@ -19,7 +19,7 @@ from controller.detect.stats import baseline
 from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
 from controller.fleet.model import ProbeKey, ProbeRecord
-from controller.fleet.probe_groups import PeerGroups
+from controller.fleet.probe_groups import PeerGroups, described
 from controller.fleet.state import apply_hello
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.test_probe_outlier_baselines import small_group
@@ -115,7 +115,7 @@ def _one_by_one(ctx: DetectContext) -> set[tuple[ProbeKey, probe_outlier.Slow, b
         peers = baseline([r.value for r in records]) if len(records) >= ctx.config.min_peers else None
         for record in records:
             if peers is not None:
-                slow = probe_outlier._against_peers(ctx, record, peers, higher)
+                slow = probe_outlier._against_peers(ctx, record, peers, higher, described(group))
             else:
                 ratios = usual.get((record.probe, record.variant))
                 own = probe_outlier._against_own_history(ctx, record, higher)

@@ -13,7 +13,7 @@ from controller.config import DetectConfig
 from controller.detect import probe_outlier
 from controller.detect.base import DetectContext
 from controller.fleet.peers import driver_branch, gpu_classes, node_class, node_group
-from controller.fleet.probe_groups import grouped
+from controller.fleet.probe_groups import described, grouped
 from controller.fleet.state import apply_hello
 from tests.simfleet import SimFleet
 
@@ -57,6 +57,21 @@ def test_a_slow_gpu_is_still_found_among_its_own_kind() -> None:
     faults = {"node-06": [FaultSpec("clocks_locked_low", 3)], "node-04": [FaultSpec("clocks_locked_low", 5)]}
     sim = fleet({"node-00": LOW_POWER, "node-06": LOW_POWER, "node-09": LOW_POWER}, faults)
     assert slow(sim) == {("node-06", 3, "clocks_locked_low"), ("node-04", 5, "clocks_locked_low")}
+    # The evidence names the kind of GPU it was compared with.
+    ctx = DetectContext(sim.fleet, DetectConfig(), sim.now)
+    kind = "peers ({:.1f}; NVIDIA H100 80GB HBM3, 692-2G520-0200-000, 18 NVLinks, {} W, driver 550)"
+    found = {f.node: f.evidence for f in probe_outlier.detect(ctx)}
+    assert kind.format(found["node-06"].baseline, 500) in found["node-06"].detail
+    assert kind.format(found["node-04"].baseline, 700) in found["node-04"].detail
+
+
+def test_a_groups_kind_in_words() -> None:
+    gpu = ("NVIDIA H100 80GB HBM3", "692-2G520-0200-000, 18 NVLinks, 700 W, driver 550", "gpu", "gemm")
+    assert described(gpu) == "NVIDIA H100 80GB HBM3, 692-2G520-0200-000, 18 NVLinks, 700 W, driver 550"
+    node = ("NVIDIA H100 80GB HBM3", "8", "692-2G520-0200-000, 18 NVLinks, 700 W, driver 550", "nccl")
+    assert described(node) == "8 x NVIDIA H100 80GB HBM3, 692-2G520-0200-000, 18 NVLinks, 700 W, driver 550"
+    assert described(("", "", "gpu", "gemm")) == "unknown model"
+    assert described(("NVIDIA L40S", "", "gpu", "gemm")) == "NVIDIA L40S"
 
 
 def test_part_number_nvlink_count_and_driver_branch_each_make_another_class() -> None:
