@@ -129,6 +129,7 @@ DERIVES: dict[str, Derive] = {
         driver_version=lambda view, info: view.driver_version(info),
         vbios_version=_facts("vbios_version"),
         serial=_facts("serial"),
+        board_part_number=_facts("board_part_number"),
     ),
     "host_info": _info(kernel=_facts("kernel"), os=_facts("os"), cpu_model=_facts("cpu_model")),
     "clock_event_reasons": Derive(("reason",), _clock_event_reasons),

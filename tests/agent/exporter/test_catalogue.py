@@ -25,7 +25,7 @@ IB = ["node", "device", "port", "link_layer"]
 
 # The names the dashboards and alerts use, with their labels (lead's contract: never renamed).
 FIXED: dict[str, list[str]] = {
-    "gpufleet_gpu_info": [*GPU, "driver_version", "vbios_version", "serial"],
+    "gpufleet_gpu_info": [*GPU, "driver_version", "vbios_version", "serial", "board_part_number"],
     **{
         f"gpufleet_gpu_{name}": GPU
         for name in _words(
