@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from rich.text import Text
 
 from controller.cli.layout import plain
+from controller.cli.said import figures, says_figure, says_words
 from protos.gpufleet.v1 import findings_pb2
 from protos.names import cause_name, severity_name
 
@@ -57,11 +58,13 @@ def baseline_origin(ev: findings_pb2.Evidence) -> str:
     return f"{ev.peers} peers" if ev.peers else ""
 
 
-def quantities(ev: findings_pb2.Evidence) -> str:
+def quantities(ev: findings_pb2.Evidence, detail: str = "") -> str:
     """The numbers behind one piece of evidence: "1740 MHz vs 1980 MHz (peers, 31) -12.1%", "402 W",
-    "held 45s", "reasons: hw_thermal_slowdown"; "" when it carries none."""
+    "held 45s", "reasons: hw_thermal_slowdown"; "" when it carries none. Given the evidence's
+    `detail`, a part whose every figure or word the detail already says is left out."""
+    said = figures(detail)
     parts: list[str] = []
-    if ev.HasField("value"):
+    if ev.HasField("value") and not _reading_said(ev, said):
         reading = number(ev.value, ev.unit)
         if ev.HasField("baseline"):
             reading += f" vs {number(ev.baseline, ev.unit)}"
@@ -71,16 +74,34 @@ def quantities(ev: findings_pb2.Evidence) -> str:
         if ev.HasField("deviation"):
             reading += f" {ev.deviation:+.{PERCENT_PLACES}%}"
         parts.append(reading)
-    if ev.HasField("held_seconds"):
+    if ev.HasField("held_seconds") and not says_words(detail, [duration(ev.held_seconds)]):
         parts.append(f"held {duration(ev.held_seconds)}")
-    if ev.reasons:
+    if ev.reasons and not (detail and says_words(detail, list(ev.reasons))):
         parts.append("reasons: " + ", ".join(ev.reasons))
     return "; ".join(parts)
 
 
+def _reading_said(ev: findings_pb2.Evidence, said: list[tuple[float, float]]) -> bool:
+    """Whether the detail's figures hold the reading, its baseline, deviation and peer count. A reading
+    without a baseline is short and always printed: one figure alone may match the detail by chance
+    ("GPU 4")."""
+    if not said or not ev.HasField("baseline"):
+        return False
+    scale = 1 / HERTZ_PER_MHZ if ev.unit == "Hz" else 1.0
+    wanted = [ev.value * scale]
+    if ev.HasField("baseline"):
+        wanted.append(ev.baseline * scale)
+    if ev.HasField("deviation"):
+        wanted.append(ev.deviation * 100)
+    if ev.peers and baseline_origin(ev).startswith("peers"):
+        wanted.append(ev.peers)
+    return all(says_figure(said, w) for w in wanted)
+
+
 def evidence_line(ev: findings_pb2.Evidence) -> str:
-    """One piece of evidence on one line: its detail (else its metric), then its numbers."""
-    return "; ".join(p for p in (ev.detail or ev.metric, quantities(ev)) if p)
+    """One piece of evidence on one line: its detail (else its metric), then the numbers the detail
+    does not already say."""
+    return "; ".join(p for p in (ev.detail or ev.metric, quantities(ev, ev.detail)) if p)
 
 
 def evidence_cell(f: findings_pb2.Finding) -> str:

@@ -89,15 +89,60 @@ def test_an_evidence_line_says_value_baseline_and_where_the_baseline_came_from()
         finding_view.evidence_line(f.supporting[1])
         == "probe.gemm.bf16; 612 TFLOPS vs 700 TFLOPS (own_history)"
     )
-    held = findings_pb2.Evidence(
-        detail="hw_thermal_slowdown held", held_seconds=95, reasons=["hw_thermal_slowdown"]
-    )
-    assert (
-        finding_view.evidence_line(held) == "hw_thermal_slowdown held; held 95s; reasons: hw_thermal_slowdown"
-    )
+    held = findings_pb2.Evidence(detail="SM clock held low", held_seconds=95, reasons=["hw_thermal_slowdown"])
+    assert finding_view.evidence_line(held) == "SM clock held low; held 95s; reasons: hw_thermal_slowdown"
     old = findings_pb2.Evidence(value=400, baseline=700, unit="W", peers=7)  # a controller without sources
     assert finding_view.quantities(old) == "400 W vs 700 W (7 peers)"
     assert finding_view.evidence_line(findings_pb2.Evidence()) == ""
+
+
+def test_an_evidence_line_leaves_out_the_numbers_and_reasons_its_detail_already_says() -> None:
+    probe = findings_pb2.Evidence(
+        detail="pcie h2d 27.8 GB/s is 49.6% below the median of 128 peers (55.0; NVIDIA H100 80GB HBM3)",
+        value=27.8,
+        baseline=55.0,
+        deviation=-0.4964,
+        unit="GB/s",
+        peers=128,
+        baseline_source="peers",
+    )
+    assert finding_view.evidence_line(probe) == probe.detail
+    # One figure the detail does not say (here the peer count), and the whole reading is printed.
+    other = findings_pb2.Evidence()
+    other.CopyFrom(probe)
+    other.peers = 127
+    assert finding_view.evidence_line(other) == f"{probe.detail}; 27.8 GB/s vs 55 GB/s (peers, 127) -49.6%"
+    wide = findings_pb2.Evidence(
+        detail="membw d2d 2,421.7 GB/s is 18.0% below the median of 128 peers (2,952.2)",
+        value=2421.7,
+        baseline=2952.2,
+        deviation=-0.1797,
+        unit="GB/s",
+        peers=128,
+        baseline_source="peers",
+    )
+    assert finding_view.evidence_line(wide) == wide.detail
+    # A clock in Hz is said in MHz.
+    clock = findings_pb2.Evidence(
+        detail="SM clock 1740 MHz, 12.1% under 1980",
+        value=1.74e9,
+        baseline=1.98e9,
+        deviation=-0.1212,
+        unit="Hz",
+    )
+    assert finding_view.evidence_line(clock) == clock.detail
+    # Reasons the detail says word for word are left out; one word it does not say keeps them all.
+    drift = findings_pb2.Evidence(
+        detail="numa_balancing on; 15 of 16 in the peer group off", reasons=["numa_balancing", "on"]
+    )
+    assert finding_view.evidence_line(drift) == drift.detail
+    inlet = findings_pb2.Evidence(
+        detail="Inlet_Temp at 37.6 C, caution threshold 35 C", reasons=["Inlet_Temp", "above_caution"]
+    )
+    assert finding_view.evidence_line(inlet) == f"{inlet.detail}; reasons: Inlet_Temp, above_caution"
+    # A reading without a baseline is printed even where its one figure stands in the detail.
+    alone = findings_pb2.Evidence(detail="XID 79 on GPU 4", value=4, unit="")
+    assert finding_view.evidence_line(alone) == "XID 79 on GPU 4; 4"
 
 
 def test_the_findings_table_shows_evidence_remediation_and_marks(capsys: Capture) -> None:
