@@ -34,10 +34,11 @@ def timeouts(cfg: ProbesConfig) -> Timeouts:
 
 
 def open_nvml(complete: bool) -> GpuSource:
-    """A GPU source of the probe runner's own (the agent's sampling loop keeps its own)."""
+    """A GPU source of the probe runner's own (the agent's sampling loop keeps its own, with the
+    XID events and the GPM metrics: the probe runner uses none, and GPM calls are serialised)."""
     from agent.sources.nvml.source import NvmlSource
 
-    return NvmlSource(slow_every=1 if complete else SLOW_NEVER, xid_events=False)
+    return NvmlSource(slow_every=1 if complete else SLOW_NEVER, xid_events=False, gpm=False)
 
 
 def real_probes(cfg: ProbesConfig, python: str = sys.executable) -> ProbeRunner:

@@ -3,17 +3,27 @@
 GPM metrics are computed between two samples, so each GPU keeps two and every read returns the
 averages since the previous read: SM activity, tensor-pipe activity, DRAM bandwidth, graphics
 engine activity, as ratios 0..1.
+
+Every GPM call in the process goes through one lock, whichever source makes it: two threads in
+nvmlGpmMetricsGet at once crashed libnvidia-ml (580.159.04, H200: SIGSEGV within seconds, every
+time; bench/results/2026-12-04_h200_gpm_threads.txt), and the agent's sampling loop and its probe
+runner each hold a source. A metric NVML returns as NaN or infinity (DRAM bandwidth on that H200,
+for samples taken close together) is left empty, as a metric NVML refuses is.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from agent.sources.nvml.query import Query, address
 
 log = logging.getLogger(__name__)
+
+_CALLS = threading.Lock()  # every GPM call of the process, one at a time (see above)
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("gpm_sm_activity_ratio", "NVML_GPM_METRIC_SM_UTIL"),
@@ -45,6 +55,10 @@ class GpmSampler:
 
     def read(self, nvml: Any, handle: Any) -> tuple[float | None, ...] | None:
         """The metrics since the previous call for this GPU; None on the first (nothing to compare)."""
+        with _CALLS:
+            return self._read(nvml, handle)
+
+    def _read(self, nvml: Any, handle: Any) -> tuple[float | None, ...] | None:
         samples = self._gpus.get(address(handle))
         if samples is None:
             if getattr(nvml, "nvmlGpmQueryDeviceSupport", None) is None:  # a pynvml older than GPM
@@ -67,6 +81,10 @@ class GpmSampler:
     def close(self) -> None:
         """Free every GPU's samples (before NVML shuts down)."""
         nvml = self._nvml
+        with _CALLS:
+            self._free(nvml)
+
+    def _free(self, nvml: Any) -> None:
         for samples in self._gpus.values():
             for sample in (samples.previous, samples.current):
                 try:
@@ -100,9 +118,9 @@ class GpmSampler:
         values: list[float | None] = []
         for slot, (name, _) in zip(request.metrics[: len(METRICS)], METRICS, strict=True):
             code = int(slot.nvmlReturn)
-            ok = code == nvml.NVML_SUCCESS
-            values.append(float(slot.value) / 100.0 if ok else None)
-            if not ok and (name, code) not in self._said:  # once per metric and error: it repeats
+            value = float(slot.value) if code == nvml.NVML_SUCCESS else math.nan
+            values.append(value / 100.0 if math.isfinite(value) else None)
+            if code != nvml.NVML_SUCCESS and (name, code) not in self._said:  # once per metric and error
                 self._said.add((name, code))
                 log.info(
                     "nvml: GPM metric %s not read (NVML error %d: %s); left empty",
@@ -110,6 +128,9 @@ class GpmSampler:
                     code,
                     _says(nvml, code),
                 )
+            elif code == nvml.NVML_SUCCESS and not math.isfinite(value) and (name, -1) not in self._said:
+                self._said.add((name, -1))
+                log.info("nvml: GPM metric %s read as %s; left empty (said once)", name, value)
         return tuple(values)
 
 

@@ -153,13 +153,19 @@ class NvmlSource:
     GpuInfo.unsupported_fields and never asked again. What NVML exposes as field values is read in
     one nvmlDeviceGetFieldValues per GPU per read. Slow queries (per-link NVLink, processes, fabric,
     limits and other settings) run every `slow_every` reads, their last values repeated in between.
-    With `xid_events` a thread waits for XID errors: each reading carries the XIDs since the
-    previous read and the totals per code since the start. `calls` counts every call into pynvml.
+    Without `gpm` the GPM metrics stay empty and no GPM call is made (the probe runner's source,
+    which uses none). With `xid_events` a thread waits for XID errors: each reading carries the XIDs
+    since the previous read and the totals per code since the start. `calls` counts every call into pynvml.
     `nvml` replaces the pynvml module (tests).
     """
 
     def __init__(
-        self, *, slow_every: int = 6, xid_events: bool = True, nvml: ModuleType | None = None
+        self,
+        *,
+        slow_every: int = 6,
+        xid_events: bool = True,
+        gpm: bool = True,
+        nvml: ModuleType | None = None,
     ) -> None:
         if slow_every < 1:
             raise ValueError(f"slow_every must be at least 1, not {slow_every}")
@@ -182,7 +188,7 @@ class NvmlSource:
             self.close()
             raise SourceError(SOURCE, f"cannot count the GPUs: {exc}") from exc
         self._runner = QueryRunner(self._nvml)
-        self._queries = (*FIELD_READINGS, *CALL_READINGS, self._gpm.query())
+        self._queries = (*FIELD_READINGS, *CALL_READINGS, *((self._gpm.query(),) if gpm else ()))
         self._xid_query: Query | None = None
         if xid_events:
             self._xids = XidWatcher(self._nvml, wait_ms=_XID_WAIT_MS, backoff_s=_XID_BACKOFF_S)
