@@ -49,6 +49,8 @@ class _CauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Cause.ValueType
     """NVLinks up but erroring: CRC, replay or recovery counters rising"""
     CAUSE_INLET_TEMPERATURE_HIGH: _Cause.ValueType  # 19
     """the BMC's intake (inlet) temperature above its caution threshold"""
+    CAUSE_DRIVER_BRANCH_SLOW: _Cause.ValueType  # 20
+    """GPUs on one driver branch probe slower than GPUs built alike on another"""
 
 class Cause(_Cause, metaclass=_CauseEnumTypeWrapper):
     """The fault vocabulary (../shared/ARCHITECTURE.md). A finding's cause names the fault its evidence
@@ -79,6 +81,8 @@ CAUSE_NVLINK_ERRORS: Cause.ValueType  # 18
 """NVLinks up but erroring: CRC, replay or recovery counters rising"""
 CAUSE_INLET_TEMPERATURE_HIGH: Cause.ValueType  # 19
 """the BMC's intake (inlet) temperature above its caution threshold"""
+CAUSE_DRIVER_BRANCH_SLOW: Cause.ValueType  # 20
+"""GPUs on one driver branch probe slower than GPUs built alike on another"""
 Global___Cause: _TypeAlias = Cause  # noqa: Y015
 
 class _Severity:

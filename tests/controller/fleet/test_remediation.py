@@ -36,6 +36,8 @@ def test_the_new_causes_are_covered() -> None:
     assert "nvlink_errors" in EVERY_CAUSE and "inlet_temperature_high" in EVERY_CAUSE
     assert remediation("nvlink_errors").startswith("drain and repair: NVLinks that stay up")
     assert remediation("inlet_temperature_high").startswith("investigate: the air reaching the node")
+    assert "driver_branch_slow" in EVERY_CAUSE
+    assert remediation("driver_branch_slow").startswith("investigate: GPUs on this driver branch")
 
 
 def test_lines_by_action() -> None:
