@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from controller.detect.base import DetectContext, register
-from controller.detect.probe_outlier import worse_by
+from controller.detect.probe_outlier import reused, worse_by
 from controller.detect.stats import Baseline, baseline
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import ProbeKey, ProbeRecord
@@ -84,14 +84,7 @@ def detect(ctx: DetectContext) -> list[Finding]:
 
 
 def judged(ctx: DetectContext) -> list[Behind]:
-    fleet = ctx.fleet
-    key = (fleet.probe_version, len(fleet.probes), len(fleet.nodes))
-    cached = fleet.derived.get(NAME)
-    if cached is not None and cached[0] == key and cached[1] is ctx.config:
-        return cached[2]  # type: ignore[return-value]
-    found = _judge_all(ctx)
-    fleet.derived[NAME] = (key, ctx.config, found)
-    return found
+    return reused(ctx, NAME, _judge_all)
 
 
 def _judge_all(ctx: DetectContext) -> list[Behind]:

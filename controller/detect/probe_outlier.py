@@ -20,8 +20,9 @@ The baseline, and the evidence's baseline_source:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from controller.detect.base import DetectContext, register
 from controller.detect.explain import explain_gpu, explain_node
@@ -34,6 +35,7 @@ from controller.fleet.probe_groups import described, grouped
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 
 NAME = "probe_outlier"
+T = TypeVar("T")
 CRITICAL_WORSE = 0.25  # a quarter worse than its baseline: the GPU is badly broken for any job
 SUMMARY_BASIS = {"peers": "peers", "own_history": "its own history", "datasheet": "the datasheet ratio"}
 
@@ -69,17 +71,23 @@ def detect(ctx: DetectContext) -> list[Finding]:
 
 def judged(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:
     """The results judged slow. The judgement reads only probe results, their history, the Hellos and
-    the config, so it is reused until one of them changes (Fleet.probe_version); the cause is named
-    from the current telemetry every pass (_explain)."""
+    the config, so it is reused until one of them changes (reused); the cause is named from the
+    current telemetry every pass (_explain)."""
+    return reused(ctx, NAME, _judge_all)
+
+
+def reused(ctx: DetectContext, name: str, judge: Callable[[DetectContext], T]) -> T:
+    """judge(ctx), kept in Fleet.derived under `name` until the probe results (Fleet.probe_version,
+    their count), the nodes' count or the config change."""
     fleet = ctx.fleet
     key = (fleet.probe_version, len(fleet.probes), len(fleet.nodes))
-    cached = fleet.derived.get(NAME)
+    cached = fleet.derived.get(name)
     # The config by identity: the entry holds it, so another config cannot take its id.
     if cached is not None and cached[0] == key and cached[1] is ctx.config:
         return cached[2]  # type: ignore[return-value]
-    slow = _judge_all(ctx)
-    fleet.derived[NAME] = (key, ctx.config, slow)
-    return slow
+    found = judge(ctx)
+    fleet.derived[name] = (key, ctx.config, found)
+    return found
 
 
 def _judge_all(ctx: DetectContext) -> list[tuple[ProbeRecord, Slow, bool]]:

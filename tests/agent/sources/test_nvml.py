@@ -429,13 +429,17 @@ def test_slow_every_must_be_positive(fake: FakeNvml) -> None:
     assert fake.initialised == 0
 
 
-@pytest.mark.gpu
-def test_real_nvml_reads_once() -> None:
+def real_nvml() -> NvmlSource:
+    """An NvmlSource on the real driver, or the test skipped saying why not."""
     try:
-        source = NvmlSource()
+        return NvmlSource()
     except SourceError as exc:
         pytest.skip(f"NVML cannot initialise here (no NVIDIA GPU or driver): {exc}")
-    with source:
+
+
+@pytest.mark.gpu
+def test_real_nvml_reads_once() -> None:
+    with real_nvml() as source:
         inv = source.inventory()
         readings = source.read()
         errors = source.last_errors()

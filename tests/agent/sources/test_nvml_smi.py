@@ -11,8 +11,7 @@ import subprocess
 
 import pytest
 
-from agent.sources.errors import SourceError
-from agent.sources.nvml.source import NvmlSource
+from tests.agent.sources.test_nvml import real_nvml
 
 FIELDS = "uuid,name,pci.bus_id,vbios_version,driver_version,power.default_limit,memory.total"
 
@@ -41,11 +40,7 @@ def test_real_nvml_inventory_matches_nvidia_smi() -> None:
     nvidia_smi = shutil.which("nvidia-smi")
     if nvidia_smi is None:
         pytest.skip("nvidia-smi is not on PATH: nothing independent to compare NVML's inventory with")
-    try:
-        source = NvmlSource()
-    except SourceError as exc:
-        pytest.skip(f"NVML cannot initialise here (no NVIDIA GPU or driver): {exc}")
-    with source:
+    with real_nvml() as source:
         inv = source.inventory()
     smi = smi_rows(nvidia_smi)
     assert sorted(smi) == sorted(g.uuid for g in inv.gpus)
