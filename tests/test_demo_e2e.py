@@ -75,8 +75,11 @@ def test_demo_finds_every_injected_fault_and_nothing_else(tmp_path: Path) -> Non
     assert summary["nodes"] == nodes and summary["gpus"] == 4 * nodes and summary["seed"] == 11
     assert sorted(i["fault"] for i in summary["injected"]) == kinds
     injected = {(i["node"], i["gpu"]): i["cause"] for i in summary["injected"]}
-    found = {(f["node"], f["gpu"]): f["cause"] for f in summary["findings"]}
-    assert found == injected, f"findings {found} != injected {injected}"
+    found: dict[tuple[str, int | None], set[str]] = {}
+    for f in summary["findings"]:  # a fault may show as more than one cause (a driver is also drift)
+        found.setdefault((f["node"], f["gpu"]), set()).add(f["cause"])
+    assert set(found) == set(injected), f"findings {found} != injected {injected}"
+    assert all(cause in found[where] for where, cause in injected.items()), (found, injected)
     assert summary["precision"] == 1.0 and summary["recall"] == 1.0
     for f in summary["findings"]:
         assert f["severity"] in {"info", "warning", "critical"}
@@ -149,10 +152,10 @@ FIXABLE = ("power_cap", "clocks_locked_low", "cpu_governor_powersave", "numa_bal
 def test_demo_tuning_auto_fixes_the_fixable_faults_and_recommends_the_rest(tmp_path: Path) -> None:
     """Power cap, locked clocks and the host settings are settings: the controller applies
     gpu-defaults or os-accelerator-performance, the agent re-probes (or reads back) and commits, the
-    finding resolves. The others get their cause's answer recommended: seed 2 draws a thermal
+    finding resolves. The others get their cause's answer recommended: seed 9 draws a thermal
     throttle (hardware: a drain) and a BIOS drift (the fleet's value, pending a reboot: never
     applied automatically)."""
-    args = ("--nodes", "8", "--gpus-per-node", "4", "--faults", "7", "--tuning", "auto", "--seed", "2")
+    args = ("--nodes", "8", "--gpus-per-node", "4", "--faults", "7", "--tuning", "auto", "--seed", "9")
     result = subprocess.run(
         demo_command(*args, "--json"),
         capture_output=True,

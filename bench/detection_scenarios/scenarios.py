@@ -35,7 +35,7 @@ MODELS: dict[str, GpuProfile] = {"h100": H100_SXM, "h200": H200_SXM, "h100-500w"
 
 # Faults whose evidence is only in what the agent announces at connect (the Hello's inventory):
 # a standing condition from the start, not something that appears mid-run.
-AT_CONNECT = frozenset({"vbios_drift"})
+AT_CONNECT = frozenset({"vbios_drift", "driver_branch_slow"})  # in the Hello: present at boot
 # Intermittent faults: (fault, severity, seconds it lasts), each where the registry has it.
 INTERMITTENT = (
     ("thermal_throttle", "moderate", 300.0),

@@ -43,4 +43,5 @@ DETECTED: dict[str, frozenset[str]] = {
         {"inventory.vbios_version", "inventory.driver_version", "bmc_firmware_version", "bios_version"}
     ),
     "bios_drift": frozenset({"bios_attributes"}),
+    "driver_branch_slow": frozenset({"inventory.driver_version", "probe.gemm"}),
 }

@@ -2,13 +2,15 @@
 
 Probe results are judged among GPUs of one class (fleet/peers.py gpu_class), the driver branch part
 of it: a node on another branch is no outlier for being on it. That hides the one thing a rolling
-driver upgrade has to show: the new branch itself being slower. So per probe, variant and unit, the
-results of GPUs alike but for the branch (same model, board part number, NVLinks, default power
-limit) are compared branch by branch: each branch's median where it has `min_peers` results from
-MIN_NODES nodes at least, against the best branch's. A branch more than `margin` worse than the best,
-widened to `min_robust_z` robust sigmas of the best branch's results (a noisy group's threshold
-follows its spread), is slow on every node of it: one finding per node, on the probe where its
-branch is furthest behind, cause driver_branch_slow (investigate: no setting of the node fixes it).
+driver upgrade has to show, the new branch itself being slower, and a lone node on an odd branch is
+judged among its own GPUs alone. So per probe, variant and unit, the results of GPUs alike but for
+the branch (same model, board part number, NVLinks, default power limit) are compared branch by
+branch: each branch's median, where it has `min_peers` results, against the best median of a
+branch on MIN_NODES nodes at least (one node is no reference for a branch: it may be slow for
+reasons of its own). A branch more than `margin` worse than that, widened to `min_robust_z` robust
+sigmas of the reference's results (a noisy group's threshold follows its spread), is slow on every
+node of it, a lone node too: one finding per node, on the probe where its branch is furthest
+behind, cause driver_branch_slow (investigate: no setting of the node fixes it).
 
 Per-GPU results only (a node-level result's class mixes its GPUs'). The judgement reads only probe
 results, the Hellos and the config, so it is reused until one of them changes, as probe_outlier's.
@@ -27,7 +29,7 @@ from controller.fleet.model import ProbeKey, ProbeRecord
 from controller.fleet.probe_groups import described, grouped
 
 NAME = "driver_branch_slow"
-MIN_NODES = 2  # a branch's median from one node is that node's, not the branch's
+MIN_NODES = 2  # the reference branch's nodes at least: one node's median is that node's
 SAMPLE = 2048  # results a branch's median is taken from at most
 DRIVER = "driver "
 
@@ -54,7 +56,7 @@ class Branch:
         gpus, nodes = self.results.count, len(self.nodes)
         return (
             f"driver {self.name} (median {self.results.median:.1f} {unit} over {gpus} GPU results "
-            f"on {nodes} nodes)"
+            f"on {nodes} node{'' if nodes == 1 else 's'})"
         )
 
 
@@ -108,12 +110,13 @@ def _judge_all(ctx: DetectContext) -> list[Behind]:
         branches = [
             Branch(name, _baseline(members))
             for name, members in sorted(by_branch.items())
-            if len(members) >= config.min_peers and _on_nodes(members, MIN_NODES)
+            if len(members) >= config.min_peers
         ]
-        if len(branches) < 2:
+        references = [b for b in branches if _on_nodes(by_branch[b.name], MIN_NODES)]
+        if len(branches) < 2 or not references:
             continue
         higher_better = family[-1] == "higher"
-        best = max(branches, key=lambda b: b.results.median if higher_better else -b.results.median)
+        best = max(references, key=lambda b: b.results.median if higher_better else -b.results.median)
         if not best.results.median:
             continue
         threshold = best.results.margin(config.margin, config.min_robust_z)

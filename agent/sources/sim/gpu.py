@@ -73,6 +73,7 @@ class GpuCondition:
     row_remap_pending: bool = False
     extra_uncorrectable: int = 0  # uncorrectable ECC errors that led to a pending remap
     hbm_factor: float = 1.0  # degraded HBM stack
+    gemm_factor: float = 1.0  # the loaded driver's GEMM kernels against the fleet's (driver_branch_slow)
     nvlinks_erroring: set[int] = field(default_factory=set)  # up, but CRC and replay errors rising
     sram_uncorrectable: int = 0  # double-bit errors in on-chip SRAM (XID 48): counted, no row remap
     xids: list[int] = field(default_factory=list)  # XIDs the fault raised, seen by the first read
@@ -178,7 +179,11 @@ class SimGpu:
     def gemm_tflops(self, dtype: str, inlet_c: float) -> float:
         op = self.operating_point(1.0, inlet_c)
         return (
-            self.profile.gemm_tflops[dtype] * self.traits.perf * op.sm_clock_hz / self.profile.max_sm_clock_hz
+            self.profile.gemm_tflops[dtype]
+            * self.traits.perf
+            * self.condition.gemm_factor
+            * op.sm_clock_hz
+            / self.profile.max_sm_clock_hz
         )
 
     def membw_gbps(self) -> float:

@@ -125,7 +125,9 @@ class SimNode:
         self.gpus = [SimGpu(i, profile, GpuTraits.draw(rng)) for i in range(gpus)]
         crc = [[rng.choice((0, 0, 0, 1, 2)) for _ in range(profile.nvlink_count)] for _ in self.gpus]
         # Every level's faults: the GPU ones act here, the host's and the BMC's where SimHost and
-        # SimBmc are built beside this node (they read them from here), never on this node's state.
+        # SimBmc are built beside this node (they read them from here), never on this node's state
+        # but for the driver the host loads (load_driver).
+        self.driver_version = DRIVER_VERSION
         self.faults = list(faults)
         self.injected: list[tuple[str, int]] = []
         for spec in self.faults:
@@ -158,7 +160,7 @@ class SimNode:
                 serial=f"1652{int(self._uuid(g.index)[4:12], 16) % 10**9:09d}",
                 pci_bus_id=self._bus_id(g.index),
                 vbios_version=g.condition.vbios_version or p.vbios_version,
-                driver_version=DRIVER_VERSION,
+                driver_version=self.driver_version,
                 board_part_number=p.board_part_number,
                 unsupported_fields=list(p.unsupported_fields),
                 memory_total_bytes=p.memory_total_bytes,
@@ -171,10 +173,17 @@ class SimNode:
         return Inventory(
             source=self.source,
             gpus=infos,
-            driver_version=DRIVER_VERSION,
+            driver_version=self.driver_version,
             cuda_driver_version=CUDA_DRIVER_VERSION,
             expected_gpu_count=len(self.gpus),
         )
+
+    def load_driver(self, version: str, gemm_factor: float) -> None:
+        """The host loads another driver (a host fault): NVML reports it, and its GEMM kernels run
+        `gemm_factor` times as fast as the fleet's driver's on every GPU."""
+        self.driver_version = version
+        for gpu in self.gpus:
+            gpu.condition.gemm_factor = gemm_factor
 
     @property
     def load(self) -> float:

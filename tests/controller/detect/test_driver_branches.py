@@ -78,12 +78,21 @@ def test_a_slower_branch_is_found_on_each_of_its_nodes_with_the_evidence() -> No
     assert probe_outlier.detect(DetectContext(sim.fleet, DetectConfig(), sim.now)) == []
 
 
-def test_a_branch_within_the_margin_or_on_one_node_is_not_slow() -> None:
+def test_a_branch_within_the_margin_is_not_slow_and_one_node_is_no_reference() -> None:
     assert found(fleet(["node-03", "node-07"], 0.98)) == []  # 2% slower: within the 5% margin
-    assert found(fleet(["node-03"], 0.8)) == []  # one node: its own result, not its branch's
     faster = {f.node for f in found(fleet(["node-03", "node-07"], 1.1))}
     assert faster and not faster & {"node-03", "node-07"}  # faster: the others are the slow branch
+    assert found(fleet(["node-03"], 1.2)) == []  # one node faster: no evidence against the rest
     assert found(fleet([], 1.0)) == []  # one branch
+
+
+def test_a_lone_node_on_a_slower_branch_is_found() -> None:
+    """Judged among its own GPUs alone, probe_outlier cannot see it."""
+    sim = fleet(["node-03"], 0.88)
+    findings = found(sim)
+    assert [(f.node, f.cause) for f in findings] == [("node-03", "driver_branch_slow")]
+    assert "over 8 GPU results on 1 node)" in findings[0].evidence.detail
+    assert probe_outlier.detect(DetectContext(sim.fleet, DetectConfig(), sim.now)) == []
 
 
 def test_the_older_branch_is_the_slow_one_when_the_new_one_is_faster() -> None:

@@ -45,3 +45,19 @@ def _thp_disabled(host: SimHost, _: str | None, rng: random.Random) -> None:
     if host.profile.transparent_hugepage == "never":
         raise ValueError("fault thp_disabled: this host's profile already has transparent hugepages off")
     host.condition.transparent_hugepage = "never"
+
+
+# A newer branch than the fleet's driver (sim/profile.py DRIVER_VERSION), as a rolling upgrade
+# brings to some nodes first.
+NEWER_DRIVER = "560.35.03"
+
+
+@register(
+    "driver_branch_slow",
+    "host",
+    cause="driver_branch_slow",
+    description="a newer driver branch loaded whose GEMM kernels run 8-15% slower on these GPUs",
+    shows_in=("inventory.driver_version", "probe.gemm"),
+)
+def _driver_branch_slow(host: SimHost, _: str | None, rng: random.Random) -> None:
+    host.node.load_driver(NEWER_DRIVER, gemm_factor=rng.uniform(0.85, 0.92))

@@ -50,6 +50,8 @@ MOVES: dict[str, tuple[set[str], set[str], set[str]]] = {
         {"fans", "power_consumed_watts", "power_supplies"},
     ),
     "bios_drift": (set(), {"bios_attributes"}, set()),
+    # The driver shows in the inventory and the GEMM probe (test_driver_branch_slow below), no reading.
+    "driver_branch_slow": (set(), set(), set()),
     "bmc_firmware_drift": (set(), {"bmc_firmware_version", "firmware"}, set()),
 }
 LEVEL_FAULTS = sorted(name for name, fault in FAULTS.items() if fault.level != "gpu")
@@ -231,3 +233,16 @@ def test_inlet_temperature_high_puts_the_intake_over_caution_and_warms_the_rest(
         assert (hot["exhaust"].reading_celsius or 0) > (cool["exhaust"].reading_celsius or 0) + 5
         for board, twin in zip(bmc.gpus, healthy.gpus, strict=True):
             assert (board.temperature_celsius or 0) > (twin.temperature_celsius or 0) + 5
+
+
+def test_driver_branch_slow_loads_a_newer_branch_with_slower_gemm() -> None:
+    faulty, _, _, _ = rig([FaultSpec("driver_branch_slow")])
+    twin, _, _, _ = rig([])
+    inventory, healthy = faulty.inventory(), twin.inventory()
+    assert inventory.driver_version == "560.35.03" != healthy.driver_version
+    assert {g.driver_version for g in inventory.gpus} == {"560.35.03"}
+    for slow, fine in zip(faulty.gpus, twin.gpus, strict=True):
+        ratio = slow.gemm_tflops("bf16", 25.0) / fine.gemm_tflops("bf16", 25.0)
+        assert 0.85 <= ratio <= 0.92
+        assert slow.membw_gbps() == fine.membw_gbps()  # GEMM kernels only
+    assert len({g.condition.gemm_factor for g in faulty.gpus}) == 1  # one driver for the node
