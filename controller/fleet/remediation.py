@@ -15,11 +15,17 @@ from controller.profiles.causes import CauseEntry, Fix, load_cause_map
 SET_FLEET_VALUE = "set the fleet majority's value (pending until the next reboot)"
 
 
+def _fix(fix: Fix) -> str:
+    """ "gpu-defaults (gpu.power_limit)"; "os-accelerator-performance (those drifted of: a, b)" for a
+    fix that sets only what the findings name; the bare profile for the whole of it."""
+    if fix.by_evidence:
+        return f"{fix.profile} (those drifted of: {', '.join(fix.paths())})"
+    return f"{fix.profile} ({', '.join(fix.settings)})" if fix.settings else fix.profile
+
+
 def _profiles(fixes: list[Fix]) -> str:
-    """ "gpu-defaults (gpu.power_limit)"; several fixes joined with ", "."""
-    return ", ".join(
-        f"{fix.profile} ({', '.join(fix.settings)})" if fix.settings else fix.profile for fix in fixes
-    )
+    """Every fix's text (_fix), joined with ", "."""
+    return ", ".join(_fix(fix) for fix in fixes)
 
 
 def _sentence(reason: str) -> str:

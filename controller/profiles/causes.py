@@ -18,8 +18,25 @@ ACTIONS: tuple[str, ...] = ("tune", "set_fleet_value", "recommend_firmware", "dr
 
 
 class Fix(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A profile that fixes a cause, and which of its settings an apply sets: `settings` (empty: every
+    setting of the profile) or, for a cause whose findings name what drifted, `by_evidence`: the
+    settings for each evidence metric, so a node is only changed where its findings say it differs."""
+
     profile: str
-    settings: list[str] = msgspec.field(default_factory=list)  # empty: every setting of the profile
+    settings: list[str] = msgspec.field(default_factory=list)
+    by_evidence: dict[str, list[str]] = msgspec.field(default_factory=dict)
+
+    def paths(self) -> list[str]:
+        """Every setting the fix may set (those of `settings` and of `by_evidence`)."""
+        return [*self.settings, *(s for named in self.by_evidence.values() for s in named)]
+
+    def for_evidence(self, metrics: set[str]) -> list[str]:
+        """The settings for evidence `metrics` (by_evidence), in the order the cause map lists them."""
+        out: list[str] = []
+        for metric, named in self.by_evidence.items():
+            if metric in metrics:
+                out += [s for s in named if s not in out]
+        return out
 
 
 class CauseEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -49,9 +66,14 @@ def problems(causes: dict[str, CauseEntry], catalogue: dict[str, Entry]) -> list
             if fix.profile not in catalogue:
                 found.append(f"{cause}: no profile {fix.profile!r}")
                 continue
+            if fix.settings and fix.by_evidence:
+                found.append(f"{cause}: profile {fix.profile} has both settings and by_evidence")
+            found += [
+                f"{cause}: by_evidence {m!r} names no setting" for m, n in fix.by_evidence.items() if not n
+            ]
             paths = {s.path for s in catalogue[fix.profile].profile.settings()}
             found += [
-                f"{cause}: profile {fix.profile} has no setting {s!r}" for s in fix.settings if s not in paths
+                f"{cause}: profile {fix.profile} has no setting {s!r}" for s in fix.paths() if s not in paths
             ]
     return found
 

@@ -4,6 +4,10 @@ findings, the fleet's readings, the cause map, the catalogue and the policy in; 
 For each node and cause the policy does not turn off:
 - `tune`: the fix's profile, restricted to the settings the cause map names for the cause (all of
   the profile's when it names none), with the GPUs the findings are about (none: the whole node).
+  A fix with `by_evidence` (host_tuning_drift) sets only the settings of the metrics the findings'
+  evidence names (numa_balancing -> kernel.numa_balancing), never the rest of the profile: a node
+  drifted in one setting gets that setting back, not the profile's swappiness or THP defrag too;
+  findings that name none of them get no proposal from that fix.
 - `set_fleet_value` (BIOS drift): each BIOS attribute that differs from the strict majority of the
   node's peer group is set to that majority's value (pending until the next reboot).
 - `recommend_firmware`: the fleet majority's (or a pinned) version per component; never applied.
@@ -68,6 +72,11 @@ def group_findings(findings: Iterable[StoredFinding]) -> dict[tuple[str, str], l
     for found in groups.values():
         found.sort(key=lambda s: (-1 if s.finding.gpu is None else s.finding.gpu, s.id))
     return dict(sorted(groups.items()))
+
+
+def evidence_metrics(found: Iterable[StoredFinding]) -> set[str]:
+    """The metrics the findings' evidence names (primary and supporting)."""
+    return {e.metric for s in found for e in (s.finding.evidence, *s.finding.supporting)}
 
 
 def profiles_for(entry: CauseEntry) -> list[str]:
@@ -150,8 +159,11 @@ def propose_for(
             plan = firmware_plan(catalogued.profile, fleet, node)
             effect = f"{entry.reason} Recommended only: an operator schedules the update."
         else:
+            settings = fix.for_evidence(evidence_metrics(found)) if fix.by_evidence else fix.settings
+            if fix.by_evidence and not settings:
+                continue  # the findings name nothing this fix sets: the whole profile is not the answer
             plan = plan_profile(
-                catalogued.profile, node, fleet=fleet, settings=fix.settings, gpus=gpus, detect=know.detect
+                catalogued.profile, node, fleet=fleet, settings=settings, gpus=gpus, detect=know.detect
             )
             effect = expected_effect(entry.reason, plan)
         out.append(proposal(fix.profile, plan, effect))

@@ -46,12 +46,19 @@ def test_lines_by_action() -> None:
         remediation("firmware_drift")
         == "update firmware to the fleet's (firmware-fleet-baseline; never automatic)"
     )
-    assert remediation("host_tuning_drift") == "retune: os-accelerator-performance"  # the whole profile
+    assert remediation("host_tuning_drift") == (
+        "retune: os-accelerator-performance (those drifted of: os.sysctls.kernel.numa_balancing, "
+        "os.transparent_hugepages.enabled)"
+    )
     assert remediation("bios_drift") == "set the fleet majority's value (pending until the next reboot)"
     two = CauseEntry(
         action="tune", reason="x", fixes=[Fix(profile="a", settings=["s1", "s2"]), Fix(profile="b")]
     )
     assert remediation_line("c", two) == "retune: a (s1, s2), b"
+    drifted = CauseEntry(
+        action="tune", reason="x", fixes=[Fix(profile="p", by_evidence={"m": ["s1"], "n": ["s2"]})]
+    )
+    assert remediation_line("c", drifted) == "retune: p (those drifted of: s1, s2)"
 
 
 def test_the_reason_reads_as_the_tail_of_the_line() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.detect import host_tuning
 from controller.profiles import ProfileError, load_catalogue, load_cause_map, parse_profile, problems
 from controller.profiles.catalogue import SHIPPED_DIR, load_profile
 from controller.profiles.causes import CAUSES_FILE, CauseEntry, Fix
@@ -213,6 +214,8 @@ def test_the_cause_map_covers_every_cause_with_profiles_and_settings_that_exist(
     assert causes["power_cap"].fixes[0].settings == ["gpu.power_limit"]
     for cause in ("cpu_governor_powersave", "host_tuning_drift"):
         assert causes[cause].fixes[0].profile == "os-accelerator-performance"
+    # host_tuning_drift sets what its findings name: one entry per setting the detector compares
+    assert set(causes["host_tuning_drift"].fixes[0].by_evidence) == set(host_tuning.SETTINGS)
     assert causes["bios_drift"].action == "set_fleet_value"
     assert causes["firmware_drift"].action == "recommend_firmware"
     assert causes["slow_unknown"].action == "investigate"
@@ -239,7 +242,19 @@ def test_the_cause_map_check_finds_what_is_missing_or_dangling() -> None:
     causes["clocks_locked_low"] = CauseEntry(action="tune", reason="r", fixes=[Fix(profile="nope")])
     causes["xid_error"] = CauseEntry(action="tune", reason="r")
     causes["gpu_on_fire"] = CauseEntry(action="drain", reason="r")
+    os_profile = "os-accelerator-performance"
+    causes["host_tuning_drift"] = CauseEntry(
+        action="tune",
+        reason="r",
+        fixes=[
+            Fix(profile=os_profile, by_evidence={"numa_balancing": ["os.sysctls.kernel.numa"], "thp": []}),
+            Fix(profile=os_profile, settings=["os.cpu_governor"], by_evidence={"x": ["os.cpu_governor"]}),
+        ],
+    )
     found = problems(causes, load_catalogue())
+    assert f"host_tuning_drift: profile {os_profile} has no setting 'os.sysctls.kernel.numa'" in found
+    assert "host_tuning_drift: by_evidence 'thp' names no setting" in found
+    assert f"host_tuning_drift: profile {os_profile} has both settings and by_evidence" in found
     assert "cause 'nvlink_down' has no entry" in found
     assert "power_cap: profile gpu-defaults has no setting 'gpu.app_clocks'" in found
     assert "clocks_locked_low: no profile 'nope'" in found

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.sources.sim import FaultSpec
 from controller.config import ConfigError, DetectConfig, TuningConfig, load
 from controller.fleet.finding import Evidence, Finding
 from controller.fleet.findings import StoredFinding
@@ -20,6 +21,7 @@ from controller.remediate.recommend import Knowledge, Proposal, propose
 from controller.store.recommendations import Change
 from protos.gpufleet.v1 import bmc_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
+from tests.controller.detect.hostsim import HostSimFleet
 from tests.controller.harness import hello
 
 CATALOGUE = load_catalogue()
@@ -125,17 +127,47 @@ def test_a_host_cause_sets_os_settings_checked_by_read_back_only() -> None:
     assert p.gpus == [] and p.targets == {"os": {"cpu_governor": "performance"}}
     assert p.changes == [Change("os.cpu_governor", "powersave", "performance")]
     assert "read-back (no probe measures these settings)" in p.expected_effect
-    # host_tuning_drift takes the whole profile; THP is at its target already, swappiness unread
-    p = only(propose([finding("n2", None, "host_tuning_drift")], f, know()))
-    assert p.profile == "os-accelerator-performance"
-    assert p.targets["os"]["sysctls"] == {"kernel.numa_balancing": 0, "vm.swappiness": 10}
-    assert p.targets["os"]["transparent_hugepages"] == {"enabled": "always", "defrag": "madvise"}
-    assert [(c.setting, c.current, c.target) for c in p.changes] == [
-        ("os.cpu_governor", "powersave", "performance"),
-        ("os.sysctls.kernel.numa_balancing", "1", "0"),
-        ("os.sysctls.vm.swappiness", "unknown", "10"),
-        ("os.transparent_hugepages.defrag", "unknown", "madvise"),
+
+
+def drift(f: Fleet, node: str, *metrics: str) -> StoredFinding:
+    """A host_tuning_drift finding of `node` whose evidence names `metrics`, as the detector's does."""
+    first, *rest = (Evidence(m, reasons=(m, "x")) for m in metrics)
+    found = Finding(node, None, "host_tuning_drift", "warning", "drift", first, rest, ["host_tuning"])
+    return StoredFinding(f"{node}-drift", found, 1.0, 2.0)
+
+
+def test_host_tuning_drift_sets_only_the_drifted_settings_never_the_rest_of_the_profile() -> None:
+    f = fleet()
+    host = f.nodes["n2"].host
+    assert host is not None
+    host.cpu_governor, host.numa_balancing, host.transparent_hugepage = "powersave", True, "never"
+    p = only(propose([drift(f, "n2", "numa_balancing")], f, know()))
+    assert p.profile == "os-accelerator-performance" and p.risk == "online"
+    # not the governor (its own cause), swappiness or THP: the finding does not say they drifted
+    assert p.targets == {"os": {"sysctls": {"kernel.numa_balancing": 0}}}
+    assert p.changes == [Change("os.sysctls.kernel.numa_balancing", "1", "0")]
+    p = only(propose([drift(f, "n2", "transparent_hugepage", "numa_balancing")], f, know()))
+    assert p.targets == {
+        "os": {"sysctls": {"kernel.numa_balancing": 0}, "transparent_hugepages": {"enabled": "always"}}
+    }
+    assert [c.setting for c in p.changes] == [
+        "os.sysctls.kernel.numa_balancing",
+        "os.transparent_hugepages.enabled",
     ]
+    # evidence that names no setting of the fix: no proposal, rather than the whole profile
+    assert propose([drift(f, "n2", "vm_swappiness")], f, know()) == []
+
+
+def test_host_tuning_drift_found_by_the_detector_is_fixed_by_its_setting_alone() -> None:
+    """The detector's evidence metrics are the cause map's by_evidence keys: a node with NUMA
+    balancing on among peers with it off gets exactly that setting back."""
+    sim = HostSimFleet(8, {"node-03": [FaultSpec("numa_balancing_on")]})
+    sim.run(60)
+    findings = [StoredFinding(f"f{i}", f, 1.0, 2.0) for i, f in enumerate(sim.detect("host_tuning"))]
+    assert [(s.finding.node, s.finding.cause) for s in findings] == [("node-03", "host_tuning_drift")]
+    p = only(propose(findings, sim.fleet, know()))
+    assert p.changes == [Change("os.sysctls.kernel.numa_balancing", "1", "0")]
+    assert p.targets == {"os": {"sysctls": {"kernel.numa_balancing": 0}}}
 
 
 def test_the_governor_is_at_its_target_only_when_every_cpu_runs_it() -> None:
