@@ -12,6 +12,12 @@ sigmas of the reference's results (a noisy group's threshold follows its spread)
 node of it, a lone node too: one finding per node, on the probe where its branch is furthest
 behind, cause driver_branch_slow (investigate: no setting of the node fixes it).
 
+A branch with fewer than `min_peers` results (a lone node of one, two or three GPUs on an odd
+branch) has no median worth the name; it is judged by its best result instead: slow only when every
+one of its results is beyond the threshold, so one GPU slow for reasons of its own (heat, a power
+cap) does not make its node's branch slow. Such a node is otherwise judged by nothing: its class
+holds its own GPUs alone.
+
 Per-GPU results only (a node-level result's class mixes its GPUs'). The judgement reads only probe
 results, the Hellos and the config, so it is reused until one of them changes, as probe_outlier's.
 """
@@ -51,13 +57,20 @@ class Branch:
     name: str
     results: Baseline
     nodes: frozenset[str] = frozenset()  # read for a branch behind, and the best one, only
+    best_result: float | None = None  # a small branch's (fewer than min_peers results): judged by it
+
+    @property
+    def value(self) -> float:
+        """What the branch is judged by: its median, or a small branch's best result."""
+        return self.results.median if self.best_result is None else self.best_result
 
     def words(self, unit: str) -> str:
         gpus, nodes = self.results.count, len(self.nodes)
-        return (
-            f"driver {self.name} (median {self.results.median:.1f} {unit} over {gpus} GPU results "
-            f"on {nodes} node{'' if nodes == 1 else 's'})"
-        )
+        on = f"on {nodes} node{'' if nodes == 1 else 's'}"
+        if self.best_result is not None:
+            of = f"its {gpus} GPU results" if gpus > 1 else "its one GPU result"
+            return f"driver {self.name} (best of {of} {self.best_result:.1f} {unit} {on})"
+        return f"driver {self.name} (median {self.results.median:.1f} {unit} over {gpus} GPU results {on})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,28 +120,37 @@ def _judge_all(ctx: DetectContext) -> list[Behind]:
     for family, by_branch in families.items():
         if len(by_branch) < 2:
             continue
-        branches = [
-            Branch(name, _baseline(members))
-            for name, members in sorted(by_branch.items())
-            if len(members) >= config.min_peers
-        ]
-        references = [b for b in branches if _on_nodes(by_branch[b.name], MIN_NODES)]
-        if len(branches) < 2 or not references:
-            continue
         higher_better = family[-1] == "higher"
+        branches = [
+            _branch(name, members, config.min_peers, higher_better)
+            for name, members in sorted(by_branch.items())
+        ]
+        references = [
+            b for b in branches if b.best_result is None and _on_nodes(by_branch[b.name], MIN_NODES)
+        ]
+        if not references:
+            continue
         best = max(references, key=lambda b: b.results.median if higher_better else -b.results.median)
         if not best.results.median:
             continue
         threshold = best.results.margin(config.margin, config.min_robust_z)
         best_read: Branch | None = None
         for branch in branches:
-            worse = worse_by(best.results.deviation(branch.results.median), higher_better)
+            worse = worse_by(best.results.deviation(branch.value), higher_better)
             if branch is not best and worse > threshold:
                 if best_read is None:
                     best_read = replace(best, nodes=_nodes(by_branch[best.name]))
                 slow = replace(branch, nodes=_nodes(by_branch[branch.name]))
                 out.append(Behind(family, slow, best_read, worse))
     return out
+
+
+def _branch(name: str, members: dict[ProbeKey, ProbeRecord], min_peers: int, higher_better: bool) -> Branch:
+    """A branch of `members`; one of fewer than `min_peers` results is judged by its best result."""
+    if len(members) >= min_peers:
+        return Branch(name, _baseline(members))
+    values = [r.value for r in members.values()]
+    return Branch(name, baseline(values), best_result=max(values) if higher_better else min(values))
 
 
 def _baseline(members: dict[ProbeKey, ProbeRecord]) -> Baseline:
@@ -157,11 +179,11 @@ def _finding(node: str, behind: Behind) -> Finding:
     model, rest, probe, variant, unit = behind.family[:5]
     slow, best = behind.slow, behind.best
     side = "below" if behind.higher_better else "above"
-    deviation = best.results.deviation(slow.results.median)
+    deviation = best.results.deviation(slow.value)
     alike = described((model, f"{rest}, driver *" if rest else "driver *", "gpu"))
     evidence = Evidence(
         metric=f"probe.{probe}.{variant}",
-        value=round(slow.results.median, 3),
+        value=round(slow.value, 3),
         baseline=round(best.results.median, 3),
         deviation=round(deviation, 4),
         unit=unit,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.detect.base import DetectContext, discover
 from controller.fleet.finding import Finding, FindingKey, worse
@@ -78,9 +78,42 @@ class _Steps:
         return name
 
 
+# A node's slow probe results that nothing else explains are explained by its driver branch being
+# slower than GPUs alike on another (detect/driver_branches.py): both say "investigate", one of them
+# says why. A node of fewer GPUs than min_peers is judged by the datasheet ratio besides, and would
+# show the branch's slowness twice, once as slow_unknown per GPU.
+EXPLAINS_SLOW_UNKNOWN = ("driver_branch_slow",)
+
+
 def merge(findings: list[Finding]) -> list[Finding]:
     """One finding per (node, gpu, cause): the worst severity, the first detector's evidence as primary
-    (probe evidence, which says how slow, comes first), the rest as supporting."""
+    (probe evidence, which says how slow, comes first), the rest as supporting. A node's slow_unknown
+    findings fold into its finding of a cause that explains them (EXPLAINS_SLOW_UNKNOWN), as
+    supporting evidence: nothing is dropped, and no drainable cause is hidden (both investigate)."""
+    return _fold_unknown(_merge(findings))
+
+
+def _fold_unknown(findings: list[Finding]) -> list[Finding]:
+    explaining = {f.node: f for f in findings if f.cause in EXPLAINS_SLOW_UNKNOWN}
+    if not explaining:
+        return findings
+    out = []
+    for f in findings:
+        into = explaining.get(f.node) if f.cause == "slow_unknown" else None
+        if into is None:
+            out.append(f)
+            continue
+        into.severity = worse(into.severity, f.severity)
+        gpu = "" if f.gpu is None else f"GPU {f.gpu}: "
+        for ev in (f.evidence, *f.supporting):
+            shown = replace(ev, detail=gpu + ev.detail) if ev.detail else ev
+            if shown not in into.supporting and shown != into.evidence:
+                into.supporting.append(shown)
+        into.detectors.extend(d for d in f.detectors if d not in into.detectors)
+    return out
+
+
+def _merge(findings: list[Finding]) -> list[Finding]:
     merged: dict[FindingKey, Finding] = {}
     for f in sorted(findings, key=lambda f: (f.key[0], -1 if f.gpu is None else f.gpu, f.cause, _rank(f))):
         current = merged.get(f.key)

@@ -95,6 +95,78 @@ def test_a_lone_node_on_a_slower_branch_is_found() -> None:
     assert probe_outlier.detect(DetectContext(sim.fleet, DetectConfig(), sim.now)) == []
 
 
+def small_node(sim: SimFleet, name: str, gpus: int) -> None:
+    """`name` as a node of `gpus` GPUs (probe results from those only)."""
+    sim.sims[name] = SimNode(name, seed=1, gpus=gpus, faults=[], clock=lambda: sim.now)
+    apply_hello(sim.fleet, sim.hello(name), 0, sim.now)
+
+
+def test_a_lone_node_of_fewer_gpus_than_min_peers_is_judged_by_its_best_result() -> None:
+    """A 2-GPU node on an odd branch has no median worth the name (min_peers 4): every one of its
+    results behind the reference branch makes the finding, and the evidence says it is the best."""
+    sim = SimFleet(12)
+    small_node(sim, "node-03", 2)
+    on_branch(sim, ["node-03"])
+    sim.step(3600.0, probes=True)
+    slower(sim, ["node-03"], 0.88)
+    findings = found(sim)
+    assert [(f.node, f.cause) for f in findings] == [("node-03", "driver_branch_slow")]
+    ev = findings[0].evidence
+    assert "on driver 560 (best of its 2 GPU results " in ev.detail and " on 1 node) is " in ev.detail
+    assert ev.value is not None and ev.baseline is not None and ev.value < 0.9 * ev.baseline
+    best = max(
+        r.value
+        for r in sim.fleet.probes.values()
+        if r.node == "node-03" and r.probe == "gemm" and ev.metric == f"probe.gemm.{r.variant}"
+    )
+    assert ev.value == round(best, 3)
+    assert probe_outlier.detect(DetectContext(sim.fleet, DetectConfig(), sim.now)) == []
+
+
+def test_a_small_nodes_gpus_slow_on_the_datasheet_fold_into_its_branch_finding() -> None:
+    """Its class too small for peers, probe_outlier judges the 2-GPU node's results by the datasheet
+    ratio and finds them slow with no cause; the branch explains them: one finding, their evidence
+    kept as supporting, each naming its GPU."""
+    sim = SimFleet(12)
+    small_node(sim, "node-03", 2)
+    sim.sims["node-03"].load_driver(NEW, gemm_factor=0.87)  # as the simulator's host fault does
+    apply_hello(sim.fleet, sim.hello("node-03"), 0, sim.now)
+    sim.step(3600.0, probes=True)
+    ctx = DetectContext(sim.fleet, DetectConfig(), sim.now)
+    unknown = [f for f in probe_outlier.detect(ctx) if f.node == "node-03"]
+    assert {(f.gpu, f.cause) for f in unknown} == {(0, "slow_unknown"), (1, "slow_unknown")}
+    report = run_detectors(ctx)
+    causes = {(f.gpu, f.cause) for f in report.findings if f.node == "node-03"}
+    assert (None, "driver_branch_slow") in causes and all(c != "slow_unknown" for _, c in causes), causes
+    [branch] = [f for f in report.findings if f.cause == "driver_branch_slow"]
+    assert branch.detectors == ["driver_branch_slow", "probe_outlier"]
+    folded = [e.detail for e in branch.supporting]
+    assert any(d.startswith("GPU 0: gemm ") for d in folded) and any(
+        d.startswith("GPU 1: gemm ") for d in folded
+    )
+    assert all("datasheet peak" in d for d in folded)
+
+
+def test_one_slow_gpu_of_a_small_node_does_not_make_its_branch_slow() -> None:
+    """Heat or a power cap on one GPU is that GPU's: the small branch's best result is in line."""
+    sim = SimFleet(12)
+    small_node(sim, "node-03", 2)
+    on_branch(sim, ["node-03"])
+    sim.step(3600.0, probes=True)
+    for key, record in list(sim.fleet.probes.items()):
+        if record.node == "node-03" and record.gpu == 0:
+            sim.fleet.probes[key] = replace(record, value=record.value * 0.8)
+    sim.fleet.probe_version += 1
+    assert found(sim) == []
+    small_node(sim, "node-05", 1)  # one GPU alone on another, slower branch: its one result decides
+    on_branch(sim, ["node-05"], "565.57.01")
+    sim.step(3600.0, probes=True)
+    slower(sim, ["node-05"], 0.85)
+    findings = found(sim)
+    assert [f.node for f in findings] == ["node-05"]
+    assert "(best of its one GPU result " in findings[0].evidence.detail
+
+
 def test_the_older_branch_is_the_slow_one_when_the_new_one_is_faster() -> None:
     sim = fleet(["node-00", "node-01", "node-02", "node-03", "node-04", "node-05"], 1.12)
     findings = found(sim)
