@@ -4,11 +4,7 @@ from __future__ import annotations
 
 
 def version() -> str:
-    """The installed distribution's version ("0+unknown" when running from an uninstalled tree)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """gpufleet's version: the installed distribution's, else the source tree's (protos/version.py)."""
+    from protos.version import version as gpufleet_version
 
-    try:
-        return dist_version("gpufleet")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return gpufleet_version()

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from controller.cli.output import DEFAULT_CONTROLLER, add_limit_argument, add_operator_arguments
-from controller.cli.version import version
+from protos.version import version
 
 __all__ = ["DEFAULT_CONTROLLER", "build_parser", "main"]
 

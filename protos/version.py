@@ -1,4 +1,6 @@
-"""`gpufleet --version`: the installed package's version, else (a source tree) pyproject.toml's."""
+"""gpufleet's version, as `gpufleet --version` prints it and the agent's Hello and gpufleet_agent_info
+carry it: the installed package's, else (a source tree, as on a machine the agent runs on from a
+checkout) pyproject.toml's; "unknown" when neither says."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
 def version() -> str:

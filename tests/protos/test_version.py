@@ -1,4 +1,5 @@
-"""`gpufleet --version`: the installed version, or pyproject.toml's in a source tree."""
+"""gpufleet's version (`gpufleet --version`, the agent's Hello): the installed version, or
+pyproject.toml's in a source tree."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import version as version_module
+import agent
 from controller.main import main
+from protos import version as version_module
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -28,5 +30,7 @@ def test_without_package_metadata_the_version_is_pyprojects(monkeypatch: pytest.
 
     monkeypatch.setattr(metadata, "version", missing)
     assert version_module.version() == PYPROJECT_VERSION
+    assert agent.version() == PYPROJECT_VERSION  # what the agent's Hello says, run from a checkout
     monkeypatch.setattr(version_module, "PYPROJECT", ROOT / "no-such-pyproject.toml")
     assert version_module.version() == "unknown"
+    assert agent.version() == "unknown"
