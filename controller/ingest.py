@@ -289,14 +289,22 @@ class Ingest:
                 self.lag.observe(max(0.0, now - frame.time.ToNanoseconds() / 1e9))
             self.last_frame[stream_node] = max(self.last_frame.get(stream_node, 0.0), write.time)
             if plan.non_finite:
-                self.counters.non_finite += plan.non_finite
+                count = sum(plan.non_finite.values())
+                self.counters.non_finite += count
                 log.warning(
-                    "node %s frame %d: %d NaN/Inf readings stored as missing",
+                    "node %s frame %d: %d NaN/Inf reading%s stored as missing: %s",
                     stream_node,
                     frame.seq,
-                    plan.non_finite,
+                    count,
+                    "" if count == 1 else "s",
+                    fields_text(plan.non_finite),
                 )
             return frame.seq
+
+
+def fields_text(counts: dict[str, int]) -> str:
+    """ "GpuSample.gpm_dram_activity_ratio (x8), HostSample.load1": each field, with its count above one."""
+    return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in sorted(counts.items()))
 
 
 def with_xids(node: NodeState, samples: list[pb.GpuSample]) -> list[GpuState]:

@@ -127,21 +127,23 @@ def range_of(name: str) -> Range | None:
 
 def clear_implausible(msg: Message) -> list[str]:
     """Clear every impossible reading of `msg` and its nested messages; return their labels
-    ("GpuSample.temperature_celsius"), one per cleared value (NaN/Inf are cleared too, uncounted)."""
+    ("GpuSample.temperature_celsius"), one per cleared value (NaN/Inf are cleared too, not listed)."""
     return screen(msg)[1]
 
 
-def screen(msg: Message) -> tuple[int, list[str]]:
-    """Clear each NaN/Inf float (counted) and each impossible reading (labelled
-    "GpuSample.temperature_celsius") of `msg` and its nested messages; return (non-finite count,
-    labels). Ingest's hot path: each message type's fields are known, so its check is worked out once
-    (_screener) and reads the fields by name, rather than walking ListFields; nested types with
+def screen(msg: Message) -> tuple[list[str], list[str]]:
+    """Clear each NaN/Inf float and each impossible reading of `msg` and its nested messages; return
+    the labels of each ("GpuSample.gpm_dram_activity_ratio"), one per cleared value: (non-finite,
+    impossible). Ingest's hot path: each message type's fields are known, so its check is worked out
+    once (_screener) and reads the fields by name, rather than walking ListFields; nested types with
     nothing to screen (NvLinkSample, most of a frame's messages) are not visited."""
+    non_finite: list[str] = []
     labels: list[str] = []
-    return _screener(msg.DESCRIPTOR)(msg, labels), labels
+    _screener(msg.DESCRIPTOR)(msg, labels, non_finite)
+    return non_finite, labels
 
 
-Screener = Callable[[Message, list[str]], int]
+Screener = Callable[[Message, list[str], list[str]], None]  # (message, impossible, non-finite)
 Check = tuple[str, float, float, bool, bool]  # field, low, high, is a float, has presence
 BULK_ITEMS = 8  # a repeated field with this many items is tested a column at a time first, if it can be
 _FLOAT_MAX = sys.float_info.max
@@ -191,23 +193,18 @@ def _screener(descriptor: Descriptor) -> Screener:
     fine = _compiled(checks, rules.within, within_names)
     tested = bool(checks or within)
 
-    def clear_one(msg: Message, rule: Check, value: float, labels: list[str]) -> int:
-        """Clear one value out of bounds unless unset (the default is no reading); 1 if non-finite."""
+    def clear_one(msg: Message, rule: Check, value: float, labels: list[str], non_finite: list[str]) -> None:
+        """Clear one value out of bounds unless unset (the default is no reading), and label it."""
         name, _, _, is_float, presence = rule
         if not (msg.HasField(name) if presence else value != 0):
-            return 0
+            return
         msg.ClearField(name)
-        if is_float and not math.isfinite(value):
-            return 1
-        labels.append(f"{type_name}.{name}")
-        return 0
+        (non_finite if is_float and not math.isfinite(value) else labels).append(f"{type_name}.{name}")
 
-    def clear(msg: Message, values: tuple[float, ...], labels: list[str]) -> int:
-        non_finite = 0
+    def clear(msg: Message, values: tuple[float, ...], labels: list[str], non_finite: list[str]) -> None:
         for rule, value in zip(checks, values, strict=False):  # (the parts of a whole follow)
             if not rule[1] <= value <= rule[2]:
-                non_finite += clear_one(msg, rule, value, labels)
-        return non_finite
+                clear_one(msg, rule, value, labels, non_finite)
 
     def clear_parts(msg: Message, labels: list[str]) -> None:
         amounts = dict(zip(within_names, _reader(within_names)(msg), strict=True))
@@ -220,14 +217,13 @@ def _screener(descriptor: Descriptor) -> Screener:
                 msg.ClearField(part)
                 labels.append(f"{type_name}.{part}")
 
-    def check(msg: Message, labels: list[str]) -> int:
-        non_finite = 0
+    def check(msg: Message, labels: list[str], non_finite: list[str]) -> None:
         if tested:
             values = read(msg)
             if fine(values):
                 values = ()  # nothing to clear: the parts of a whole need no second look
             else:
-                non_finite = clear(msg, values, labels)
+                clear(msg, values, labels, non_finite)
         for position, (name, repeated, child, all_within) in enumerate(walks):
             inner = inners[position]
             if inner is None:
@@ -237,12 +233,11 @@ def _screener(descriptor: Descriptor) -> Screener:
                 if all_within is not None and len(items) >= BULK_ITEMS and all_within(items):
                     continue
                 for item in items:
-                    non_finite += inner(item, labels)
+                    inner(item, labels, non_finite)
             elif msg.HasField(name):
-                non_finite += inner(getattr(msg, name), labels)
+                inner(getattr(msg, name), labels, non_finite)
         if tested and values and within:
             clear_parts(msg, labels)  # read again: after any value cleared above
-        return non_finite
 
     return check
 

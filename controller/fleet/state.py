@@ -47,7 +47,7 @@ class FramePlan(NamedTuple):
     bmc_time: float | None  # frame.bmc is taken, polled then; None: not
     probes: tuple[tuple[int, float], ...]  # (position in frame.probes, its time) of results kept
     implausible: dict[str, int]  # "Message.field" -> readings cleared
-    non_finite: int  # NaN/Inf readings cleared
+    non_finite: dict[str, int]  # "Message.field" -> NaN/Inf readings cleared (ProbeResult.value: dropped)
     # GPU indices whose NVLink error counters read as in the GPU's previous reading this planner
     # took (an ingest front's, which sees a stream's frames in order; apply_frame skips reading them)
     links_unchanged: tuple[int, ...] = ()
@@ -57,7 +57,7 @@ def plan_frame(node: NodeState, frame: pb.TelemetryFrame, now: float) -> tuple[F
     """The state changes of one accepted frame (plan and write_of), and how many non-finite readings
     it carried."""
     plan = plan_changes(node, frame, now)
-    return write_of(node.name, frame, plan), plan.non_finite
+    return write_of(node.name, frame, plan), sum(plan.non_finite.values())
 
 
 def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> FramePlan:
@@ -71,11 +71,12 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
     """
     at = min(frame.time.ToNanoseconds() / 1e9 if frame.HasField("time") else now, now)
     probes: list[tuple[int, float]] = []
-    dropped = 0
+    non_finite: Counter[str] = Counter()
     implausible: Counter[str] = Counter()
     for position, result in enumerate(each(frame.probes)):
         if result.error or not math.isfinite(result.value) or result.value <= 0:
-            dropped += 0 if result.error else 1
+            if not result.error:
+                non_finite[PROBE_VALUE] += 1
             continue
         when = min(result.time.ToNanoseconds() / 1e9 if result.HasField("time") else at, now)
         if not probe_value_plausible(result):  # before screen(): it reads peak_ratio as sent
@@ -87,9 +88,11 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
     readings: list[Message] = [*samples]
     readings += [getattr(frame, part) for part in ("host", "bmc") if frame.HasField(part)]
     for reading in readings:  # NaN/Inf and impossible values stored as missing, in one walk each
-        n, labels = screen(reading)
-        dropped += n
-        implausible.update(labels)
+        cleared, labels = screen(reading)
+        if cleared:  # (nearly never: no Counter.update a reading)
+            non_finite.update(cleared)
+        if labels:
+            implausible.update(labels)
     gpus: list[tuple[int, dict[str, float]]] = []
     for position, sample in enumerate(samples):
         previous = node.gpus.get(sample.index)
@@ -104,7 +107,7 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
         if node.bmc_time <= polled:
             bmc_time = polled
     host = frame.HasField("host") and node.host_time <= at
-    return FramePlan(at, now, tuple(gpus), host, bmc_time, tuple(probes), dict(implausible), dropped)
+    return FramePlan(at, now, tuple(gpus), host, bmc_time, tuple(probes), dict(implausible), dict(non_finite))
 
 
 def write_of(node: str, frame: pb.TelemetryFrame, plan: FramePlan) -> FrameWrite:

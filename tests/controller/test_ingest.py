@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -109,7 +110,7 @@ def test_bad_hello_is_refused() -> None:
     with_ingest(body)
 
 
-def test_nan_readings_are_missing_and_nan_probes_never_baseline() -> None:
+def test_nan_readings_are_missing_and_nan_probes_never_baseline(caplog: pytest.LogCaptureFixture) -> None:
     async def body(ingest: Ingest) -> None:
         await ingest.hello(hello())
         f = frame(1)
@@ -124,7 +125,13 @@ def test_nan_readings_are_missing_and_nan_probes_never_baseline() -> None:
         assert list(ingest.fleet.probes) == [("n1", 0, "membw", "d2d")]
         assert ingest.counters.non_finite == 3
 
-    with_ingest(body)
+    with caplog.at_level(logging.WARNING, logger="gpufleet.controller.ingest"):
+        with_ingest(body)
+    # the warning names what was cleared, so an operator knows which reading of the node to doubt
+    assert "node n1 frame 1: 3 NaN/Inf readings stored as missing: GpuSample.temperature_celsius, " in (
+        caplog.text
+    )
+    assert "ProbeResult.value (x2)" in caplog.text
 
 
 def test_replayed_older_boot_does_not_overwrite_fresher_state() -> None:
@@ -257,7 +264,7 @@ def test_the_detection_process_gets_the_frame_as_screened_and_the_bytes_received
         del mirror.frames[-1]
         [(_, _, first), (_, plan, second), (_, _, third)] = mirror.frames
         assert first is received  # nothing screened out: not encoded again
-        assert plan.non_finite == 1
+        assert plan.non_finite == {"GpuSample.temperature_celsius": 1}
         sent = pb.TelemetryFrame.FromString(second)
         assert not sent.gpus[0].HasField("temperature_celsius") and sent == dirty
         sent = pb.TelemetryFrame.FromString(third)

@@ -12,7 +12,7 @@ import pytest
 from controller.detection import wire
 from controller.fleet.state import FramePlan
 
-PLAN = FramePlan(1.0, 2.0, ((0, {"throttled": 1.0}),), True, None, (), {}, 0)
+PLAN = FramePlan(1.0, 2.0, ((0, {"throttled": 1.0}),), True, None, (), {}, {"GpuSample.power_watts": 1})
 FRAME = bytes(range(256)) * 40  # 10 KB, every byte value
 
 

@@ -112,6 +112,6 @@ def test_a_gpu_with_a_part_above_its_whole_and_every_reading_in_range_is_still_s
     sample = pb.GpuSample(
         index=0, temperature_celsius=60.0, memory_total_bytes=80 << 30, memory_reserved_bytes=81 << 30
     )
-    assert screen(sample) == (0, ["GpuSample.memory_reserved_bytes"])
+    assert screen(sample) == ([], ["GpuSample.memory_reserved_bytes"])
     assert sample.temperature_celsius == 60.0 and not sample.HasField("memory_reserved_bytes")
     assert sample.memory_total_bytes == 80 << 30

@@ -39,14 +39,15 @@ def hosts(draw: st.DrawFn) -> pb.HostSample:
     return host
 
 
-def each_alone(host: pb.HostSample) -> tuple[bytes, int, list[str]]:
+def each_alone(host: pb.HostSample) -> tuple[bytes, list[str], list[str]]:
     """The host's CPUs screened one by one, as a short list is."""
     copy = pb.HostSample()
     copy.CopyFrom(host)
-    non_finite, labels = 0, []
+    non_finite: list[str] = []
+    labels: list[str] = []
     for cpu in copy.cpus:
-        count, found = screen(cpu)
-        non_finite += count
+        cleared, found = screen(cpu)
+        non_finite += cleared
         labels += found
     return copy.SerializeToString(), non_finite, labels
 
@@ -65,7 +66,7 @@ def test_a_column_that_fails_is_looked_at_item_by_item() -> None:
         host.cpus.add(cpu=number, utilization_ratio=0.5, frequency_hz=2.0e9)
     host.cpus[5].utilization_ratio = math.nan
     host.cpus[9].frequency_hz = 2.0e10
-    assert screen(host) == (1, ["CpuCoreSample.frequency_hz"])
+    assert screen(host) == (["CpuCoreSample.utilization_ratio"], ["CpuCoreSample.frequency_hz"])
     assert not host.cpus[5].HasField("utilization_ratio") and not host.cpus[9].HasField("frequency_hz")
     assert host.cpus[4].utilization_ratio == 0.5 and host.cpus[9].utilization_ratio == 0.5
 
@@ -84,7 +85,7 @@ def test_a_part_above_its_whole_is_cleared_only_when_both_are_set(memory: dict[s
         for name in ("used", "free", "reserved")
         if total is not None and memory[name] is not None and memory[name] > total
     ]
-    assert screen(sample) == (0, above)
+    assert screen(sample) == ([], above)
     present = {f.name for f, _ in sample.ListFields()}
     for name in ("used", "free", "reserved"):
         cleared = f"GpuSample.memory_{name}_bytes" in above
@@ -99,6 +100,6 @@ def test_a_value_not_a_number_among_fine_ones_is_cleared() -> None:
         for number in range(3 * BULK_ITEMS):
             host.cpus.add(cpu=number, utilization_ratio=0.5, frequency_hz=2.0e9)
         host.cpus[at].frequency_hz = math.nan
-        assert screen(host) == (1, [])
+        assert screen(host) == (["CpuCoreSample.frequency_hz"], [])
         assert not host.cpus[at].HasField("frequency_hz")
         assert all(cpu.HasField("frequency_hz") for n, cpu in enumerate(host.cpus) if n != at)

@@ -31,7 +31,7 @@ def test_screening_still_clears_a_reading_inside_a_repeated_field() -> None:
     frame.gpus.add(index=1, temperature_celsius=float("nan"))
     event = frame.gpus[1].xid_events.add(code=79, unix_time_seconds=float("inf"))
     non_finite, _ = screen(frame)
-    assert non_finite == 2
+    assert non_finite == ["GpuSample.temperature_celsius", "XidEvent.unix_time_seconds"]
     assert not frame.gpus[1].HasField("temperature_celsius")
     assert frame.gpus[0].temperature_celsius == 20.0
     assert event.code == 79 and frame.gpus[1].xid_events[0].unix_time_seconds == 0.0

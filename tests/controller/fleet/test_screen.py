@@ -17,7 +17,15 @@ def test_nan_and_inf_become_missing_in_nested_messages() -> None:
     frame.host.load1 = -math.inf
     probe = frame.probes.add(probe="gemm", value=700.0)
     probe.during.power_watts = math.nan
-    assert screen(frame) == (4, [])
+    non_finite, labels = screen(frame)
+    # each cleared value named by its field (the probe's `during` reading is a GpuSample)
+    assert sorted(non_finite) == [
+        "GpuSample.power_watts",
+        "GpuSample.power_watts",
+        "GpuSample.sm_clock_hz",
+        "HostSample.load1",
+    ]
+    assert labels == []
     assert not gpu.HasField("power_watts") and not gpu.HasField("sm_clock_hz")
     assert gpu.temperature_celsius == 55.0
     assert not frame.host.HasField("load1")
@@ -30,14 +38,14 @@ def test_finite_frame_is_untouched() -> None:
     frame.gpus.add(index=0, power_watts=300.0)
     frame.probes.add(probe="gemm", params={"m": "1"})
     before = frame.SerializeToString()
-    assert screen(frame) == (0, [])
+    assert screen(frame) == ([], [])
     assert frame.SerializeToString() == before
 
 
 def test_one_walk_clears_both_kinds_and_labels_the_impossible() -> None:
     frame = pb.TelemetryFrame(node="n")
     gpu = frame.gpus.add(index=0, power_watts=math.nan, temperature_celsius=1e9, sm_clock_hz=1.4e9)
-    assert screen(frame) == (1, ["GpuSample.temperature_celsius"])
+    assert screen(frame) == (["GpuSample.power_watts"], ["GpuSample.temperature_celsius"])
     assert not gpu.HasField("power_watts") and not gpu.HasField("temperature_celsius")
     assert gpu.sm_clock_hz == 1.4e9
 
@@ -81,7 +89,7 @@ def test_every_float_of_a_frame_is_screened_however_deep() -> None:
     for path in FRAME_FLOATS:
         frame = pb.TelemetryFrame(node="n")
         holder = _set(frame, path, math.nan)
-        assert screen(frame)[0] == 1, path
+        assert screen(frame)[0] == [f"{holder.DESCRIPTOR.name}.{path[-1]}"], path
         field = holder.DESCRIPTOR.fields_by_name[path[-1]]
         assert not holder.HasField(path[-1]) if field.has_presence else getattr(holder, path[-1]) == 0, path
 
@@ -91,4 +99,4 @@ def test_a_type_with_nothing_to_screen_is_not_walked() -> None:
     assert not any("nvlinks" in path for path in FRAME_FLOATS)
     frame = pb.TelemetryFrame(node="n")
     frame.gpus.add(index=0).nvlinks.add(link=0, crc_errors_total=2**63)
-    assert screen(frame) == (0, [])
+    assert screen(frame) == ([], [])

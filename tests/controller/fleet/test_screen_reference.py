@@ -82,7 +82,7 @@ def test_screen_clears_and_labels_as_the_reflective_walk(kind: type[Message]) ->
         theirs = kind()
         theirs.CopyFrom(ours)
         got, want = screen(ours), reference(theirs)
-        assert (got[0], sorted(got[1])) == (want[0], sorted(want[1]))
+        assert (len(got[0]), sorted(got[1])) == (want[0], sorted(want[1]))
         assert ours == theirs
-        labelled, non_finite = labelled + len(got[1]), non_finite + got[0]
+        labelled, non_finite = labelled + len(got[1]), non_finite + len(got[0])
     assert labelled > 100 and non_finite > 100  # the random readings reached both kinds of clearing
