@@ -12,6 +12,7 @@ from agent.sources.bmc import BmcSample
 from agent.sources.sim import FaultSpec
 from agent.sources.sim.faults.bmc import BIOS_DRIFT
 from agent.sources.sim.profile import H100_SXM
+from controller.cli import finding_view
 from controller.config import DetectConfig
 from controller.detect import drift as drift_module
 from controller.detect.drift_values import KEPT
@@ -19,6 +20,7 @@ from controller.fleet.expiry import forget
 from controller.fleet.finding import Finding
 from controller.fleet.model import NodeState
 from controller.fleet.state import apply_hello
+from protos.gpufleet.v1 import findings_pb2
 from protos.gpufleet.v1 import telemetry_pb2 as pb
 from tests.controller.detect.hostsim import HostSimFleet
 
@@ -58,7 +60,7 @@ def test_an_older_vbios_on_one_gpu_is_firmware_drift_with_the_majority() -> None
     assert ev.metric == "vbios_version" and ev.baseline_source == "fleet_majority"
     assert ev.reasons == (f"VBIOS {odd}", f"majority {H100_SXM.vbios_version}")
     assert ev.peers == 127
-    assert ev.detail == f"VBIOS {odd} on GPU 2; 127 of 128 GPUs run {H100_SXM.vbios_version}"
+    assert ev.detail == f"VBIOS {odd} on GPU 2; the majority, 127 of 128 GPUs, run {H100_SXM.vbios_version}"
     assert finding.summary.startswith("GPU 2 VBIOS")
 
 
@@ -69,7 +71,13 @@ def test_older_bmc_firmware_is_node_level_firmware_drift() -> None:
     majority = sim.fleet.nodes["node-00"].bmc.bmc_firmware_version  # type: ignore[union-attr]
     assert finding.evidence.metric == "bmc_firmware_version"
     assert finding.evidence.reasons[1] == f"majority {majority}"
-    assert finding.evidence.detail.endswith(f"15 of 16 peers run {majority}")
+    assert finding.evidence.detail.endswith(f"the majority, 15 of 16 peers, run {majority}")
+    # The CLI's evidence line is the detail alone: it says the reasons' words, nothing twice.
+    ev = finding.evidence
+    sent = findings_pb2.Evidence(
+        detail=ev.detail, reasons=list(ev.reasons), peers=ev.peers, baseline_source=ev.baseline_source
+    )
+    assert finding_view.evidence_line(sent) == ev.detail
 
 
 def test_drifted_bios_attributes_of_a_node_are_one_info_finding() -> None:
