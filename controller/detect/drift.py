@@ -84,7 +84,9 @@ def _compare(
             reasons=(f"{label} {value}", f"majority {common}"),
             peers=count,
             # says the reasons' words too ("majority"), so the CLI does not repeat them after it
-            detail=f"{label} {value}{on_gpu}; the majority, {count} of {total} {unit_of_peers}, {verb} {common}",
+            detail=(
+                f"{label} {value}{on_gpu}; the majority, {count} of {total} {unit_of_peers}, {verb} {common}"
+            ),
             baseline_source="fleet_majority",
         )
         out.append(_Drift(node, gpu, cause, severity, label, evidence))
