@@ -195,22 +195,22 @@ def history_timing(timing: Timing, rounds: int = 2) -> Timing:
 
 def small_fleet(timing: Timing, seed: int) -> Scenario:
     """Three nodes of a model: too few for a node-level (NCCL) peer baseline."""
-    t = history_timing(timing)
-    rng = random.Random(f"{seed}:small")
     cases = [("nvlink_down", "moderate"), ("hbm_degraded", "mild")]
-    return Scenario(
-        name="small-group",
-        kind="small",
-        models=("h100",) * 3,
-        seconds=t.seconds,
-        step=10.0,
-        probe_interval=t.probe_interval,
-        injections=tuple(_place([c for c in cases if c[0] in FAULTS], 3, rng, t.warmup, 8)),
-        seed=seed + 200,
+    rng = random.Random(f"{seed}:small")
+    return _after_history("small-group", ("h100",) * 3, cases, timing, rng=rng, seed=seed + 200, kind="small")
+
+
+def small_nodes_fleet(timing: Timing, seed: int) -> Scenario:
+    """Six nodes of two GPUs each (PCIe servers, a lab's small boxes): a node's GPUs are fewer than
+    detect.min_peers, so its own GPUs are no baseline, and a driver branch on one node has two results."""
+    cases = [("driver_branch_slow", DRAWN), ("power_cap", "moderate"), ("thermal_throttle", "mild")]
+    rng = random.Random(f"{seed}:small-nodes")
+    return _after_history(
+        "small-nodes", ("h100",) * 6, cases, timing, rng=rng, seed=seed + 600, kind="small", gpus=2
     )
 
 
-def _mixed(
+def _after_history(
     name: str,
     models: tuple[str, ...],
     cases: list[tuple[str, str]],
@@ -218,19 +218,22 @@ def _mixed(
     *,
     rng: random.Random,
     seed: int,
+    kind: str = "mixed",
+    gpus: int = 8,
 ) -> Scenario:
-    """A fleet of several kinds of node (`models`, node-00 first), one fault of `cases` per node from
+    """A fleet of `models` (node-00 first) of `gpus` GPUs a node, one fault of `cases` per node from
     node-00 on (GPUs drawn from `rng`), after enough probe rounds for a GPU's own history."""
     t = history_timing(timing)
     return Scenario(
         name=name,
-        kind="mixed",
+        kind=kind,
         models=models,
         seconds=t.seconds,
         step=10.0,
         probe_interval=t.probe_interval,
-        injections=tuple(_place([c for c in cases if c[0] in FAULTS], len(models), rng, t.warmup, 8)),
+        injections=tuple(_place([c for c in cases if c[0] in FAULTS], len(models), rng, t.warmup, gpus)),
         seed=seed,
+        gpus=gpus,
     )
 
 
@@ -238,14 +241,16 @@ def mixed_fleet(timing: Timing, seed: int) -> Scenario:
     """Five H100 nodes and three H200 nodes (a small group of its own), with faults on both."""
     models = ("h200", "h200", "h100", "h100", "h100", "h100", "h100", "h200")
     cases = [("hbm_degraded", "mild"), ("clocks_locked_low", "mild"), ("thermal_throttle", "mild")]
-    return _mixed("mixed-models", models, cases, timing, rng=random.Random(f"{seed}:mixed"), seed=seed + 300)
+    return _after_history(
+        "mixed-models", models, cases, timing, rng=random.Random(f"{seed}:mixed"), seed=seed + 300
+    )
 
 
 def mixed_power_fleet(timing: Timing, seed: int) -> Scenario:
     """Five 700 W and three 500 W H100 nodes of one model name, with faults on both classes."""
     models = ("h100-500w", "h100", "h100-500w", "h100", "h100", "h100", "h100", "h100-500w")
     cases = [("clocks_locked_low", "mild"), ("power_brake", "moderate"), ("power_cap", "moderate")]
-    return _mixed(
+    return _after_history(
         "mixed-power", models, cases, timing, rng=random.Random(f"{seed}:mixed-power"), seed=seed + 500
     )
 
@@ -268,13 +273,14 @@ def healthy_fleet(
 
 
 def full_suite(seed: int, *, day_step: float = 30.0, day_nodes: int = 4) -> Suite:
-    """Every fault at each severity, intermittent faults, a small group, mixed models and power
-    classes, a healthy day."""
+    """Every fault at each severity, intermittent faults, a small group, nodes of two GPUs, mixed
+    models and power classes, a healthy day."""
     return Suite(
         [
             *fault_fleets(fault_cases(), FULL, nodes=6, per_fleet=4, seed=seed),
             *intermittent_fleets(FULL, nodes=6, per_fleet=3, seed=seed),
             small_fleet(FULL, seed),
+            small_nodes_fleet(FULL, seed),
             mixed_fleet(FULL, seed),
             mixed_power_fleet(FULL, seed),
             healthy_fleet(
