@@ -19,6 +19,11 @@ from protos.gpufleet.v1 import telemetry_pb2 as pb
 ProbeKey = tuple[str, int | None, str, str]  # node, gpu (None: node-level), probe, variant
 
 
+def lacks_power_limits(hello: pb.Hello) -> bool:
+    """Whether a GPU of the Hello does not say its default power limit (an agent older than the field)."""
+    return any(not info.HasField("default_power_limit_watts") for info in hello.inventory.gpus)
+
+
 @dataclass(slots=True)
 class GpuState:
     index: int
@@ -126,6 +131,13 @@ class NodeState:
     # fleet/peers.py probe_classes' answer and the Hello it read it from, likewise: grouping every
     # probe result reads it for each node.
     classes_of: tuple[pb.Hello, Any] | None = field(default=None, repr=False, compare=False)
+    # GPUs of the Hello without GpuInfo.default_power_limit_watts (an agent older than the field):
+    # their readings fill it in (fleet/state.py fill_power_limits), so a rolling agent upgrade does
+    # not split a class of GPUs in two.
+    limits_unknown: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.limits_unknown = lacks_power_limits(self.hello)
 
     @property
     def boot_id(self) -> str:

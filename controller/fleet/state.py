@@ -24,6 +24,7 @@ from controller.fleet.model import (
     NodeState,
     ProbeKey,
     ProbeRecord,
+    lacks_power_limits,
 )
 from controller.fleet.plausible import PROBE_VALUE, probe_value_plausible, screen
 from controller.fleet.probe_info import same_probe_facts
@@ -140,6 +141,8 @@ def apply_frame(
     node.last_seen = max(node.last_seen, write.time)
     node.last_heard = max(node.last_heard, write.received)
     _count_implausible(fleet, node, write.implausible)
+    if node.limits_unknown and write.gpus:
+        fill_power_limits(fleet, node, write.gpus)
     for gpu in write.gpus:
         node.gpus[gpu.index] = gpu
         node.trends.observe_gpu(
@@ -168,6 +171,28 @@ def apply_frame(
         probe_index.probed(fleet, before, write.probes)
         probe_groups.probed(fleet, before, write.probes)
     fleet.acked[(write.node, write.boot_id)] = write.seq
+
+
+def fill_power_limits(fleet: Fleet, node: NodeState, gpus: list[GpuState]) -> None:
+    """An agent older than GpuInfo.default_power_limit_watts says each GPU's default limit in its
+    readings only: the node's Hello takes it from them (a copy: a Hello is replaced, never changed),
+    so its GPUs join the class of the GPUs alike whose agents already say it (fleet/peers.py) rather
+    than one of their own while the agents are upgraded; the results' groups are worked out again."""
+    readings = {g.index: g.sample for g in gpus if g.sample.HasField("default_power_limit_watts")}
+    if not readings:
+        return
+    hello = pb.Hello()
+    hello.CopyFrom(node.hello)
+    filled = False
+    for info in hello.inventory.gpus:
+        sample = readings.get(info.index)
+        if sample is not None and not info.HasField("default_power_limit_watts"):
+            info.default_power_limit_watts = sample.default_power_limit_watts
+            filled = True
+    if filled:
+        node.hello = hello
+        node.limits_unknown = lacks_power_limits(hello)
+        fleet.probe_version += 1
 
 
 def remember(fleet: Fleet, key: ProbeKey, time: float, value: float) -> None:
@@ -202,6 +227,7 @@ def apply_hello(fleet: Fleet, hello: pb.Hello, acked: int, now: float) -> NodeSt
             fleet.probe_version += 1
         node.hello, node.last_seen = hello, now
     node.last_heard = max(node.last_heard, now)
+    node.limits_unknown = lacks_power_limits(hello)
     present = {g.index for g in hello.inventory.gpus}
     for index in list(node.gpus):
         if index not in present:  # a GPU gone from the inventory has no current state

@@ -12,6 +12,7 @@ from agent.sources.sim.profile import H100_SXM, GpuProfile
 from controller.config import DetectConfig
 from controller.detect import probe_outlier
 from controller.detect.base import DetectContext
+from controller.fleet.model import ProbeKey, ProbeRecord
 from controller.fleet.peers import driver_branch, gpu_classes, node_class, node_group
 from controller.fleet.probe_groups import described, grouped
 from controller.fleet.state import apply_hello
@@ -115,3 +116,36 @@ def test_a_node_on_another_driver_branch_has_its_own_peers() -> None:
     assert nccl == {"535": 1, "550": 5}  # node-level results: model, count, then its GPUs' class
     assert driver_branch(" 550.90.07") == "550"
     assert driver_branch("") == ""
+
+
+def test_an_agent_older_than_the_power_limit_field_joins_its_class_from_its_readings() -> None:
+    """A rolling agent upgrade: node-03's agent does not say GpuInfo.default_power_limit_watts in its
+    Hello, only in each reading. Its first frame fills the Hello in, and its results are grouped
+    again with the other 700 W boards', not in a class of their own."""
+    sim = SimFleet(12)
+    old = sim.hello("node-03")
+    for info in old.inventory.gpus:
+        info.ClearField("default_power_limit_watts")
+    apply_hello(sim.fleet, old, 0, sim.now)
+    node, peer = sim.fleet.nodes["node-03"], sim.fleet.nodes["node-04"]
+    assert node.limits_unknown and not peer.limits_unknown
+    assert gpu_classes(node.hello)[0] == (H100, "692-2G520-0200-000, 18 NVLinks, driver 550")
+    sim.step(3600.0, probes=True)
+    assert not node.limits_unknown and node.hello is not old
+    assert gpu_classes(node.hello) == gpu_classes(peer.hello)
+    assert [g.default_power_limit_watts for g in node.hello.inventory.gpus] == [700.0] * 8
+    groups = grouped(sim.fleet)  # worked out after the fill: one group holds both nodes' results
+    [members] = [m for m in groups.values() if ("node-04", 0, "gemm", "bf16") in m]
+    assert ("node-03", 0, "gemm", "bf16") in members and len(members) == 12 * 8
+    # The old agent says hello again: its results are in a class of their own until its next
+    # readings, and grouped again with their peers' then (the fill bumps the probes' version).
+    apply_hello(sim.fleet, old, 0, sim.now)
+    assert sim.fleet.nodes["node-03"].limits_unknown
+
+    def group_of(node: str) -> dict[ProbeKey, ProbeRecord]:
+        [members] = [m for m in grouped(sim.fleet).values() if (node, 0, "gemm", "bf16") in m]
+        return members
+
+    assert ("node-03", 0, "gemm", "bf16") not in group_of("node-04")
+    sim.step(60.0)  # readings only, no probe results
+    assert ("node-03", 0, "gemm", "bf16") in group_of("node-04")
