@@ -83,7 +83,11 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
         if not probe_value_plausible(result):  # before screen(): it reads peak_ratio as sent
             implausible[PROBE_VALUE] += 1
             continue
-        implausible.update(screen(result)[1])  # the value is finite (checked above): NaN elsewhere
+        cleared, labels = screen(result)  # the value is finite (checked above): NaN elsewhere in it
+        if cleared:
+            non_finite.update(cleared)
+        if labels:
+            implausible.update(labels)
         probes.append((position, when))
     samples = each(frame.gpus)
     readings: list[Message] = [*samples]

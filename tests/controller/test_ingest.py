@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import pytest
 
 from controller.errors import InvalidMessage, SequenceGap, StoreUnavailable
-from controller.fleet.model import Fleet, ProbeKey
+from controller.fleet.model import Fleet, NodeState, ProbeKey
 from controller.fleet.series import Series
 from controller.fleet.state import FramePlan, plan_changes
 from controller.ingest import Ingest
@@ -132,6 +132,23 @@ def test_nan_readings_are_missing_and_nan_probes_never_baseline(caplog: pytest.L
         caplog.text
     )
     assert "ProbeResult.value (x2)" in caplog.text
+
+
+def test_a_plan_names_each_non_finite_reading_a_kept_probe_result_carried_too() -> None:
+    """A result's own value NaN drops the result; NaN in the reading it carries (`during`) is cleared
+    and named like any other, the result kept."""
+    f = frame(1)
+    f.gpus[0].temperature_celsius = math.inf
+    kept = f.probes.add(probe="gemm", variant="bf16", gpu=0, value=700.0, unit="TFLOP/s")
+    kept.during.power_watts = math.nan
+    f.probes.add(probe="gemm", variant="fp16", gpu=0, value=math.nan, unit="TFLOP/s")
+    plan = plan_changes(NodeState("n1", hello(), E, E), f, E + 5000.0)
+    assert plan.non_finite == {
+        "GpuSample.temperature_celsius": 1,
+        "GpuSample.power_watts": 1,
+        "ProbeResult.value": 1,
+    }
+    assert [position for position, _ in plan.probes] == [0] and not kept.during.HasField("power_watts")
 
 
 def test_replayed_older_boot_does_not_overwrite_fresher_state() -> None:
