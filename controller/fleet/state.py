@@ -74,6 +74,7 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
     probes: list[tuple[int, float]] = []
     non_finite: Counter[str] = Counter()
     implausible: Counter[str] = Counter()
+    kept: list[Message] = []  # the results kept, screened with the readings below
     for position, result in enumerate(each(frame.probes)):
         if result.error or not math.isfinite(result.value) or result.value <= 0:
             if not result.error:
@@ -83,14 +84,10 @@ def plan_changes(node: NodeState, frame: pb.TelemetryFrame, now: float) -> Frame
         if not probe_value_plausible(result):  # before screen(): it reads peak_ratio as sent
             implausible[PROBE_VALUE] += 1
             continue
-        cleared, labels = screen(result)  # the value is finite (checked above): NaN elsewhere in it
-        if cleared:
-            non_finite.update(cleared)
-        if labels:
-            implausible.update(labels)
+        kept.append(result)  # its value is finite (checked above): screening reads the rest of it
         probes.append((position, when))
     samples = each(frame.gpus)
-    readings: list[Message] = [*samples]
+    readings: list[Message] = [*kept, *samples]
     readings += [getattr(frame, part) for part in ("host", "bmc") if frame.HasField(part)]
     for reading in readings:  # NaN/Inf and impossible values stored as missing, in one walk each
         cleared, labels = screen(reading)
