@@ -34,8 +34,12 @@ for _name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 # Tables are laid out for a pipe unless a test sets $COLUMNS itself: the width of the terminal the
 # suite was started from (or the 80 columns pytest-xdist gives its workers) must not change them.
+# Set, then deleted: GNU readline, which pytest imports before this file, sets them in the C
+# environment only, out of os.environ's sight, where a pop finds nothing to unset and every
+# subprocess would inherit COLUMNS=80 (a run without -n printed bench/cli_tables.py's table narrowed).
 for _name in ("COLUMNS", "LINES"):
-    os.environ.pop(_name, None)
+    os.environ[_name] = ""
+    del os.environ[_name]
 # One thread for torch's CPU kernels in the suite's processes (and what they start): `make test`
 # runs two pytest processes on CI's two cores, and two GEMMs of two OpenMP threads each spin-wait
 # on each other's cores (bench/probe_quality.py's probe/independent ratio read 0.06 to 12,000 so).
