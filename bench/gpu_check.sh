@@ -26,7 +26,18 @@ gpufleet() { timeout 120 "$py" -m controller "$@"; }
 {
     echo "# $(date -u +%FT%TZ) $(uname -srm) nproc $(nproc) main at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     nvidia-smi --query-gpu=name,driver_version,vbios_version,memory.total --format=csv
-    "$py" -c 'import sys, torch, pynvml; print(sys.version.split()[0], "torch", torch.__version__, "nvidia-ml-py", getattr(pynvml, "__version__", "?"))'
+    "$py" - <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+try:
+    nvml = version("nvidia-ml-py")
+except PackageNotFoundError:
+    nvml = "not installed"
+print(sys.version.split()[0], "torch", torch.__version__, "nvidia-ml-py", nvml)
+PY
     echo "## settings before"
     settings
 } >"$out/env.txt" 2>&1

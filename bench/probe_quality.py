@@ -18,18 +18,25 @@ Each probe run gets the budget the agent's short suite plans for that dtype (age
 
 `--device cpu` runs the same path with the probe's small CPU shape: a check of the code, not a
 measurement against the targets (verdicts read "n/a (cpu)"). Asserts nothing.
+
+On a GPU, NVML (read-only) samples the SM clock, the board power and the software power-cap
+reason while the probe runs and while the independent timing runs, and the report prints them per
+phase: a GEMM at the board's power limit runs at the clock the limit allows, and two timings taken
+at different clocks differ by that much whatever their method.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import re
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +75,102 @@ class DtypeQuality:
     ratio: float = 0.0  # median probe figure / independent figure
     cv: float = 0.0  # sample standard deviation / mean of the probe's figures
     verdicts: dict[str, str] = field(default_factory=dict)
+    # NVML while each phase ran (empty off a GPU or without NVML): see PhaseClocks
+    probe_clocks: dict[str, float] = field(default_factory=dict)
+    independent_clocks: dict[str, float] = field(default_factory=dict)
+
+
+SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+CLOCK_PERIOD_S = 0.02
+
+
+class PhaseClocks:
+    """Samples `read()` -> (SM MHz, board watts, power-capped) every `period` s in a thread while
+    open; `summary()` gives the means and the share of samples the power cap was holding the clock.
+    """
+
+    def __init__(self, read: Callable[[], tuple[float, float, bool]], period: float = CLOCK_PERIOD_S) -> None:
+        self._read, self._period = read, period
+        self._samples: list[tuple[float, float, bool]] = []
+        self.error = ""  # the read that ended the sampling early, if one did
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe-quality-clocks", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._samples.append(self._read())
+            except Exception as exc:  # noqa: BLE001 - the samples so far stand; the error is said
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            self._stop.wait(self._period)
+
+    def __enter__(self) -> PhaseClocks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        if not self._samples:
+            return {}
+        n = len(self._samples)
+        return {
+            "sm_mhz": statistics.fmean(s[0] for s in self._samples),
+            "watts": statistics.fmean(s[1] for s in self._samples),
+            "power_capped_share": sum(1 for s in self._samples if s[2]) / n,
+            "samples": float(n),
+        }
+
+
+def nvml_reader(device: str) -> Callable[[], tuple[float, float, bool]] | None:
+    """NVML's read of the GPU behind `device` (matched by PCI address), or None: off a GPU, no
+    pynvml, or NVML not answering. Reads only; nvmlShutdown is left to the process's end."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        props = torch.cuda.get_device_properties(torch.device(device))
+        pci: list[int] = [getattr(props, f"pci_{part}_id", -1) for part in ("domain", "bus", "device")]
+        if -1 in pci:  # a torch without the PCI address: CUDA's order, as CUDA_DEVICE_ORDER leaves it
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.device(device).index or 0)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId("{:08x}:{:02x}:{:02x}.0".format(*pci))
+    except Exception as exc:  # noqa: BLE001 - the clocks are an explanation, not the measurement
+        print(f"probe_quality: no NVML clocks ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+    reasons_of = (
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+
+    def read() -> tuple[float, float, bool]:
+        mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        watts = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+        reasons = reasons_of(handle)
+        return mhz, watts, bool(reasons & SW_POWER_CAP)
+
+    return read
+
+
+@contextlib.contextmanager
+def phase_clocks(
+    read: Callable[[], tuple[float, float, bool]] | None, into: dict[str, float]
+) -> Iterator[None]:
+    """Fill `into` with the phase's clock summary (nothing without a reader)."""
+    if read is None:
+        yield
+        return
+    with PhaseClocks(read) as clocks:
+        yield
+    into.update(clocks.summary())
+    if clocks.error:
+        print(f"probe_quality: NVML clock sampling stopped early ({clocks.error})", file=sys.stderr)
 
 
 def coefficient_of_variation(values: list[float]) -> float:
@@ -94,12 +197,16 @@ def verdicts(q: DtypeQuality, on_gpu: bool) -> dict[str, str]:
     }
 
 
-def _probe_runs(device: str, dtype: str, runs: int, budget: float) -> DtypeQuality:
+def _probe_runs(
+    device: str, dtype: str, runs: int, budget: float, read: Callable[[], tuple[float, float, bool]] | None
+) -> DtypeQuality:
     probe = REGISTRY["gemm"]()
     gpus = (torch.device(device).index or 0,) if device.startswith("cuda") else ()
     params = ProbeParams(variant=dtype, device=device, gpus=gpus, suite="short", budget_seconds=budget)
     figures: list[tuple[float, float, dict[str, str]]] = []
-    for _ in range(runs + 1):  # the first is the warm-up run
+    clocks: dict[str, float] = {}
+
+    def one() -> None:
         t0 = time.perf_counter()
         out = probe.run(params)
         figures.append((out.value, time.perf_counter() - t0, out.params))
@@ -107,8 +214,14 @@ def _probe_runs(device: str, dtype: str, runs: int, budget: float) -> DtypeQuali
             raise ProbeError(f"gemm {dtype} on {device}: {out.error}")
         if out.unit != "TFLOP/s":
             raise ProbeError(f"gemm {dtype} reported {out.unit!r}, expected TFLOP/s")
+
+    one()  # the warm-up run
+    with phase_clocks(read, clocks):
+        for _ in range(runs):
+            one()
     p = figures[0][2]
     q = DtypeQuality(dtype=dtype, shape=(int(p["m"]), int(p["n"]), int(p["k"])), budget_seconds=budget)
+    q.probe_clocks = clocks
     q.warmup_wall_s = figures[0][1]
     q.probe_tflops = [v for v, _, _ in figures[1:]]
     q.probe_wall_s = [w for _, w, _ in figures[1:]]
@@ -132,14 +245,21 @@ def _operation(device: str, dtype: str, m: int, n: int, k: int) -> Callable[[], 
     return lambda: torch.matmul(a, b)
 
 
-def _independent(device: str, dtype: str, shape: tuple[int, int, int]) -> tuple[float, str]:
+def _independent(
+    device: str,
+    dtype: str,
+    shape: tuple[int, int, int],
+    read: Callable[[], tuple[float, float, bool]] | None = None,
+    clocks: dict[str, float] | None = None,
+) -> tuple[float, str]:
     m, n, k = shape
     matmul = torch.backends.cuda.matmul
     saved = bool(matmul.allow_tf32)  # the switch the probe uses (PyTorch refuses mixing it with the new one)
     matmul.allow_tf32 = dtype == "tf32"
     try:
         fn = _operation(device, dtype, m, n, k)
-        seconds, method = _time(fn, on_gpu=device.startswith("cuda"))
+        with phase_clocks(read, {} if clocks is None else clocks):
+            seconds, method = _time(fn, on_gpu=device.startswith("cuda"))
     finally:
         matmul.allow_tf32 = saved
         if device.startswith("cuda"):
@@ -185,10 +305,16 @@ def measure(device: str, dtypes: list[str] | None, runs: int, budget: float | No
     unknown = [d for d in chosen if d not in supported]
     if unknown:
         raise ValueError(f"gemm on {device} has no {', '.join(unknown)}; it has: {', '.join(supported)}")
+    read = nvml_reader(device)
+    if on_gpu:  # imported now, not inside the first dtype's clock window (seconds of an idle GPU)
+        with contextlib.suppress(ImportError):
+            import triton.testing  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     results = []
     for dtype in chosen:
-        q = _probe_runs(device, dtype, runs, budget or budgets[dtype])
-        q.independent_tflops, q.independent_method = _independent(device, dtype, q.shape)
+        q = _probe_runs(device, dtype, runs, budget or budgets[dtype], read)
+        q.independent_tflops, q.independent_method = _independent(
+            device, dtype, q.shape, read, q.independent_clocks
+        )
         q.ratio = statistics.median(q.probe_tflops) / q.independent_tflops
         q.cv = coefficient_of_variation(q.probe_tflops)
         q.verdicts = verdicts(q, on_gpu)
@@ -219,7 +345,24 @@ def report(run: dict[str, Any]) -> str:
         )
     methods = sorted({q["independent_method"] for q in run["dtypes"]})
     lines.append(f"  independent timing: {', '.join(methods)}; wall s: the slowest of the measured runs")
+    clocked = [q for q in run["dtypes"] if q.get("probe_clocks") and q.get("independent_clocks")]
+    if clocked:
+        lines.append(
+            "  NVML while each phase ran (mean SM clock, mean board power, share of samples power-capped):"
+        )
+        lines.append(f"  {'dtype':<6}{'probe':>28}{'independent':>28}{'clock ratio':>13}")
+        for q in clocked:
+            p, i = q["probe_clocks"], q["independent_clocks"]
+            lines.append(
+                f"  {q['dtype']:<6}{_clocks_cell(p):>28}{_clocks_cell(i):>28}"
+                f"{p['sm_mhz'] / i['sm_mhz']:>13.3f}"
+            )
+        lines.append("  clock ratio: probe's mean SM clock / the independent timing's (compare with ratio)")
     return "\n".join(lines)
+
+
+def _clocks_cell(c: dict[str, float]) -> str:
+    return f"{c['sm_mhz']:.0f} MHz {c['watts']:.0f} W {c['power_capped_share'] * 100:.0f}%"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -87,6 +89,44 @@ def test_one_dtype_on_cpu_as_json(
     assert 0.1 < q["ratio"] < 10
     assert q["cv"] >= 0
     assert set(q["verdicts"].values()) == {"n/a (cpu)"}
+    assert q["probe_clocks"] == q["independent_clocks"] == {}  # no NVML clocks off a GPU
+
+
+def test_phase_clocks_sample_while_open(bench: ModuleType) -> None:
+    readings = iter([(1980.0, 700.0, True), (1800.0, 690.0, True), (1890.0, 650.0, False)])
+    seen = threading.Event()
+
+    def read() -> tuple[float, float, bool]:
+        try:
+            return next(readings)
+        except StopIteration:
+            seen.set()
+            raise RuntimeError("NVML went away") from None
+
+    clocks: dict[str, float] = {}
+    with bench.phase_clocks(read, clocks):
+        assert seen.wait(5), "the sampler did not read three times"
+    assert clocks["sm_mhz"] == pytest.approx(1890.0)
+    assert clocks["watts"] == pytest.approx(680.0)
+    assert clocks["power_capped_share"] == pytest.approx(2 / 3)
+    assert clocks["samples"] == 3
+    nothing: dict[str, float] = {}
+    with bench.phase_clocks(None, nothing):
+        pass
+    assert nothing == {}
+
+
+def test_report_prints_the_clocks_of_each_phase(bench: ModuleType) -> None:
+    q = bench.DtypeQuality(dtype="bf16", shape=(8192, 8192, 8192), budget_seconds=1.5)
+    q.probe_tflops, q.probe_wall_s, q.independent_tflops = [672.0, 673.0], [1.43, 1.43], 694.0
+    q.ratio, q.cv, q.independent_method = 0.969, 0.007, "triton.testing.do_bench"
+    q.verdicts = {"ratio": "over", "cv": "within", "wall": "within"}
+    q.probe_clocks = {"sm_mhz": 1700.0, "watts": 699.0, "power_capped_share": 1.0, "samples": 70.0}
+    q.independent_clocks = {"sm_mhz": 1750.0, "watts": 680.0, "power_capped_share": 0.5, "samples": 30.0}
+    text = bench.report({"device": "cuda:0", "gpu_name": "NVIDIA H200", "dtypes": [asdict(q)]})
+    row = next(line for line in text.splitlines() if line.strip().startswith("bf16") and "MHz" in line)
+    assert "1700 MHz 699 W 100%" in row and "1750 MHz 680 W 50%" in row
+    assert row.split()[-1] == "0.971"  # 1700 / 1750
 
 
 def test_bad_arguments_are_refused(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
