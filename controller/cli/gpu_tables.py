@@ -27,6 +27,27 @@ def _pcie(g: telemetry_pb2.GpuSample) -> str:
     return pcie
 
 
+def _reasons(g: telemetry_pb2.GpuSample) -> str:
+    return ", ".join(clock_event_reason_names(g.clock_event_reasons)) if g.clock_event_reasons else ""
+
+
+# A probe result's `during` reading (its run's slowest busy moment, every busy reading's clock-event
+# reasons OR-ed in): what the GPU ran at, drew and was held back by while it was measured.
+DURING_COLUMNS = ("SM MHz", "POWER W", "TEMP C", "REASONS")
+
+
+def _during(r: telemetry_pb2.ProbeResult) -> tuple[str, str, str, str]:
+    if not r.HasField("during"):
+        return ("-", "-", "-", "-")
+    d = r.during
+    return (
+        _fmt(d, "sm_clock_hz", 1e6),
+        _fmt(d, "power_watts"),
+        _fmt(d, "temperature_celsius"),
+        _reasons(d) or "-",
+    )
+
+
 def _remap(g: telemetry_pb2.GpuSample) -> str:
     if not g.HasField("row_remap_pending"):
         return "-"
@@ -54,7 +75,7 @@ def gpus_table(gpus: Sequence[telemetry_pb2.GpuSample], *, wide: bool = False) -
     rows: list[Sequence[Cell]] = []
     for g in gpus:
         links = f"{sum(1 for link in g.nvlinks if link.active)}/{len(g.nvlinks)}" if g.nvlinks else "-"
-        reasons = ", ".join(clock_event_reason_names(g.clock_event_reasons)) if g.clock_event_reasons else ""
+        reasons = _reasons(g)
         util = _fmt(g, "gpu_utilization_ratio", 0.01)
         pstate = f"P{g.performance_state}" if g.HasField("performance_state") else "-"
         rows.append(
@@ -128,6 +149,7 @@ def probes_table(
         Col("MODE", drop=4, wide=True),
         Col("SECONDS", drop=5, wide=True),
         Col("CHECK", drop=6, wide=True),
+        *(Col(name, drop=7 + i, wide=True, wrap=name == "REASONS") for i, name in enumerate(DURING_COLUMNS)),
     )
     rows: list[Sequence[Cell]] = []
     for p in probes:
@@ -137,7 +159,18 @@ def probes_table(
         mode = (p.mode or "-") + (" (simulated)" if p.simulated else "")
         when = age(p.time.seconds)
         rows.append(
-            (p.probe, p.variant, _gpu(p), value, peak, when, mode, f"{p.duration_seconds:.1f}", _check(p))
+            (
+                p.probe,
+                p.variant,
+                _gpu(p),
+                value,
+                peak,
+                when,
+                mode,
+                f"{p.duration_seconds:.1f}",
+                _check(p),
+                *_during(p),
+            )
         )
     return make_table("Probe results (latest)", columns, rows, wide=wide)
 
@@ -155,8 +188,16 @@ def probe_run_table(results: Sequence[telemetry_pb2.ProbeResult], title: str, *,
         Col("CHECK", drop=4),
         Col("SECONDS", justify="right", drop=6, wide=True),
         Col("DEVICE", drop=7, wide=True),
-        Col("SM MHz", justify="right", drop=8, wide=True),
-        Col("TEMP C", justify="right", drop=9, wide=True),
+        *(
+            Col(
+                name,
+                justify="left" if name == "REASONS" else "right",
+                drop=8 + i,
+                wide=True,
+                wrap=name == "REASONS",
+            )
+            for i, name in enumerate(DURING_COLUMNS)
+        ),
     )
     rows: list[Sequence[Cell]] = []
     for r in results:
@@ -175,8 +216,7 @@ def probe_run_table(results: Sequence[telemetry_pb2.ProbeResult], title: str, *,
                 _check(r),
                 f"{r.duration_seconds:.1f}",
                 r.device or "-",
-                _fmt(r.during, "sm_clock_hz", 1e6),
-                _fmt(r.during, "temperature_celsius"),
+                *_during(r),
             )
         )
     return make_table(title, columns, rows, wide=wide)

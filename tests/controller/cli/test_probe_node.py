@@ -33,6 +33,9 @@ def result(
     r.time.FromNanoseconds(time.time_ns())
     if gpu is not None:
         r.gpu = gpu
+        # what the GPU ran at while measured: held by its power cap
+        r.during.sm_clock_hz, r.during.power_watts, r.during.temperature_celsius = 1515e6, 685.4, 61.0
+        r.during.clock_event_reasons = pb.CLOCK_EVENT_REASON_SW_POWER_CAP
     if error:
         r.error = error
     else:
@@ -222,4 +225,13 @@ def test_wide_table_has_more_columns(
     code, out, err = run(capsys, "probe-node", "good", "--controller", controller.address, "-o", "wide")
     assert (code, err) == (0, "")
     header = next(line for line in out.splitlines() if "PROBE" in line)
-    assert [c.strip() for c in header.split("┃")[1:-1]][-4:] == ["SECONDS", "DEVICE", "SM MHz", "TEMP C"]
+    assert [c.strip() for c in header.split("┃")[1:-1]][-6:] == [
+        "SECONDS",
+        "DEVICE",
+        "SM MHz",
+        "POWER W",
+        "TEMP C",
+        "REASONS",
+    ]
+    row = next(line for line in out.splitlines() if "bf16" in line and "│ 0 " in line)
+    assert [c.strip() for c in row.split("│")[1:-1]][-4:] == ["1515", "685", "61", "sw_power_cap"]
