@@ -10,7 +10,8 @@ branch on MIN_NODES nodes at least (one node is no reference for a branch: it ma
 reasons of its own). A branch more than `margin` worse than that, widened to `min_robust_z` robust
 sigmas of the reference's results (a noisy group's threshold follows its spread), is slow on every
 node of it, a lone node too: one finding per node, on the probe where its branch is furthest
-behind, cause driver_branch_slow (investigate: no setting of the node fixes it).
+behind (each other probe it is behind on as supporting evidence), cause driver_branch_slow
+(investigate: no setting of the node fixes it).
 
 A branch with fewer than `min_peers` results (a lone node of one, two or three GPUs on an odd
 branch) has no median worth the name; it is judged by its best result instead: slow only when every
@@ -89,13 +90,21 @@ class Behind:
 
 @register(NAME)
 def detect(ctx: DetectContext) -> list[Finding]:
-    furthest: dict[str, Behind] = {}  # node -> the probe where its branch is furthest behind
-    for behind in judged(ctx):
+    """One finding per node of a branch behind: its evidence the probe where the branch is furthest
+    behind, every other probe it is behind on as supporting evidence (furthest first)."""
+    behind_on: dict[str, list[Behind]] = {}
+    for behind in sorted(judged(ctx), key=lambda b: -b.worse):
         for node in behind.slow.nodes:
-            seen = furthest.get(node)
-            if seen is None or behind.worse > seen.worse:
-                furthest[node] = behind
-    return [_finding(node, behind) for node, behind in sorted(furthest.items())]
+            behind_on.setdefault(node, []).append(behind)
+    evidence: dict[int, Evidence] = {}  # id(Behind) -> its evidence, the same on each of its nodes
+    for behinds in behind_on.values():
+        for behind in behinds:
+            if id(behind) not in evidence:
+                evidence[id(behind)] = _evidence(behind)
+    return [
+        _finding(node, behinds[0], [evidence[id(b)] for b in behinds])
+        for node, behinds in sorted(behind_on.items())
+    ]
 
 
 def judged(ctx: DetectContext) -> list[Behind]:
@@ -175,13 +184,13 @@ def _nodes(members: dict[ProbeKey, ProbeRecord]) -> frozenset[str]:
     return frozenset(key[0] for key in members)
 
 
-def _finding(node: str, behind: Behind) -> Finding:
+def _evidence(behind: Behind) -> Evidence:
     model, rest, probe, variant, unit = behind.family[:5]
     slow, best = behind.slow, behind.best
     side = "below" if behind.higher_better else "above"
     deviation = best.results.deviation(slow.value)
     alike = described((model, f"{rest}, driver *" if rest else "driver *", "gpu"))
-    evidence = Evidence(
+    return Evidence(
         metric=f"probe.{probe}.{variant}",
         value=round(slow.value, 3),
         baseline=round(best.results.median, 3),
@@ -193,5 +202,12 @@ def _finding(node: str, behind: Behind) -> Finding:
         + ("" if behind.higher_better else ": lower is better"),
         baseline_source="peers",
     )
-    summary = f"driver {slow.name}: {probe} {variant} {behind.worse:.0%} {side} driver {best.name}"
-    return Finding(node, None, NAME, "warning", summary, evidence, [], [NAME])
+
+
+def _finding(node: str, furthest: Behind, evidence: list[Evidence]) -> Finding:
+    """`evidence`: of every probe the node's branch is behind on, the furthest first."""
+    probe, variant = furthest.family[2:4]
+    side = "below" if furthest.higher_better else "above"
+    slow, best = furthest.slow.name, furthest.best.name
+    summary = f"driver {slow}: {probe} {variant} {furthest.worse:.0%} {side} driver {best}"
+    return Finding(node, None, NAME, "warning", summary, evidence[0], evidence[1:], [NAME])

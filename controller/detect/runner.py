@@ -79,9 +79,11 @@ class _Steps:
 
 
 # A node's slow probe results that nothing else explains are explained by its driver branch being
-# slower than GPUs alike on another (detect/driver_branches.py): both say "investigate", one of them
-# says why. A node of fewer GPUs than min_peers is judged by the datasheet ratio besides, and would
-# show the branch's slowness twice, once as slow_unknown per GPU.
+# slower than GPUs alike on another (detect/driver_branches.py) on those probes: both say
+# "investigate", one of them says why. A node of fewer GPUs than min_peers is judged by the
+# datasheet ratio besides, and would show the branch's slowness twice, once as slow_unknown per GPU.
+# Only results of probes the branch is behind on are explained: a GPU's slow membw beside a branch
+# slow at GEMM stays a finding of its own.
 EXPLAINS_SLOW_UNKNOWN = ("driver_branch_slow",)
 
 
@@ -89,7 +91,8 @@ def merge(findings: list[Finding]) -> list[Finding]:
     """One finding per (node, gpu, cause): the worst severity, the first detector's evidence as primary
     (probe evidence, which says how slow, comes first), the rest as supporting. A node's slow_unknown
     findings fold into its finding of a cause that explains them (EXPLAINS_SLOW_UNKNOWN), as
-    supporting evidence: nothing is dropped, and no drainable cause is hidden (both investigate)."""
+    supporting evidence, where every metric of theirs is one that finding's evidence names: nothing
+    is dropped, and no drainable cause is hidden (both investigate)."""
     return _fold_unknown(_merge(findings))
 
 
@@ -97,10 +100,11 @@ def _fold_unknown(findings: list[Finding]) -> list[Finding]:
     explaining = {f.node: f for f in findings if f.cause in EXPLAINS_SLOW_UNKNOWN}
     if not explaining:
         return findings
+    explained = {node: {e.metric for e in (f.evidence, *f.supporting)} for node, f in explaining.items()}
     out = []
     for f in findings:
         into = explaining.get(f.node) if f.cause == "slow_unknown" else None
-        if into is None:
+        if into is None or not {e.metric for e in (f.evidence, *f.supporting)} <= explained[f.node]:
             out.append(f)
             continue
         into.severity = worse(into.severity, f.severity)

@@ -13,9 +13,9 @@ from agent.sources.sim.profile import H100_SXM
 from controller.config import DetectConfig
 from controller.detect import driver_branches, probe_outlier
 from controller.detect.base import DetectContext
-from controller.detect.runner import run_detectors
+from controller.detect.runner import merge, run_detectors
 from controller.detect.stats import baseline
-from controller.fleet.finding import Finding
+from controller.fleet.finding import Evidence, Finding
 from controller.fleet.model import ProbeKey, ProbeRecord
 from controller.fleet.state import apply_hello
 from protos.gpufleet.v1 import findings_pb2
@@ -140,11 +140,60 @@ def test_a_small_nodes_gpus_slow_on_the_datasheet_fold_into_its_branch_finding()
     assert (None, "driver_branch_slow") in causes and all(c != "slow_unknown" for _, c in causes), causes
     [branch] = [f for f in report.findings if f.cause == "driver_branch_slow"]
     assert branch.detectors == ["driver_branch_slow", "probe_outlier"]
-    folded = [e.detail for e in branch.supporting]
+    folded = [e.detail for e in branch.supporting if e.detail.startswith("GPU ")]
     assert any(d.startswith("GPU 0: gemm ") for d in folded) and any(
         d.startswith("GPU 1: gemm ") for d in folded
     )
     assert all("datasheet peak" in d for d in folded)
+    # Its own evidence: every GEMM variant the branch is behind on, the furthest first.
+    own = [branch.evidence, *(e for e in branch.supporting if not e.detail.startswith("GPU "))]
+    assert {e.metric for e in own} == {f"probe.gemm.{v}" for v in ("bf16", "fp16", "tf32", "fp8")}
+    assert [e.deviation for e in own] == sorted(e.deviation or 0.0 for e in own)
+
+
+def test_only_slow_results_of_probes_the_branch_is_behind_on_fold_into_it() -> None:
+    """A GPU's slow membw beside a branch slow at GEMM is not the branch's: it stays a finding of its
+    own, as does one whose evidence is partly GEMM and partly not (nothing hidden in supporting)."""
+
+    def ev(metric: str) -> Evidence:
+        return Evidence(metric=metric, detail=f"{metric} slow")
+
+    def unknown(gpu: int, *metrics: str) -> Finding:
+        first, *rest = (ev(m) for m in metrics)
+        return Finding("n1", gpu, "slow_unknown", "warning", "slow", first, rest, ["probe_outlier"])
+
+    branch = Finding(
+        "n1",
+        None,
+        "driver_branch_slow",
+        "warning",
+        "driver 560",
+        ev("probe.gemm.fp8"),
+        [ev("probe.gemm.bf16")],
+        ["driver_branch_slow"],
+    )
+    merged = merge(
+        [
+            branch,
+            unknown(0, "probe.gemm.bf16", "probe.gemm.fp8"),
+            unknown(1, "probe.membw.d2d"),
+            unknown(2, "probe.gemm.bf16", "probe.pcie.h2d"),
+            replace(unknown(3, "probe.gemm.bf16"), node="n2"),  # another node: its branch is not slow
+        ]
+    )
+    assert {(f.node, f.gpu, f.cause) for f in merged} == {
+        ("n1", 1, "slow_unknown"),
+        ("n1", 2, "slow_unknown"),
+        ("n1", None, "driver_branch_slow"),
+        ("n2", 3, "slow_unknown"),
+    }
+    assert len(merged) == 4
+    [folded] = [f for f in merged if f.cause == "driver_branch_slow"]
+    assert [e.detail for e in folded.supporting] == [
+        "probe.gemm.bf16 slow",
+        "GPU 0: probe.gemm.bf16 slow",
+        "GPU 0: probe.gemm.fp8 slow",
+    ]
 
 
 def test_one_slow_gpu_of_a_small_node_does_not_make_its_branch_slow() -> None:
