@@ -10,7 +10,9 @@
 # (`gpufleet agent --once --json` on real NVML), gpu_tests.txt (the gpu-marked tests),
 # agent_collect.txt + its JSON (bench/agent_collect.py --source nvml), probe_quality.txt + its JSON,
 # and node_e2e.txt: a controller and a real-NVML agent on loopback, the on-connect probes on the GPU,
-# then what an operator sees (nodes, node, findings, probe-node, retune --dry-run).
+# then what an operator sees (nodes, node, findings, probe-node, retune --dry-run), and
+# gpm_intervals.txt: how often each GPM metric reads empty by the time between reads, idle and under
+# a memory-bound load (bench/gpm_intervals.py).
 set -u
 out=${1:?usage: bench/gpu_check.sh OUTDIR}
 py=${PYTHON:-python3}
@@ -66,6 +68,13 @@ echo "rc=$?"; cat "$out/probe_quality.txt"
 echo "== node e2e"
 timeout 200 bash bench/gpu_node_e2e.sh "$py" >"$out/node_e2e.txt" 2>&1
 echo "rc=$?"
+
+echo "== gpm intervals"
+for load in none copy; do
+    timeout 70 "$py" bench/gpm_intervals.py --load "$load" --intervals 0.1,0.5,2,5 --reads 5
+    echo "rc=$?"
+done >"$out/gpm_intervals.txt" 2>&1
+grep -E "dram|rc=" "$out/gpm_intervals.txt"
 
 echo "## settings after" >>"$out/env.txt"
 settings >>"$out/env.txt" 2>&1
