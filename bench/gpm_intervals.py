@@ -6,7 +6,7 @@ agent's own NvmlSource (GPM on) at each interval in turn, a fresh source per int
 read only primes the samples), and prints per metric the share of reads left empty and the range of
 the values read, with the GPU idle or busy with a load this script starts:
 
-    python bench/gpm_intervals.py [--intervals 0.1,0.5,1,2] [--reads 8] [--load none|gemm|copy]
+    python bench/gpm_intervals.py [--intervals 0.03,0.5,2,5] [--reads 8] [--load none|gemm|copy]
 
 `gemm` is a bf16 8192^3 torch.matmul loop (compute-bound: tensor activity high, DRAM low); `copy` a
 device-to-device copy of 4 GiB buffers (memory-bound: DRAM activity high). The load runs in a child
@@ -100,7 +100,7 @@ def report(interval: float, tally: Tally) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--intervals", default="0.1,0.5,1,2", help="seconds between reads, comma separated")
+    parser.add_argument("--intervals", default="0.03,0.5,2,5", help="seconds between reads, comma separated")
     parser.add_argument("--reads", type=int, default=8, help="reads per interval, after the priming one")
     parser.add_argument("--load", choices=("none", *LOADS), default="none")
     args = parser.parse_args(argv)

@@ -71,7 +71,7 @@ echo "rc=$?"
 
 echo "== gpm intervals"
 for load in none copy; do
-    timeout 70 "$py" bench/gpm_intervals.py --load "$load" --intervals 0.1,0.5,2,5 --reads 5
+    timeout 70 "$py" bench/gpm_intervals.py --load "$load" --intervals 0.03,0.5,2,5 --reads 5
     echo "rc=$?"
 done >"$out/gpm_intervals.txt" 2>&1
 grep -E "dram|rc=" "$out/gpm_intervals.txt"
