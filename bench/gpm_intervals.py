@@ -61,7 +61,8 @@ class Tally:
 def measure(interval: float, reads: int, pause: Callable[[float], None] = time.sleep) -> Tally:
     """`reads` reads of GPU 0's GPM metrics, `interval` seconds apart, after the priming one."""
     tally = Tally()
-    with NvmlSource(xid_events=False, gpm=True) as source:
+    # No minimum window: the point is what NVML answers over each interval, the shortest included.
+    with NvmlSource(xid_events=False, gpm=True, gpm_min_window_s=0.0) as source:
         source.read()  # primes the GPM samples: its metrics are empty by design
         for _ in range(reads):
             pause(interval)

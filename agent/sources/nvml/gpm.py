@@ -9,6 +9,13 @@ nvmlGpmMetricsGet at once crashed libnvidia-ml (580.159.04, H200: SIGSEGV within
 time; bench/results/2026-12-04_h200_gpm_threads.txt), and the agent's sampling loop and its probe
 runner each hold a source. A metric NVML returns as NaN or infinity (DRAM bandwidth on that H200,
 for samples taken close together) is left empty, as a metric NVML refuses is.
+
+A read sooner than `min_window_s` after the sample it would be compared with takes no sample: it
+repeats the metrics of the last full window, or leaves them empty when there is none yet. The
+agent's inventory takes a sample about 30 ms before its first read; compared over those 30 ms the
+H200 answered DRAM bandwidth as NaN (`agent --once` on 2026-11-30 and 2026-12-04, the first streamed
+frame of 2026-12-04) and the other metrics described 30 ms of a 10 s frame. With the window the first frame
+carries no GPM metrics and every later one the average since the previous full window.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +33,10 @@ from agent.sources.nvml.query import Query, address
 log = logging.getLogger(__name__)
 
 _CALLS = threading.Lock()  # every GPM call of the process, one at a time (see above)
+# The shortest time GPM metrics are computed over. A choice, not yet a measurement: samples 10 ms
+# apart read DRAM bandwidth as NaN on the H200, 10 s apart never did; bench/gpm_intervals.py measures
+# between, on the next lent GPU.
+MIN_WINDOW_S = 1.0
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("gpm_sm_activity_ratio", "NVML_GPM_METRIC_SM_UTIL"),
@@ -39,13 +52,21 @@ class _Samples:
     current: Any
     request: Any = None  # the c_nvmlGpmMetricsGet_t, built once: it holds all NVML_GPM_METRIC_MAX slots
     primed: bool = False  # `previous` holds a sample
+    taken: float = 0.0  # when `previous` was taken (the sampler's clock)
+    last: tuple[float | None, ...] | None = None  # the metrics of the last full window
 
 
 class GpmSampler:
     """Per-GPU GPM samples, allocated on first use and freed by `close`."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(
+        self, nvml: Any, *, min_window_s: float = MIN_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if min_window_s < 0:
+            raise ValueError(f"min_window_s must not be negative, not {min_window_s}")
         self._nvml = nvml
+        self._min_window_s = min_window_s
+        self._clock = clock
         self._gpus: dict[int, _Samples] = {}
         self._said: set[tuple[str, int]] = set()  # (metric, NVML return) already logged
 
@@ -54,7 +75,8 @@ class GpmSampler:
         return Query("gpm", tuple(name for name, _ in METRICS), self.read, tuple)
 
     def read(self, nvml: Any, handle: Any) -> tuple[float | None, ...] | None:
-        """The metrics since the previous call for this GPU; None on the first (nothing to compare)."""
+        """The metrics since the previous sample of this GPU; None on the first (nothing to compare) and
+        until a full window has passed; the last full window's metrics again when called sooner."""
         with _CALLS:
             return self._read(nvml, handle)
 
@@ -69,14 +91,20 @@ class GpmSampler:
             self._gpus[address(handle)] = samples
         if not samples.primed:
             nvml.nvmlGpmSampleGet(handle, samples.previous)
-            samples.primed = True
+            samples.primed, samples.taken = True, self._clock()
             return None
+        now = self._clock()
+        if now - samples.taken < self._min_window_s:
+            return samples.last  # `previous` stays: the next window runs from it
         nvml.nvmlGpmSampleGet(handle, samples.current)
         try:
-            return self._metrics(nvml, samples)
+            samples.last = None  # a window whose metrics fail is not repeated
+            samples.last = self._metrics(nvml, samples)
+            return samples.last
         finally:
             # The sample just taken starts the next interval, whether or not these metrics came back.
             samples.previous, samples.current = samples.current, samples.previous
+            samples.taken = now
 
     def close(self) -> None:
         """Free every GPU's samples (before NVML shuts down)."""

@@ -26,7 +26,7 @@ from agent.sources.nvml.catalogue import (
     MEMORY,
     MIG_MODE,
 )
-from agent.sources.nvml.gpm import GpmSampler
+from agent.sources.nvml.gpm import MIN_WINDOW_S, GpmSampler
 from agent.sources.nvml.query import Query, error_code, fn, text
 from agent.sources.nvml.runner import CounterSample, GpuLost, QueryRunner, Subject
 from agent.sources.nvml.xid import XidWatcher
@@ -154,8 +154,9 @@ class NvmlSource:
     one nvmlDeviceGetFieldValues per GPU per read. Slow queries (per-link NVLink, processes, fabric,
     limits and other settings) run every `slow_every` reads, their last values repeated in between.
     Without `gpm` the GPM metrics stay empty and no GPM call is made (the probe runner's source,
-    which uses none). With `xid_events` a thread waits for XID errors: each reading carries the XIDs
-    since the previous read and the totals per code since the start. `calls` counts every call into pynvml.
+    which uses none); with it they cover at least `gpm_min_window_s` (gpm.py). With `xid_events` a
+    thread waits for XID errors: each reading carries the XIDs since the previous read and the totals
+    per code since the start. `calls` counts every call into pynvml.
     `nvml` replaces the pynvml module (tests).
     """
 
@@ -165,6 +166,7 @@ class NvmlSource:
         slow_every: int = 6,
         xid_events: bool = True,
         gpm: bool = True,
+        gpm_min_window_s: float = MIN_WINDOW_S,
         nvml: ModuleType | None = None,
     ) -> None:
         if slow_every < 1:
@@ -181,7 +183,7 @@ class NvmlSource:
         _acquire(self._nvml)
         self._open = True
         self._xids: XidWatcher | None = None
-        self._gpm = GpmSampler(self._nvml)
+        self._gpm = GpmSampler(self._nvml, min_window_s=gpm_min_window_s)
         try:
             self._count = int(self._nvml.nvmlDeviceGetCount())
         except module.NVMLError as exc:

@@ -55,7 +55,8 @@ def fake() -> FakeNvml:
 
 @pytest.fixture
 def source(fake: FakeNvml) -> Iterator[NvmlSource]:
-    with NvmlSource(nvml=fake.module) as s:
+    # GPM compared over any window: reads here are microseconds apart (the window: test_nvml_gpm_window.py).
+    with NvmlSource(nvml=fake.module, gpm_min_window_s=0.0) as s:
         yield s
 
 

@@ -66,7 +66,7 @@ def test_gpm_calls_of_two_sources_in_two_threads_never_overlap() -> None:
 
     def sample() -> None:
         try:
-            with NvmlSource(nvml=fake.module, xid_events=False) as source:
+            with NvmlSource(nvml=fake.module, xid_events=False, gpm_min_window_s=0.0) as source:
                 start.wait()
                 for _ in range(15):
                     source.read()
@@ -92,7 +92,7 @@ def test_a_non_finite_gpm_metric_is_left_empty_and_said_once(
     fake = FakeNvml()
     with (
         caplog.at_level(logging.INFO, logger="agent.sources.nvml.gpm"),
-        NvmlSource(nvml=fake.module, xid_events=False) as source,
+        NvmlSource(nvml=fake.module, xid_events=False, gpm_min_window_s=0.0) as source,
     ):
         readings = [source.read()[0] for _ in range(4)]
     assert [r.gpm_dram_activity_ratio for r in readings[1:]] == [None] * 3

@@ -70,7 +70,7 @@ def test_a_failed_slow_call_waits_for_the_next_slow_cycle(fake: FakeNvml) -> Non
 
 
 def test_calls_counts_every_call_into_pynvml(fake: FakeNvml) -> None:
-    with NvmlSource(nvml=fake.module, slow_every=3, xid_events=False) as source:
+    with NvmlSource(nvml=fake.module, slow_every=3, xid_events=False, gpm_min_window_s=0.0) as source:
         assert source.calls == fake.calls.total()
         source.inventory()
         assert source.calls == fake.calls.total()
