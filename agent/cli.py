@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from agent import version
@@ -247,6 +248,7 @@ def _run(args: argparse.Namespace, config: AgentConfig) -> int:
     if args.once:
         if agent.bmc is not None:
             agent.bmc.poll_once()  # in this thread: one snapshot should show the BMC too
+        _await_gpm(gpu)
         snapshot = agent.sample()
         agent.close()
         if args.json:
@@ -265,6 +267,14 @@ def _run(args: argparse.Namespace, config: AgentConfig) -> int:
         print(f"gpufleet agent: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve(agent, server))
+
+
+def _await_gpm(gpu: object) -> None:
+    """A snapshot's GPM metrics cover a full window from the inventory's sample (NVML only; at most
+    agent/sources/nvml/gpm.py's MIN_WINDOW_S), rather than none."""
+    ready_in = getattr(gpu, "gpm_ready_in", None)
+    if ready_in is not None:
+        time.sleep(ready_in())
 
 
 def _parse_faults(specs: list[str], gpus: int) -> list[Any]:

@@ -106,6 +106,13 @@ class GpmSampler:
             samples.previous, samples.current = samples.current, samples.previous
             samples.taken = now
 
+    def ready_in(self) -> float:
+        """Seconds until every primed GPU's next read computes a full window (0: now, or nothing primed)."""
+        now = self._clock()
+        with _CALLS:
+            waits = [s.taken + self._min_window_s - now for s in self._gpus.values() if s.primed]
+        return max([0.0, *waits])
+
     def close(self) -> None:
         """Free every GPU's samples (before NVML shuts down)."""
         nvml = self._nvml

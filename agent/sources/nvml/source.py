@@ -190,6 +190,7 @@ class NvmlSource:
             self.close()
             raise SourceError(SOURCE, f"cannot count the GPUs: {exc}") from exc
         self._runner = QueryRunner(self._nvml)
+        self._gpm_on = gpm
         self._queries = (*FIELD_READINGS, *CALL_READINGS, *((self._gpm.query(),) if gpm else ()))
         self._xid_query: Query | None = None
         if xid_events:
@@ -284,6 +285,11 @@ class NvmlSource:
 
     def last_errors(self) -> list[str]:
         return list(self._errors)
+
+    def gpm_ready_in(self) -> float:
+        """Seconds until a read carries GPM metrics over a full window (0 without GPM). A one-off
+        snapshot waits this long after the inventory, whose sample primes GPM."""
+        return self._gpm.ready_in() if self._gpm_on else 0.0
 
     def close(self) -> None:
         """Stop the XID thread, free GPM samples and release this source's share of NVML.

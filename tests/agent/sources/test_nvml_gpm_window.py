@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent.cli import _await_gpm
 from agent.sources.nvml.gpm import MIN_WINDOW_S, GpmSampler
 from agent.sources.nvml.source import NvmlSource
 from tests.agent.sources.test_nvml_fake import FakeNvml, fast_xid_thread
@@ -131,3 +132,30 @@ def test_the_sources_first_read_after_inventory_carries_no_gpm_metrics() -> None
     with NvmlSource(nvml=fake.module, xid_events=False, gpm_min_window_s=0.0) as source:
         source.inventory()
         assert source.read()[0].gpm_sm_activity_ratio == VALUES[0]
+
+
+def test_ready_in_counts_down_the_window_of_the_primed_gpus() -> None:
+    clock = Clock()
+    fake = FakeNvml()
+    sampler = GpmSampler(fake.module, min_window_s=1.0, clock=clock)
+    assert sampler.ready_in() == 0.0  # nothing primed: nothing to wait for
+    sampler.read(fake.module, fake.module.nvmlDeviceGetHandleByIndex(0))
+    clock.now += 0.25
+    assert sampler.ready_in() == pytest.approx(0.75)
+    clock.now += 1.0
+    assert sampler.ready_in() == 0.0
+
+
+def test_a_snapshot_waits_for_a_full_window_after_the_inventory() -> None:
+    """`gpufleet agent --once`: the inventory's sample primes GPM; the snapshot waits out the window
+    (agent/cli.py _await_gpm) and so carries metrics over it rather than none."""
+    fake = FakeNvml()
+    with NvmlSource(nvml=fake.module, xid_events=False, gpm_min_window_s=0.5) as source:
+        source.inventory()
+        assert 0.0 < source.gpm_ready_in() <= 0.5
+        _await_gpm(source)
+        assert source.gpm_ready_in() == 0.0
+        assert source.read()[0].gpm_sm_activity_ratio == VALUES[0]
+    with NvmlSource(nvml=fake.module, xid_events=False, gpm=False) as source:
+        source.inventory()
+        assert source.gpm_ready_in() == 0.0  # no GPM: no wait
