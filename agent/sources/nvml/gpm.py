@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 _CALLS = threading.Lock()  # every GPM call of the process, one at a time (see above)
 # The shortest time GPM metrics are computed over. A choice, not yet a measurement: samples 10 ms
 # apart read DRAM bandwidth as NaN on the H200, 10 s apart never did; bench/gpm_intervals.py measures
-# between, on the next lent GPU.
-MIN_WINDOW_S = 1.0
+# between, on the next lent GPU. Short of 1 s so that an agent sampling every second (the shortest
+# sensible interval for these metrics) computes each read despite its loop's jitter.
+MIN_WINDOW_S = 0.9
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("gpm_sm_activity_ratio", "NVML_GPM_METRIC_SM_UTIL"),

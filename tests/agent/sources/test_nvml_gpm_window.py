@@ -159,3 +159,16 @@ def test_a_snapshot_waits_for_a_full_window_after_the_inventory() -> None:
     with NvmlSource(nvml=fake.module, xid_events=False, gpm=False) as source:
         source.inventory()
         assert source.gpm_ready_in() == 0.0  # no GPM: no wait
+
+
+def test_an_agent_sampling_every_second_computes_every_read_despite_jitter() -> None:
+    fake = FakeNvml()
+    traced = Traced(fake)
+    clock = Clock()
+    sampler = GpmSampler(fake.module, clock=clock)  # the default window
+    handle = fake.module.nvmlDeviceGetHandleByIndex(0)
+    sampler.read(fake.module, handle)
+    for jitter in (-0.02, 0.03, -0.05, 0.0, -0.01):
+        clock.now += 1.0 + jitter
+        assert sampler.read(fake.module, handle) == VALUES
+    assert len(traced.compared_from) == 5  # each read its own window, none repeated
